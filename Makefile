@@ -1,0 +1,26 @@
+VENV ?= .venv
+PYTHON := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: install demo test bench clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(PYTHON) || python3 -m venv $(VENV)
+	$(PYTHON) -m pip install --quiet --upgrade pip
+	$(PYTHON) -m pip install --quiet -e ".[test]"
+	touch $(STAMP)
+
+demo: install
+	$(PYTHON) -m recipes.ppo --output-dir runs/demo
+
+test: install
+	$(PYTHON) -m pytest -n 2 --dist loadgroup -q
+
+bench: install
+	$(PYTHON) -m pip install --quiet -e ".[test,bench]"
+	$(PYTHON) -m benchmarks.ppo_vs_sb3
+
+clean:
+	rm -rf runs $(VENV)

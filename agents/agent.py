@@ -1,0 +1,375 @@
+"""The Agent: a trained policy with its env's spaces, ready to predict, evaluate, save and load."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import torch
+from tensordict import TensorDict
+from torch import nn
+from torchrl.checkpoint import Checkpoint, CheckpointError
+from torchrl.envs.utils import ExplorationType, set_exploration_type
+
+from agents.networks import find_normalizer, make_actor
+from envs.errors import InputError
+from envs.vector import space_to_spec
+
+FORMAT = "rlkit.agent"
+FORMAT_VERSION = 1
+
+# Policies an agent checkpoint can be rebuilt from, by name. Loading builds one of these from the saved
+# keyword arguments and then reads tensors into it: nothing from the file is ever executed.
+POLICY_BUILDERS: dict[str, Callable[..., nn.Module]] = {"mlp_actor": make_actor}
+
+
+def space_to_json(space: gym.Space) -> dict[str, Any]:
+    """Describe a Box, Discrete, MultiDiscrete or MultiBinary space as JSON-compatible data."""
+    if isinstance(space, gym.spaces.Box):
+        return {
+            "type": "Box",
+            "low": space.low.tolist(),
+            "high": space.high.tolist(),
+            "shape": list(space.shape),
+            "dtype": str(space.dtype),
+        }
+    if isinstance(space, gym.spaces.Discrete):
+        return {"type": "Discrete", "n": int(space.n), "start": int(space.start)}
+    if isinstance(space, gym.spaces.MultiDiscrete):
+        return {"type": "MultiDiscrete", "nvec": space.nvec.tolist()}
+    if isinstance(space, gym.spaces.MultiBinary):
+        return {"type": "MultiBinary", "n": space.n}
+    raise InputError(f"Space {space} cannot be saved: use Box, Discrete, MultiDiscrete or MultiBinary.")
+
+
+def space_from_json(data: dict[str, Any]) -> gym.Space:
+    """Inverse of :func:`space_to_json`."""
+    kind = data.get("type")
+    if kind == "Box":
+        dtype = np.dtype(data["dtype"])
+        return gym.spaces.Box(np.array(data["low"], dtype=dtype), np.array(data["high"], dtype=dtype), dtype=dtype)
+    if kind == "Discrete":
+        return gym.spaces.Discrete(data["n"], start=data["start"])
+    if kind == "MultiDiscrete":
+        return gym.spaces.MultiDiscrete(data["nvec"])
+    if kind == "MultiBinary":
+        return gym.spaces.MultiBinary(data["n"])
+    raise InputError(f"Unknown space description {data!r} in checkpoint.")
+
+
+@dataclass(frozen=True)
+class EvaluationResult:
+    """Per-episode returns and lengths of an evaluation, in episode order."""
+
+    returns: np.ndarray
+    lengths: np.ndarray
+
+    @property
+    def mean(self) -> float:
+        return float(self.returns.mean())
+
+    @property
+    def std(self) -> float:
+        return float(self.returns.std())
+
+
+class Agent(nn.Module):
+    """A policy together with what it was trained for.
+
+    Every recipe's checkpoint loads into an ``Agent``. The policy reads raw Gymnasium observations: any
+    observation normaliser is part of the policy, so its statistics are saved, loaded and moved with it, and
+    neither :meth:`predict` nor :meth:`evaluate` changes them.
+
+    Args:
+        policy: a TensorDict module reading ``"observation"`` and writing ``"action"``, built by
+            ``POLICY_BUILDERS[policy_builder](observation_spec, action_spec, **policy_kwargs)``.
+        env_id: the Gymnasium id the agent acts in.
+        observation_space: the single-env observation space.
+        action_space: the single-env action space.
+        algorithm: name of the recipe that trained it.
+        policy_builder: key of :data:`POLICY_BUILDERS` that rebuilds ``policy`` on load.
+        policy_kwargs: JSON-compatible keyword arguments of that builder.
+        config: the training configuration, kept for reference.
+
+    Examples:
+        >>> agent = Agent.load("runs/demo/agent.ckpt")
+        >>> result = agent.evaluate(episodes=20, seed=0)
+        >>> result.mean, result.lengths
+    """
+
+    def __init__(
+        self,
+        policy: nn.Module,
+        env_id: str,
+        observation_space: gym.Space,
+        action_space: gym.Space,
+        algorithm: str,
+        policy_builder: str = "mlp_actor",
+        policy_kwargs: dict[str, Any] | None = None,
+        config: dict[str, Any] | None = None,
+    ):
+        super().__init__()
+        self.policy = policy
+        self.env_id = env_id
+        self.observation_space = observation_space
+        self.action_space = action_space
+        self.algorithm = algorithm
+        self.policy_builder = policy_builder
+        self.policy_kwargs = dict(policy_kwargs or {})
+        self.config = dict(config or {})
+
+    @classmethod
+    def build(
+        cls,
+        env_id: str,
+        observation_space: gym.Space,
+        action_space: gym.Space,
+        algorithm: str,
+        policy_builder: str = "mlp_actor",
+        policy_kwargs: dict[str, Any] | None = None,
+        config: dict[str, Any] | None = None,
+        device: torch.device | str = "cpu",
+    ) -> Agent:
+        """Build an agent with a fresh policy from ``POLICY_BUILDERS[policy_builder]``."""
+        if policy_builder not in POLICY_BUILDERS:
+            raise InputError(f"Unknown policy builder {policy_builder!r}; known: {sorted(POLICY_BUILDERS)}.")
+        policy = POLICY_BUILDERS[policy_builder](
+            space_to_spec(observation_space, 1), space_to_spec(action_space, 1), **(policy_kwargs or {})
+        )
+        agent = cls(policy, env_id, observation_space, action_space, algorithm, policy_builder, policy_kwargs, config)
+        return agent.to(device)
+
+    @property
+    def device(self) -> torch.device:
+        tensor = next(iter(self.policy.parameters()), None)
+        return tensor.device if tensor is not None else torch.device("cpu")
+
+    @property
+    def normalizer(self):
+        """The policy's observation normaliser, or None."""
+        return find_normalizer(self.policy)
+
+    # ------------------------------------------------------------------ acting
+    def _observation_tensor(self, observation: Any) -> tuple[torch.Tensor, bool]:
+        array = observation.detach().cpu().numpy() if isinstance(observation, torch.Tensor) else np.asarray(observation)
+        shape = self.observation_space.shape
+        single = array.shape == shape
+        if not single and array.shape[1:] != shape:
+            raise InputError(
+                f"Observation of shape {array.shape} does not match the agent's observation space {self.observation_space} "
+                f"(expected {shape} or a batch of them)."
+            )
+        if isinstance(self.observation_space, gym.spaces.Discrete):
+            tensor = torch.as_tensor(array - self.observation_space.start, dtype=torch.int64)
+        else:
+            tensor = torch.as_tensor(array, dtype=torch.float32)
+            if not torch.isfinite(tensor).all():
+                raise InputError("Observation contains NaN or Inf; check the env or its wrappers.")
+        if single:
+            tensor = tensor.unsqueeze(0)
+        return tensor.to(self.device), single
+
+    def _to_env_action(self, action: torch.Tensor) -> np.ndarray:
+        array = action.detach().cpu().numpy()
+        space = self.action_space
+        if isinstance(space, gym.spaces.Discrete):
+            return (array + space.start).astype(space.dtype)
+        if isinstance(space, gym.spaces.Box):
+            return np.clip(array, space.low, space.high).astype(space.dtype)
+        return array.astype(space.dtype)
+
+    def predict(self, observation: Any, deterministic: bool = True) -> np.ndarray | Any:
+        """Return the action for one observation, or a batch of actions for a batch of observations.
+
+        Args:
+            observation: a Gymnasium observation (NumPy array, torch tensor, list or int), or a batch of them
+                stacked along a new first dimension.
+            deterministic: take the policy's mode instead of sampling.
+
+        Returns:
+            An action valid in the Gymnasium env (an ``int``-like NumPy scalar for Discrete spaces), or a
+            batch of them.
+        """
+        tensor, single = self._observation_tensor(observation)
+        exploration = ExplorationType.DETERMINISTIC if deterministic else ExplorationType.RANDOM
+        with torch.no_grad(), set_exploration_type(exploration):
+            output = self.policy(TensorDict({"observation": tensor}, batch_size=tensor.shape[:1]))
+        actions = self._to_env_action(output.get("action"))
+        return actions[0] if single else actions
+
+    # -------------------------------------------------------------- evaluating
+    def check_spaces(self, env: gym.Env | gym.vector.VectorEnv) -> None:
+        """Raise :class:`InputError` if ``env``'s spaces differ from the agent's."""
+        observation_space = getattr(env, "single_observation_space", env.observation_space)
+        action_space = getattr(env, "single_action_space", env.action_space)
+        if observation_space != self.observation_space or action_space != self.action_space:
+            raise InputError(
+                f"This agent was trained on {self.env_id!r} with observations {self.observation_space} and actions "
+                f"{self.action_space}; the env given has {observation_space} and {action_space}."
+            )
+
+    def evaluate(
+        self,
+        env: str | gym.Env | None = None,
+        episodes: int = 10,
+        deterministic: bool = True,
+        seed: int | None = None,
+        video_path: str | Path | None = None,
+        max_parallel_envs: int = 32,
+    ) -> EvaluationResult:
+        """Run whole episodes and return their returns and lengths.
+
+        Episodes run in up to ``max_parallel_envs`` Gymnasium envs at once, with one batched policy call per
+        step. Episode ``k`` is reset with ``seed + k``, so the same seed gives the same episodes whatever the
+        parallelism. Rewards are the env's own, without any training-time wrapper.
+
+        Args:
+            env: a Gymnasium id, or a Gymnasium env (then episodes run one after another in it); defaults to
+                the agent's env id.
+            episodes: number of episodes.
+            deterministic: act with the policy's mode.
+            seed: base seed of the episodes' resets; None for unseeded resets.
+            video_path: if given, the first episode is rendered and written there as an MP4.
+            max_parallel_envs: most envs created at once when ``env`` is an id.
+
+        Returns:
+            An :class:`EvaluationResult` with ``episodes`` returns and lengths.
+        """
+        if episodes < 1:
+            raise InputError(f"episodes must be at least 1, got {episodes}.")
+        env = self.env_id if env is None else env
+        if isinstance(env, str):
+            def make(index: int) -> gym.Env:
+                render_mode = "rgb_array" if video_path is not None and index == 0 else None
+                return gym.make(env, render_mode=render_mode)
+
+            envs = [make(i) for i in range(min(episodes, max_parallel_envs))]
+            owned = True
+        elif isinstance(env, gym.Env):
+            if video_path is not None and env.render_mode != "rgb_array":
+                raise InputError("Recording a video needs an env made with render_mode='rgb_array'.")
+            envs, owned = [env], False
+        else:
+            raise InputError(f"evaluate takes a Gymnasium id or env, got {type(env).__name__}.")
+        try:
+            self.check_spaces(envs[0])
+            return self._run_episodes(envs, episodes, deterministic, seed, video_path)
+        finally:
+            if owned:
+                for sub_env in envs:
+                    sub_env.close()
+
+    def _run_episodes(self, envs, episodes, deterministic, seed, video_path) -> EvaluationResult:
+        returns = np.zeros(episodes)
+        lengths = np.zeros(episodes, dtype=np.int64)
+        episode_of = {}  # env index -> episode it is running
+        observations = {}
+        frames = []
+        next_episode = 0
+
+        def start(index: int) -> None:
+            nonlocal next_episode
+            episode_seed = None if seed is None else seed + next_episode
+            observations[index], _ = envs[index].reset(seed=episode_seed)
+            episode_of[index] = next_episode
+            if video_path is not None and next_episode == 0:
+                frames.append(envs[index].render())
+            next_episode += 1
+
+        for index in range(len(envs)):
+            start(index)
+        while episode_of:
+            active = sorted(episode_of)
+            actions = self.predict(np.stack([observations[i] for i in active]), deterministic=deterministic)
+            for index, action in zip(active, actions):
+                observation, reward, terminated, truncated, _ = envs[index].step(action)
+                episode = episode_of[index]
+                returns[episode] += float(reward)
+                lengths[episode] += 1
+                observations[index] = observation
+                if video_path is not None and episode == 0:
+                    frames.append(envs[index].render())
+                if terminated or truncated:
+                    del episode_of[index]
+                    if next_episode < episodes:
+                        start(index)
+        if video_path is not None:
+            write_video(frames, video_path, fps=envs[0].metadata.get("render_fps", 30))
+        return EvaluationResult(returns=returns, lengths=lengths)
+
+    # ------------------------------------------------------------ persistence
+    def metadata(self) -> dict[str, Any]:
+        return {
+            "format": FORMAT,
+            "format_version": FORMAT_VERSION,
+            "algorithm": self.algorithm,
+            "env_id": self.env_id,
+            "observation_space": space_to_json(self.observation_space),
+            "action_space": space_to_json(self.action_space),
+            "policy_builder": self.policy_builder,
+            "policy_kwargs": self.policy_kwargs,
+            "config": json.loads(json.dumps(self.config, default=str)),
+        }
+
+    def save(self, path: str | Path) -> Path:
+        """Write the agent to one file, atomically (a crash mid-write leaves any previous file intact).
+
+        The file is a TorchRL checkpoint archive: a JSON manifest with the env id, spaces, policy builder and
+        config, and the policy's tensors (normaliser statistics included) in TensorDict's format.
+        """
+        checkpoint = Checkpoint(format="archive", policy=self.policy)
+        return checkpoint.save(Path(path), metadata=self.metadata())
+
+    @classmethod
+    def load(cls, path: str | Path, device: torch.device | str = "cpu") -> Agent:
+        """Load an agent saved by :meth:`save` (or written by any recipe) onto ``device``.
+
+        Loading reads JSON and tensors only; it never unpickles objects.
+
+        Raises:
+            InputError: the file is missing, is not an agent checkpoint, or is damaged.
+        """
+        path = Path(path)
+        if path.is_dir():
+            path = path / "agent.ckpt"
+        try:
+            metadata = Checkpoint.manifest(path).get("metadata", {})
+        except FileNotFoundError:
+            raise InputError(f"No agent checkpoint at {path}.") from None
+        except (CheckpointError, OSError, ValueError) as error:
+            raise InputError(f"{path} is not a readable agent checkpoint ({error}).") from None
+        if metadata.get("format") != FORMAT:
+            raise InputError(f"{path} is a TorchRL checkpoint but not an agent saved by this toolkit.")
+        if metadata.get("format_version") != FORMAT_VERSION:
+            raise InputError(f"{path} has agent format version {metadata.get('format_version')}, expected {FORMAT_VERSION}.")
+        agent = cls.build(
+            env_id=metadata["env_id"],
+            observation_space=space_from_json(metadata["observation_space"]),
+            action_space=space_from_json(metadata["action_space"]),
+            algorithm=metadata["algorithm"],
+            policy_builder=metadata["policy_builder"],
+            policy_kwargs=metadata["policy_kwargs"],
+            config=metadata["config"],
+        )
+        try:
+            Checkpoint(policy=agent.policy).load(path, map_location="cpu")
+        except Exception as error:  # a damaged payload surfaces as zip, JSON or tensor errors
+            raise InputError(f"Could not read the weights in {path}: {error}") from None
+        return agent.to(device)
+
+
+def write_video(frames: list[np.ndarray], path: str | Path, fps: int = 30) -> Path:
+    """Write RGB frames to an MP4 file."""
+    import imageio.v2 as imageio
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with imageio.get_writer(path, fps=fps, codec="libx264", macro_block_size=1) as writer:
+        for frame in frames:
+            writer.append_data(frame)
+    return path

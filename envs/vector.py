@@ -1,0 +1,315 @@
+"""Gymnasium vector envs as batched TorchRL envs: one TensorDict per batched step.
+
+TorchRL's ``GymWrapper`` refuses Gymnasium's default ``NEXT_STEP`` autoreset mode, breaks on Gymnasium's
+numpy-vectorised envs (they have no ``autoreset_mode`` attribute) and costs a few milliseconds per batched
+step. :class:`GymnasiumVectorEnv` drives a ``SAME_STEP`` vector env directly: the step that ends an episode
+reports the true final observation under ``"next"`` and the reset observation at the root of the following
+step, so termination and truncation stay separate and value estimators can bootstrap on truncation.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any, Literal
+
+import gymnasium as gym
+import numpy as np
+import torch
+from gymnasium.vector import AutoresetMode
+from tensordict import TensorDict, TensorDictBase
+from torchrl.data import Binary, Bounded, Categorical, Composite, MultiCategorical, Unbounded
+from torchrl.envs import EnvBase
+
+from envs.errors import InputError
+
+EPISODE_RETURN_KEY = "episode_return"
+EPISODE_LENGTH_KEY = "episode_length"
+
+Vectorization = Literal["sync", "async"]
+
+
+def space_to_spec(space: gym.Space, batch_size: int, device: torch.device | str = "cpu"):
+    """Return the TorchRL spec of ``batch_size`` stacked elements of a Gymnasium space.
+
+    Args:
+        space: a ``Box``, ``Discrete``, ``MultiDiscrete`` or ``MultiBinary`` space.
+        batch_size: number of sub-envs stacked in front.
+        device: device of the spec.
+
+    Returns:
+        A TorchRL ``TensorSpec``. ``Box`` spaces of any float dtype become float32 specs; ``Discrete``
+        spaces become integer ``Categorical`` specs with values in ``[0, n)`` (a ``start`` offset is
+        applied by :class:`GymnasiumVectorEnv`).
+
+    Raises:
+        InputError: for other spaces (``Dict``, ``Tuple``, ``Text``, ...).
+    """
+    shape = (batch_size, *space.shape)
+    if isinstance(space, gym.spaces.Box):
+        dtype = torch.float32 if np.issubdtype(space.dtype, np.floating) else torch.from_numpy(space.low).dtype
+        if np.all(np.isfinite(space.low)) and np.all(np.isfinite(space.high)):
+            low = torch.as_tensor(np.broadcast_to(space.low, shape).copy(), dtype=dtype)
+            high = torch.as_tensor(np.broadcast_to(space.high, shape).copy(), dtype=dtype)
+            return Bounded(low, high, shape=shape, dtype=dtype, device=device)
+        return Unbounded(shape=shape, dtype=dtype, device=device)
+    if isinstance(space, gym.spaces.Discrete):
+        return Categorical(int(space.n), shape=shape, dtype=torch.int64, device=device)
+    if isinstance(space, gym.spaces.MultiDiscrete):
+        return MultiCategorical(torch.as_tensor(space.nvec).expand(shape), shape=shape, dtype=torch.int64, device=device)
+    if isinstance(space, gym.spaces.MultiBinary):
+        return Binary(n=shape[-1], shape=shape, dtype=torch.int8, device=device)
+    raise InputError(
+        f"Gymnasium space {space} is not supported: use a Box, Discrete, MultiDiscrete or MultiBinary space "
+        "(wrap Dict or Tuple observations with gymnasium.wrappers.FlattenObservation)."
+    )
+
+
+class GymnasiumVectorEnv(EnvBase):
+    """A Gymnasium vector env in ``SAME_STEP`` autoreset mode as a batched TorchRL env.
+
+    Keys: ``"observation"``, ``"action"``, ``("next", "reward")``, ``("next", "terminated")``,
+    ``("next", "truncated")``, ``("next", "done")``, plus the running ``"episode_return"`` and
+    ``"episode_length"`` of each sub-env (at the end of an episode, ``("next", "episode_return")`` is the
+    episode's return).
+
+    :meth:`step_and_maybe_reset` (what collectors and ``rollout`` call) does the step and the reset of
+    finished sub-envs in one pass, reusing the reset observation that Gymnasium already computed.
+
+    Args:
+        vector_env: a Gymnasium vector env with ``autoreset_mode`` ``SAME_STEP`` (see :func:`make_env`, which
+            also converts the other modes).
+        device: where the env's tensors live. Stepping happens in NumPy on the CPU.
+
+    Examples:
+        >>> import gymnasium as gym
+        >>> venv = gym.make_vec("CartPole-v1", 4, vectorization_mode="sync",
+        ...                     vector_kwargs={"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP})
+        >>> env = GymnasiumVectorEnv(venv)
+        >>> env.rollout(3).batch_size
+        torch.Size([4, 3])
+    """
+
+    def __init__(self, vector_env: gym.vector.VectorEnv, device: torch.device | str = "cpu"):
+        mode = getattr(vector_env, "autoreset_mode", vector_env.metadata.get("autoreset_mode"))
+        if mode != AutoresetMode.SAME_STEP:
+            raise InputError(f"GymnasiumVectorEnv needs autoreset_mode=SAME_STEP, got {mode}; build it with make_env.")
+        num_envs = vector_env.num_envs
+        super().__init__(device=device, batch_size=torch.Size([num_envs]))
+        self.vector_env = vector_env
+        self.single_observation_space = vector_env.single_observation_space
+        self.single_action_space = vector_env.single_action_space
+        self._action_offset = int(getattr(self.single_action_space, "start", 0))
+        self._action_dtype = self.single_action_space.dtype
+        observation = space_to_spec(self.single_observation_space, num_envs, self.device)
+        self._observation_dtype = observation.dtype
+        self.observation_spec = Composite(
+            observation=observation,
+            **{
+                EPISODE_RETURN_KEY: Unbounded(shape=(num_envs, 1), device=self.device),
+                EPISODE_LENGTH_KEY: Unbounded(shape=(num_envs, 1), dtype=torch.int64, device=self.device),
+            },
+            shape=(num_envs,),
+            device=self.device,
+        )
+        self.action_spec = space_to_spec(self.single_action_space, num_envs, self.device)
+        self.reward_spec = Unbounded(shape=(num_envs, 1), device=self.device)
+        self.done_spec = Composite(
+            done=Categorical(2, shape=(num_envs, 1), dtype=torch.bool, device=self.device),
+            terminated=Categorical(2, shape=(num_envs, 1), dtype=torch.bool, device=self.device),
+            truncated=Categorical(2, shape=(num_envs, 1), dtype=torch.bool, device=self.device),
+            shape=(num_envs,),
+            device=self.device,
+        )
+        self._seed: int | None = None
+        self._observation: torch.Tensor | None = None  # the current observation, after any autoreset
+        self._episode_return = torch.zeros(num_envs, 1, device=self.device)
+        self._episode_length = torch.zeros(num_envs, 1, dtype=torch.int64, device=self.device)
+
+    def _set_seed(self, seed: int | None) -> None:
+        self._seed = seed
+        if seed is not None:
+            self.vector_env.action_space.seed(seed)
+
+    def _to_tensor(self, array: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
+        return torch.as_tensor(np.asarray(array), device=self.device).to(dtype)
+
+    def _reset(self, tensordict: TensorDictBase | None = None, **kwargs) -> TensorDictBase:
+        reset_mask = None if tensordict is None else tensordict.get("_reset", None)
+        if reset_mask is None or self._observation is None:
+            observation, _ = self.vector_env.reset(seed=self._seed)
+            self._seed = None  # seed once; later resets continue the seeded generators
+            self._observation = self._to_tensor(observation, self._observation_dtype)
+            reset_mask = torch.ones(self.batch_size + (1,), dtype=torch.bool, device=self.device)
+        else:
+            # SAME_STEP: finished sub-envs were already reset by Gymnasium in the last step.
+            reset_mask = reset_mask.reshape(self.batch_size + (1,))
+        self._episode_return = self._episode_return.masked_fill(reset_mask, 0.0)
+        self._episode_length = self._episode_length.masked_fill(reset_mask, 0)
+        return self._root(torch.zeros(self.batch_size + (1,), dtype=torch.bool, device=self.device))
+
+    def _root(self, not_done: torch.Tensor) -> TensorDictBase:
+        return TensorDict(
+            {
+                "observation": self._observation,
+                EPISODE_RETURN_KEY: self._episode_return,
+                EPISODE_LENGTH_KEY: self._episode_length,
+                "done": not_done,
+                "terminated": not_done.clone(),
+                "truncated": not_done.clone(),
+            },
+            batch_size=self.batch_size,
+            device=self.device,
+        )
+
+    def _step(self, tensordict: TensorDictBase) -> TensorDictBase:
+        action = tensordict.get("action").detach().cpu().numpy()
+        if self._action_offset:
+            action = action + self._action_offset
+        observation, reward, terminated, truncated, info = self.vector_env.step(action.astype(self._action_dtype))
+        done = np.logical_or(terminated, truncated)
+        current = self._to_tensor(observation, self._observation_dtype)
+        final = current
+        if done.any():
+            final = current.clone()
+            finished = np.flatnonzero(info["_final_obs"])
+            final[finished] = self._to_tensor(np.stack(info["final_obs"][finished]), self._observation_dtype)
+        self._observation = current
+        self._episode_return = self._episode_return + self._to_tensor(reward, torch.float32).unsqueeze(-1)
+        self._episode_length = self._episode_length + 1
+        return TensorDict(
+            {
+                "observation": final,
+                "reward": self._to_tensor(reward, torch.float32).unsqueeze(-1),
+                "done": self._to_tensor(done, torch.bool).unsqueeze(-1),
+                "terminated": self._to_tensor(terminated, torch.bool).unsqueeze(-1),
+                "truncated": self._to_tensor(truncated, torch.bool).unsqueeze(-1),
+                EPISODE_RETURN_KEY: self._episode_return,
+                EPISODE_LENGTH_KEY: self._episode_length,
+            },
+            batch_size=self.batch_size,
+            device=self.device,
+        )
+
+    def _step_and_maybe_reset(self, tensordict: TensorDictBase) -> tuple[TensorDictBase, TensorDictBase]:
+        """Step, then reset finished sub-envs from the observations Gymnasium already reset (no extra call)."""
+        next_td = self._step(tensordict)
+        tensordict.set("next", next_td)
+        done = next_td.get("done")
+        self._episode_return = self._episode_return.masked_fill(done, 0.0)
+        self._episode_length = self._episode_length.masked_fill(done, 0)
+        root = self._root(torch.zeros_like(done))
+        return tensordict, root
+
+    def close(self, *, raise_if_closed: bool = True) -> None:
+        self.vector_env.close()
+        super().close(raise_if_closed=raise_if_closed)
+
+
+def _check_env_id(env_id: str) -> None:
+    try:
+        gym.spec(env_id)
+    except gym.error.Error as error:
+        raise InputError(
+            f"Unknown Gymnasium env id {env_id!r} ({error}). Use a registered id such as 'CartPole-v1'; "
+            "gymnasium.pprint_registry() lists them all."
+        ) from None
+
+
+def _to_same_step(vector_env: gym.vector.VectorEnv) -> gym.vector.VectorEnv:
+    """Return a vector env equivalent to ``vector_env`` whose autoreset mode is ``SAME_STEP``."""
+    mode = getattr(vector_env, "autoreset_mode", vector_env.metadata.get("autoreset_mode"))
+    if mode == AutoresetMode.SAME_STEP:
+        return vector_env
+    if isinstance(vector_env, gym.vector.SyncVectorEnv) and mode == AutoresetMode.NEXT_STEP:
+        # Sub-envs are plain Gymnasium envs: re-host them in a SAME_STEP vector env.
+        return gym.vector.SyncVectorEnv(
+            [lambda env=env: env for env in vector_env.envs], autoreset_mode=AutoresetMode.SAME_STEP
+        )
+    spec = vector_env.spec
+    if spec is not None and mode == AutoresetMode.NEXT_STEP:
+        # NEXT_STEP hands out the reset observation one step late, in a step that ignores the action: it
+        # cannot be turned into a TorchRL transition. Rebuild the same env per sub-env instead.
+        warnings.warn(
+            f"{type(vector_env).__name__} only supports NEXT_STEP autoreset; rebuilding {spec.id!r} as a "
+            "SyncVectorEnv in SAME_STEP mode with the same kwargs.",
+            stacklevel=3,
+        )
+        env_kwargs = {
+            key: value
+            for key, value in spec.kwargs.items()
+            if key not in ("num_envs", "vectorization_mode", "vector_kwargs", "wrappers")
+        }
+        rebuilt = gym.make_vec(
+            spec.id,
+            num_envs=vector_env.num_envs,
+            vectorization_mode="sync",
+            vector_kwargs={"autoreset_mode": AutoresetMode.SAME_STEP},
+            **env_kwargs,
+        )
+        vector_env.close()
+        return rebuilt
+    raise InputError(
+        f"{type(vector_env).__name__} with autoreset_mode={mode} cannot be converted to SAME_STEP. Build it with "
+        "vector_kwargs={'autoreset_mode': gymnasium.vector.AutoresetMode.SAME_STEP}, or pass the env id."
+    )
+
+
+def make_env(
+    env: str | gym.Env | gym.vector.VectorEnv,
+    num_envs: int = 1,
+    device: torch.device | str = "cpu",
+    seed: int | None = None,
+    vectorization: Vectorization = "sync",
+    env_kwargs: dict[str, Any] | None = None,
+) -> GymnasiumVectorEnv:
+    """Build a batched TorchRL env from a Gymnasium id, env or vector env.
+
+    Args:
+        env: a registered Gymnasium id (``"CartPole-v1"``), a Gymnasium env (then ``num_envs`` must be 1) or a
+            Gymnasium vector env of any autoreset mode.
+        num_envs: number of sub-envs stepped together (ignored for a vector env, which has its own).
+        device: device of the returned tensors.
+        seed: seeds sub-env ``i`` with ``seed + i`` at the first reset, and the action space.
+        vectorization: ``"sync"`` steps sub-envs one after another in this process (best on few cores);
+            ``"async"`` steps each in its own process.
+        env_kwargs: keyword arguments for ``gymnasium.make``.
+
+    Returns:
+        A :class:`GymnasiumVectorEnv` with batch size ``[num_envs]``.
+
+    Raises:
+        InputError: unknown id, ``num_envs < 1``, an unsupported space or autoreset mode.
+
+    Examples:
+        >>> env = make_env("CartPole-v1", num_envs=8, seed=0)
+        >>> env.reset()["observation"].shape
+        torch.Size([8, 4])
+    """
+    if isinstance(env, gym.vector.VectorEnv):
+        vector_env = _to_same_step(env)
+    else:
+        if num_envs < 1:
+            raise InputError(f"num_envs must be at least 1, got {num_envs}.")
+        if vectorization not in ("sync", "async"):
+            raise InputError(f"vectorization must be 'sync' or 'async', got {vectorization!r}.")
+        if isinstance(env, gym.Env):
+            if num_envs != 1:
+                raise InputError(
+                    "A Gymnasium env object cannot be copied into several sub-envs: pass its id, or num_envs=1."
+                )
+            vector_env = gym.vector.SyncVectorEnv([lambda: env], autoreset_mode=AutoresetMode.SAME_STEP)
+        elif isinstance(env, str):
+            _check_env_id(env)
+            vector_env = gym.make_vec(
+                env,
+                num_envs=num_envs,
+                vectorization_mode=vectorization,
+                vector_kwargs={"autoreset_mode": AutoresetMode.SAME_STEP},
+                **(env_kwargs or {}),
+            )
+        else:
+            raise InputError(f"make_env takes a Gymnasium id, env or vector env, got {type(env).__name__}.")
+    torchrl_env = GymnasiumVectorEnv(vector_env, device=device)
+    if seed is not None:
+        torchrl_env.set_seed(seed)
+    return torchrl_env

@@ -1,0 +1,360 @@
+"""Run plumbing shared by every recipe: CLI, seeding, logging, evaluation, checkpoints, summary, plot, video.
+
+A recipe builds its env, modules, loss, collector and optimizer, then hands each collected batch to a
+:class:`Run`, which logs it, evaluates the agent every ``eval_every`` frames, keeps the best checkpoint, stops
+early at the target return and writes the run's outputs::
+
+    OUTPUT_DIR/
+      summary.json          algorithm, env, seed, frames, wall time, final evaluation, when it was solved
+      evaluations.csv       one row per deterministic evaluation
+      learning_curve.png    evaluation and training returns against frames
+      agent.ckpt            the final agent (Agent.load reads it); best_agent.ckpt: the best evaluation's
+      video.mp4             one deterministic episode of the final agent (with --video)
+      config.json           the full configuration
+      wandb/ or csv/        the logger's files
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import json
+import math
+import random
+import sys
+import time
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Literal, TypeVar
+
+import gymnasium as gym
+import numpy as np
+import torch
+import tyro
+from tensordict import TensorDictBase
+from tqdm import tqdm
+
+from agents.agent import Agent, EvaluationResult
+from envs.errors import InputError
+from envs.vector import EPISODE_LENGTH_KEY, EPISODE_RETURN_KEY
+
+LoggerName = Literal["wandb", "csv", "none"]
+EVAL_SEED_OFFSET = 1_000_000  # evaluation episodes are seeded apart from the training envs
+
+
+@dataclass
+class RunConfig:
+    """Options every recipe accepts."""
+
+    env_id: str = "CartPole-v1"
+    """Gymnasium environment id."""
+    num_envs: int = 8
+    """Number of environments stepped together by the collector."""
+    vectorization: Literal["sync", "async"] = "sync"
+    """Step sub-envs in this process ('sync') or one process each ('async')."""
+    seed: int = 0
+    """Seed for Python, NumPy, torch, the envs and their action spaces."""
+    total_frames: int = 100_000
+    """Training budget in environment steps (summed over all envs)."""
+    device: str = "cpu"
+    """Device of the networks and the loss: 'cpu', 'cuda', 'cuda:1', ... Envs step on the CPU."""
+    output_dir: Path | None = None
+    """Where the run writes its outputs; default runs/ALGORITHM-ENV-SEED-TIMESTAMP."""
+    logger: LoggerName = "csv"
+    """Metrics logger: Weights & Biases, CSV files, or none (evaluations.csv and summary.json are always written)."""
+    wandb_project: str = "rlkit"
+    """Weights & Biases project."""
+    wandb_online: bool = False
+    """Sync the W&B run to the server while training (default: offline, upload later with 'wandb sync')."""
+    eval_every: int = 10_000
+    """Run a deterministic evaluation every this many frames (and at the end)."""
+    eval_episodes: int = 20
+    """Episodes per evaluation."""
+    stop_at_return: float | None = None
+    """Stop once the evaluation mean return reaches this; default: the env's registered reward threshold
+    (475 for CartPole-v1, none for Pendulum-v1). Pass inf to never stop early."""
+    video: bool = True
+    """Record one deterministic episode of the final agent to video.mp4."""
+    progress: bool = True
+    """Show a progress bar."""
+
+    def validate(self) -> None:
+        """Raise :class:`InputError` for out-of-range values."""
+        require_positive(num_envs=self.num_envs, total_frames=self.total_frames, eval_every=self.eval_every,
+                         eval_episodes=self.eval_episodes)
+        if self.stop_at_return is not None and math.isnan(self.stop_at_return):
+            raise InputError("--stop-at-return must be a number, got nan.")
+        try:
+            device = torch.device(self.device)
+        except RuntimeError:
+            raise InputError(f"--device {self.device!r} is not a torch device (try 'cpu' or 'cuda').") from None
+        if device.type == "cuda" and not torch.cuda.is_available():
+            raise InputError("--device cuda was asked for but no CUDA device is available; use --device cpu.")
+        try:
+            gym.spec(self.env_id)
+        except gym.error.Error as error:
+            raise InputError(
+                f"Unknown Gymnasium env id {self.env_id!r} ({error}). Use a registered id such as 'CartPole-v1'."
+            ) from None
+
+    @property
+    def target_return(self) -> float | None:
+        """The evaluation return that ends training early, if any."""
+        if self.stop_at_return is not None:
+            return None if math.isinf(self.stop_at_return) else self.stop_at_return
+        return gym.spec(self.env_id).reward_threshold
+
+
+def require_positive(**values: int) -> None:
+    """Raise :class:`InputError` naming the first option whose value is below 1."""
+    for name, value in values.items():
+        if value < 1:
+            raise InputError(f"--{name.replace('_', '-')} must be a positive integer, got {value}.")
+
+
+def seed_everything(seed: int) -> None:
+    """Seed Python, NumPy and torch (envs are seeded by ``make_env``)."""
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def config_to_dict(config: Any) -> dict[str, Any]:
+    """A JSON-compatible copy of a (nested) config dataclass."""
+    return json.loads(json.dumps(dataclasses.asdict(config), default=str))
+
+
+def make_logger(run: RunConfig, algorithm: str, output_dir: Path, config: dict[str, Any]):
+    """Build the TorchRL logger chosen by ``run.logger``; None for 'none'."""
+    name = output_dir.name
+    if run.logger == "csv":
+        from torchrl.record.loggers import CSVLogger
+
+        logger = CSVLogger(exp_name="csv", log_dir=str(output_dir))
+    elif run.logger == "wandb":
+        from torchrl.record.loggers import WandbLogger
+
+        logger = WandbLogger(
+            exp_name=name,
+            offline=not run.wandb_online,
+            save_dir=str(output_dir),
+            project=run.wandb_project,
+            config=config,
+            group=algorithm,
+            log_env_packages=False,
+            settings={"silent": True},
+        )
+    else:
+        return None
+    logger.log_hparams(config)
+    return logger
+
+
+class Run:
+    """Logging, evaluation, early stopping, checkpoints and outputs of one training run.
+
+    Args:
+        algorithm: recipe name, e.g. ``"ppo"``.
+        config: the recipe's full config dataclass (saved and logged).
+        run: its :class:`RunConfig`.
+        agent: the agent being trained (its policy is the one the collector uses).
+    """
+
+    def __init__(self, algorithm: str, config: Any, run: RunConfig, agent: Agent):
+        self.algorithm = algorithm
+        self.run = run
+        self.agent = agent
+        stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+        self.output_dir = Path(run.output_dir or f"runs/{algorithm}-{run.env_id}-{run.seed}-{stamp}")
+        self.output_dir.mkdir(parents=True, exist_ok=True)
+        self.config = config_to_dict(config)
+        agent.config = self.config
+        (self.output_dir / "config.json").write_text(json.dumps(self.config, indent=2) + "\n")
+        self.logger = make_logger(run, algorithm, self.output_dir, self.config)
+        self.target_return = run.target_return
+        self.frames = 0
+        self.evaluations: list[dict[str, float]] = []
+        self.training_returns: list[tuple[int, float]] = []
+        self.best_return = -math.inf
+        self.solved_at_frames: int | None = None
+        self.solved_at_s: float | None = None
+        self._next_eval = run.eval_every
+        self._last_return: float | None = None
+        self._start = time.perf_counter()
+        self._progress = tqdm(
+            total=run.total_frames, unit="frame", unit_scale=True, dynamic_ncols=True, disable=not run.progress
+        )
+
+    @property
+    def elapsed(self) -> float:
+        return time.perf_counter() - self._start
+
+    def log(self, metrics: dict[str, float]) -> None:
+        if self.logger is not None:
+            self.logger.log_metrics({k: float(v) for k, v in metrics.items()}, step=self.frames)
+
+    def record_batch(self, batch: TensorDictBase, metrics: dict[str, float]) -> bool:
+        """Account for a collected batch and its update's metrics; evaluate when due.
+
+        Returns:
+            True when training should stop (budget spent or target return reached).
+        """
+        self.frames += batch.numel()
+        done = batch.get(("next", "done"))
+        if done.any():
+            returns = batch.get(("next", EPISODE_RETURN_KEY))[done]
+            lengths = batch.get(("next", EPISODE_LENGTH_KEY))[done]
+            self._last_return = returns.mean().item()
+            self.training_returns.append((self.frames, self._last_return))
+            metrics = {**metrics, "train/episode_return": self._last_return,
+                       "train/episode_length": lengths.float().mean().item()}
+        elapsed = self.elapsed
+        metrics = {**metrics, "time/elapsed_s": elapsed, "time/fps": self.frames / max(elapsed, 1e-9)}
+        self.log(metrics)
+        self._progress.update(batch.numel())
+        self._progress.set_postfix(self._postfix(), refresh=False)
+        stop = False
+        if self.frames >= self._next_eval:
+            self._next_eval += self.run.eval_every * max(1, (self.frames - self._next_eval) // self.run.eval_every + 1)
+            stop = self.evaluate()
+        return stop or self.frames >= self.run.total_frames
+
+    def _postfix(self) -> dict[str, str]:
+        postfix = {}
+        if self._last_return is not None:
+            postfix["return"] = f"{self._last_return:.1f}"
+        if self.evaluations:
+            postfix["eval"] = f"{self.evaluations[-1]['return_mean']:.1f}"
+        return postfix
+
+    def evaluate(self) -> bool:
+        """Evaluate deterministically, log, keep the best checkpoint; True if the target return is reached."""
+        was_training = self.agent.training
+        self.agent.eval()
+        result = self.agent.evaluate(
+            episodes=self.run.eval_episodes, deterministic=True, seed=self.run.seed + EVAL_SEED_OFFSET
+        )
+        self.agent.train(was_training)
+        row = {
+            "frames": self.frames,
+            "wall_time_s": self.elapsed,
+            "return_mean": result.mean,
+            "return_std": result.std,
+            "length_mean": float(result.lengths.mean()),
+        }
+        self.evaluations.append(row)
+        self.log({"eval/return_mean": result.mean, "eval/return_std": result.std,
+                  "eval/length_mean": row["length_mean"]})
+        self._write_evaluations()
+        if result.mean > self.best_return:
+            self.best_return = result.mean
+            self.agent.save(self.output_dir / "best_agent.ckpt")
+        self._progress.set_postfix(self._postfix())
+        solved = self.target_return is not None and result.mean >= self.target_return
+        if solved and self.solved_at_frames is None:
+            self.solved_at_frames, self.solved_at_s = self.frames, row["wall_time_s"]
+        return solved
+
+    def _write_evaluations(self) -> None:
+        path = self.output_dir / "evaluations.csv"
+        with path.open("w", newline="") as file:
+            writer = csv.DictWriter(file, fieldnames=list(self.evaluations[0]))
+            writer.writeheader()
+            writer.writerows(self.evaluations)
+
+    def finish(self) -> dict[str, Any]:
+        """Final evaluation, checkpoint, video, plot and summary.json; returns the summary."""
+        self._progress.close()
+        if not self.evaluations or self.evaluations[-1]["frames"] != self.frames:
+            self.evaluate()
+        wall_time = self.elapsed
+        final = self.evaluations[-1]
+        self.agent.save(self.output_dir / "agent.ckpt")
+        if self.run.video:
+            self.agent.evaluate(episodes=1, seed=self.run.seed + EVAL_SEED_OFFSET, video_path=self.output_dir / "video.mp4")
+        plot_learning_curve(self.evaluations, self.training_returns, self.output_dir / "learning_curve.png",
+                            title=f"{self.algorithm} on {self.run.env_id} (seed {self.run.seed})")
+        summary = {
+            "algorithm": self.algorithm,
+            "env_id": self.run.env_id,
+            "seed": self.run.seed,
+            "frames": self.frames,
+            "wall_time_s": wall_time,
+            "fps": self.frames / max(wall_time, 1e-9),
+            "eval_return_mean": final["return_mean"],
+            "eval_return_std": final["return_std"],
+            "eval_episodes": self.run.eval_episodes,
+            "best_eval_return_mean": self.best_return,
+            "target_return": self.target_return,
+            "solved_at_frames": self.solved_at_frames,
+            "solved_at_s": self.solved_at_s,
+            "output_dir": str(self.output_dir),
+        }
+        (self.output_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        if self.logger is not None:
+            self.log({f"summary/{k}": v for k, v in summary.items() if isinstance(v, (int, float)) and v is not None})
+            if self.run.logger == "wandb":
+                self.logger.experiment.finish()
+        return summary
+
+
+def plot_learning_curve(
+    evaluations: list[dict[str, float]], training_returns: list[tuple[int, float]], path: Path, title: str
+) -> Path:
+    """Plot evaluation mean ± std and training episode returns against frames."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4), dpi=100)
+    if training_returns:
+        frames, returns = zip(*training_returns)
+        ax.plot(frames, returns, color="tab:gray", alpha=0.5, linewidth=1, label="training episodes (batch mean)")
+    if evaluations:
+        frames = np.array([row["frames"] for row in evaluations])
+        mean = np.array([row["return_mean"] for row in evaluations])
+        std = np.array([row["return_std"] for row in evaluations])
+        ax.plot(frames, mean, marker="o", color="tab:blue", label="deterministic evaluation")
+        ax.fill_between(frames, mean - std, mean + std, color="tab:blue", alpha=0.2)
+    ax.set_xlabel("frames")
+    ax.set_ylabel("episode return")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend(loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+ConfigT = TypeVar("ConfigT")
+
+
+def run_cli(main: Callable[[ConfigT], dict[str, Any]], config_type: type[ConfigT], description: str) -> None:
+    """Parse the command line into ``config_type`` (flat flags), run ``main`` and report where results are.
+
+    Bad input ends with a one-line ``error: ...`` on stderr and exit status 2.
+    """
+    config = tyro.cli(config_type, description=description, config=(tyro.conf.OmitArgPrefixes,))
+    warnings.filterwarnings("ignore", module="pygame")
+    try:
+        summary = main(config)
+    except InputError as error:
+        print(f"error: {error}", file=sys.stderr)
+        raise SystemExit(2) from None
+    solved = summary["solved_at_frames"]
+    print(
+        f"{summary['algorithm']} on {summary['env_id']}: evaluation return {summary['eval_return_mean']:.1f} "
+        f"± {summary['eval_return_std']:.1f} over {summary['eval_episodes']} episodes after {summary['frames']} frames "
+        f"in {summary['wall_time_s']:.1f} s"
+        + (f"; reached the target at {solved} frames ({summary['solved_at_s']:.1f} s)" if solved else "")
+    )
+    print(f"results in {summary['output_dir']}/ (summary.json, learning_curve.png, agent.ckpt"
+          + (", video.mp4" if (Path(summary["output_dir"]) / "video.mp4").exists() else "") + ")")
+
+
+__all__ = ["EvaluationResult", "Run", "RunConfig", "config_to_dict", "require_positive", "run_cli", "seed_everything"]

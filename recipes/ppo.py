@@ -1,0 +1,207 @@
+"""Proximal Policy Optimization (Schulman et al., 2017, arXiv:1707.06347).
+
+Clipped surrogate objective with GAE advantages, entropy bonus and a value loss, from TorchRL's
+``ClipPPOLoss`` and ``GAE``; linear learning-rate and clip-range annealing, gradient clipping, per-minibatch
+advantage normalisation. Discrete (categorical policy) and Box (tanh-normal policy) action spaces.
+
+The defaults solve CartPole-v1 (deterministic evaluation mean >= 475 over 20 episodes) in about 50k frames,
+a few seconds on a 2-core CPU. Pendulum-v1 reaches about -200 with the settings in README.md (500k frames).
+
+    python -m recipes.ppo                      # CartPole-v1
+    python -m recipes.ppo --help               # every option
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+import torch
+from torchrl.collectors import Collector
+from torchrl.data import LazyTensorStorage, SamplerWithoutReplacement, TensorDictReplayBuffer
+from torchrl.objectives import ClipPPOLoss
+from torchrl.objectives.value import GAE
+
+from agents import Agent, find_normalizer, input_encoder, make_critic
+from envs import InputError, make_env
+from recipes.common import Run, RunConfig, require_positive, run_cli, seed_everything
+
+
+@dataclass
+class CollectorConfig:
+    steps_per_env: int = 16
+    """Steps each env takes per collected batch (frames per batch = num_envs * steps_per_env)."""
+
+
+@dataclass
+class LossConfig:
+    gamma: float = 0.99
+    """Discount factor."""
+    gae_lambda: float = 0.95
+    """GAE lambda (1: Monte-Carlo advantages, 0: one-step TD)."""
+    clip_epsilon: float = 0.2
+    """Clipping range of the probability ratio."""
+    anneal_clip: bool = True
+    """Anneal the clip range linearly to 0 over the budget."""
+    entropy_coef: float = 0.0
+    """Weight of the entropy bonus."""
+    critic_coef: float = 0.5
+    """Weight of the value loss."""
+    critic_loss: Literal["l2", "smooth_l1"] = "l2"
+    """Value loss: squared error or Huber."""
+    normalize_advantage: bool = True
+    """Normalise advantages within each minibatch."""
+
+
+@dataclass
+class OptimConfig:
+    lr: float = 3e-3
+    """Adam learning rate."""
+    anneal_lr: bool = True
+    """Anneal the learning rate linearly to 0 over the budget."""
+    max_grad_norm: float = 0.5
+    """Clip the global gradient norm to this value."""
+    num_epochs: int = 4
+    """Passes over each collected batch."""
+    minibatch_size: int = 256
+    """Samples per gradient step."""
+
+
+@dataclass
+class NetworkConfig:
+    hidden_sizes: tuple[int, ...] = (64, 64)
+    """Hidden layer widths of the actor and of the critic."""
+    activation: Literal["tanh", "relu", "elu", "silu"] = "tanh"
+    """Activation between hidden layers."""
+    normalize_obs: bool = False
+    """Normalise observations with running statistics saved in the agent."""
+
+
+@dataclass
+class PPOConfig:
+    """PPO: clipped policy gradient with GAE."""
+
+    run: RunConfig = field(default_factory=lambda: RunConfig(num_envs=16, total_frames=100_000, eval_every=8_192))
+    collector: CollectorConfig = field(default_factory=CollectorConfig)
+    loss: LossConfig = field(default_factory=LossConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    network: NetworkConfig = field(default_factory=NetworkConfig)
+
+
+def main(config: PPOConfig) -> dict:
+    """Train PPO as configured and return the run summary (see ``recipes.common``)."""
+    # config
+    run_config, loss_config, optim_config = config.run, config.loss, config.optim
+    run_config.validate()
+    require_positive(steps_per_env=config.collector.steps_per_env, num_epochs=optim_config.num_epochs,
+                     minibatch_size=optim_config.minibatch_size)
+    frames_per_batch = run_config.num_envs * config.collector.steps_per_env
+    if optim_config.minibatch_size > frames_per_batch:
+        raise InputError(f"--minibatch-size {optim_config.minibatch_size} exceeds the {frames_per_batch} frames per batch "
+                         "(num_envs * steps_per_env).")
+    seed_everything(run_config.seed)
+    device = torch.device(run_config.device)
+    num_batches = -(-run_config.total_frames // frames_per_batch)
+    minibatches_per_epoch = max(1, frames_per_batch // optim_config.minibatch_size)
+
+    # env
+    env = make_env(run_config.env_id, run_config.num_envs, seed=run_config.seed, vectorization=run_config.vectorization)
+    observation_spec = env.observation_spec["observation"]
+
+    # modules: the agent owns the actor (and the observation normaliser); the critic shares its input encoder
+    policy_kwargs = {
+        "hidden_sizes": list(config.network.hidden_sizes),
+        "activation": config.network.activation,
+        "normalize_obs": config.network.normalize_obs,
+    }
+    agent = Agent.build(run_config.env_id, env.single_observation_space, env.single_action_space, "ppo",
+                        policy_kwargs=policy_kwargs, config=None, device=device)
+    actor = agent.policy
+    critic = make_critic(observation_spec, config.network.hidden_sizes, config.network.activation,
+                         encoder=input_encoder(actor)).to(device)
+    normalizer = find_normalizer(actor)
+
+    # loss + value estimator
+    loss_module = ClipPPOLoss(
+        actor,
+        critic,
+        clip_epsilon=loss_config.clip_epsilon,
+        entropy_bonus=loss_config.entropy_coef > 0,
+        entropy_coeff=loss_config.entropy_coef,
+        critic_coeff=loss_config.critic_coef,
+        loss_critic_type=loss_config.critic_loss,
+        normalize_advantage=loss_config.normalize_advantage,
+    )
+    advantage_module = GAE(gamma=loss_config.gamma, lmbda=loss_config.gae_lambda, value_network=critic,
+                           average_gae=False, device=device)
+
+    # collector
+    collector = Collector(
+        env,
+        actor,
+        frames_per_batch=frames_per_batch,
+        total_frames=num_batches * frames_per_batch,
+        env_device="cpu",
+        policy_device=device,
+        storing_device=device,
+        track_traj_ids=False,
+    )
+
+    # buffer: the current batch, sampled without replacement into minibatches
+    replay_buffer = TensorDictReplayBuffer(
+        storage=LazyTensorStorage(frames_per_batch, device=device),
+        sampler=SamplerWithoutReplacement(),
+        batch_size=optim_config.minibatch_size,
+    )
+
+    # optimizer
+    optimizer = torch.optim.Adam(loss_module.parameters(), lr=optim_config.lr, eps=1e-5)
+    total_updates = num_batches * optim_config.num_epochs * minibatches_per_epoch
+
+    # logger, evaluation, checkpoints
+    run = Run("ppo", config, run_config, agent)
+
+    loss_keys = ["loss_objective", "loss_critic"] + (["loss_entropy"] if loss_config.entropy_coef > 0 else [])
+    max_grad_norm = optim_config.max_grad_norm
+
+    def update(minibatch):
+        loss = loss_module(minibatch)
+        total = sum(loss[key] for key in loss_keys)
+        optimizer.zero_grad(set_to_none=True)
+        total.backward()
+        grad_norm = torch.nn.utils.clip_grad_norm_(loss_module.parameters(), max_grad_norm)
+        optimizer.step()
+        return loss.select(*loss_keys, "entropy", "clip_fraction", "kl_approx", strict=False).detach(), grad_norm
+
+    # loop
+    updates_done = 0
+    for batch in collector:
+        with torch.no_grad():
+            advantage_module(batch)
+        replay_buffer.extend(batch.reshape(-1))
+        metrics_list = []
+        for _ in range(optim_config.num_epochs):
+            for _ in range(minibatches_per_epoch):
+                progress = updates_done / total_updates
+                if optim_config.anneal_lr:
+                    for group in optimizer.param_groups:
+                        group["lr"] = optim_config.lr * (1.0 - progress)
+                if loss_config.anneal_clip:
+                    loss_module.clip_epsilon.fill_(loss_config.clip_epsilon * (1.0 - progress))
+                losses, grad_norm = update(replay_buffer.sample())
+                metrics_list.append(losses.set("grad_norm", grad_norm))
+                updates_done += 1
+        if normalizer is not None:
+            normalizer.update(batch.get("observation"))
+        metrics = {f"train/{key}": value.item() for key, value in torch.stack(metrics_list).mean().items()}
+        metrics["train/lr"] = optimizer.param_groups[0]["lr"]
+        metrics["train/clip_epsilon"] = loss_module.clip_epsilon.item()
+        if run.record_batch(batch, metrics):
+            break
+    collector.shutdown()
+    env.close()
+    return run.finish()
+
+
+if __name__ == "__main__":
+    run_cli(main, PPOConfig, __doc__)
