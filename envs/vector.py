@@ -44,6 +44,11 @@ def space_to_spec(space: gym.Space, batch_size: int, device: torch.device | str 
     Raises:
         InputError: for other spaces (``Dict``, ``Tuple``, ``Text``, ...).
     """
+    if not isinstance(space, (gym.spaces.Box, gym.spaces.Discrete, gym.spaces.MultiDiscrete, gym.spaces.MultiBinary)):
+        raise InputError(
+            f"Gymnasium space {space} is not supported: use a Box, Discrete, MultiDiscrete or MultiBinary space "
+            "(wrap Dict or Tuple observations with gymnasium.wrappers.FlattenObservation)."
+        )
     shape = (batch_size, *space.shape)
     if isinstance(space, gym.spaces.Box):
         dtype = torch.float32 if np.issubdtype(space.dtype, np.floating) else torch.from_numpy(space.low).dtype
@@ -56,12 +61,7 @@ def space_to_spec(space: gym.Space, batch_size: int, device: torch.device | str 
         return Categorical(int(space.n), shape=shape, dtype=torch.int64, device=device)
     if isinstance(space, gym.spaces.MultiDiscrete):
         return MultiCategorical(torch.as_tensor(space.nvec).expand(shape), shape=shape, dtype=torch.int64, device=device)
-    if isinstance(space, gym.spaces.MultiBinary):
-        return Binary(n=shape[-1], shape=shape, dtype=torch.int8, device=device)
-    raise InputError(
-        f"Gymnasium space {space} is not supported: use a Box, Discrete, MultiDiscrete or MultiBinary space "
-        "(wrap Dict or Tuple observations with gymnasium.wrappers.FlattenObservation)."
-    )
+    return Binary(n=shape[-1], shape=shape, dtype=torch.int8, device=device)
 
 
 class GymnasiumVectorEnv(EnvBase):
@@ -101,7 +101,8 @@ class GymnasiumVectorEnv(EnvBase):
         self._action_offset = int(getattr(self.single_action_space, "start", 0))
         self._action_dtype = self.single_action_space.dtype
         observation = space_to_spec(self.single_observation_space, num_envs, self.device)
-        self._observation_dtype = observation.dtype
+        self._observation_np_dtype = torch.empty((), dtype=observation.dtype).numpy().dtype
+        self._on_cpu = self.device.type == "cpu"
         self.observation_spec = Composite(
             observation=observation,
             **{
@@ -130,24 +131,28 @@ class GymnasiumVectorEnv(EnvBase):
         if seed is not None:
             self.vector_env.action_space.seed(seed)
 
-    def _to_tensor(self, array: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
-        return torch.as_tensor(np.asarray(array), device=self.device).to(dtype)
+    def _to_tensor(self, array: np.ndarray, dtype: np.dtype) -> torch.Tensor:
+        """Zero-copy when ``array`` already has ``dtype`` and the env is on the CPU."""
+        tensor = torch.from_numpy(np.ascontiguousarray(array, dtype=dtype))
+        return tensor if self._on_cpu else tensor.to(self.device, non_blocking=True)
 
     def _reset(self, tensordict: TensorDictBase | None = None, **kwargs) -> TensorDictBase:
         reset_mask = None if tensordict is None else tensordict.get("_reset", None)
         if reset_mask is None or self._observation is None:
             observation, _ = self.vector_env.reset(seed=self._seed)
             self._seed = None  # seed once; later resets continue the seeded generators
-            self._observation = self._to_tensor(observation, self._observation_dtype)
-            reset_mask = torch.ones(self.batch_size + (1,), dtype=torch.bool, device=self.device)
+            self._observation = self._to_tensor(observation, self._observation_np_dtype)
+            self._episode_return = torch.zeros_like(self._episode_return)
+            self._episode_length = torch.zeros_like(self._episode_length)
         else:
             # SAME_STEP: finished sub-envs were already reset by Gymnasium in the last step.
             reset_mask = reset_mask.reshape(self.batch_size + (1,))
-        self._episode_return = self._episode_return.masked_fill(reset_mask, 0.0)
-        self._episode_length = self._episode_length.masked_fill(reset_mask, 0)
-        return self._root(torch.zeros(self.batch_size + (1,), dtype=torch.bool, device=self.device))
+            self._episode_return = self._episode_return.masked_fill(reset_mask, 0.0)
+            self._episode_length = self._episode_length.masked_fill(reset_mask, 0)
+        return self._root()
 
-    def _root(self, not_done: torch.Tensor) -> TensorDictBase:
+    def _root(self) -> TensorDictBase:
+        not_done = torch.zeros(self.batch_size + (1,), dtype=torch.bool, device=self.device)
         return TensorDict(
             {
                 "observation": self._observation,
@@ -167,22 +172,24 @@ class GymnasiumVectorEnv(EnvBase):
             action = action + self._action_offset
         observation, reward, terminated, truncated, info = self.vector_env.step(action.astype(self._action_dtype))
         done = np.logical_or(terminated, truncated)
-        current = self._to_tensor(observation, self._observation_dtype)
+        current = np.asarray(observation, dtype=self._observation_np_dtype)
         final = current
         if done.any():
-            final = current.clone()
+            final = current.copy()
             finished = np.flatnonzero(info["_final_obs"])
-            final[finished] = self._to_tensor(np.stack(info["final_obs"][finished]), self._observation_dtype)
-        self._observation = current
-        self._episode_return = self._episode_return + self._to_tensor(reward, torch.float32).unsqueeze(-1)
+            final[finished] = np.stack(info["final_obs"][finished])
+        self._observation = self._to_tensor(current, self._observation_np_dtype)
+        reward = self._to_tensor(reward[:, None], np.float32)
+        self._episode_return = self._episode_return + reward
         self._episode_length = self._episode_length + 1
+        flags = self._to_tensor(np.stack([done, terminated, truncated], axis=1)[..., None], np.bool_)
         return TensorDict(
             {
-                "observation": final,
-                "reward": self._to_tensor(reward, torch.float32).unsqueeze(-1),
-                "done": self._to_tensor(done, torch.bool).unsqueeze(-1),
-                "terminated": self._to_tensor(terminated, torch.bool).unsqueeze(-1),
-                "truncated": self._to_tensor(truncated, torch.bool).unsqueeze(-1),
+                "observation": self._to_tensor(final, self._observation_np_dtype),
+                "reward": reward,
+                "done": flags[:, 0],
+                "terminated": flags[:, 1],
+                "truncated": flags[:, 2],
                 EPISODE_RETURN_KEY: self._episode_return,
                 EPISODE_LENGTH_KEY: self._episode_length,
             },
@@ -197,8 +204,7 @@ class GymnasiumVectorEnv(EnvBase):
         done = next_td.get("done")
         self._episode_return = self._episode_return.masked_fill(done, 0.0)
         self._episode_length = self._episode_length.masked_fill(done, 0)
-        root = self._root(torch.zeros_like(done))
-        return tensordict, root
+        return tensordict, self._root()
 
     def close(self, *, raise_if_closed: bool = True) -> None:
         self.vector_env.close()

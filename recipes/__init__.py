@@ -1,1 +1,1 @@
-"""placeholder"""
+"""Training recipes, one file per algorithm: `python -m recipes.<name> --help`."""

@@ -294,10 +294,9 @@ class Run:
             "output_dir": str(self.output_dir),
         }
         (self.output_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-        if self.logger is not None:
-            self.log({f"summary/{k}": v for k, v in summary.items() if isinstance(v, (int, float)) and v is not None})
-            if self.run.logger == "wandb":
-                self.logger.experiment.finish()
+        if self.run.logger == "wandb":
+            self.logger.experiment.summary.update(summary)
+            self.logger.experiment.finish()
         return summary
 
 

@@ -145,6 +145,7 @@ def main(config: PPOConfig) -> dict:
         policy_device=device,
         storing_device=device,
         track_traj_ids=False,
+        auto_register_policy_transforms=False,
     )
 
     # buffer: the current batch, sampled without replacement into minibatches

@@ -1,0 +1,73 @@
+"""Evaluate a saved agent: per-episode returns and lengths, optionally a video.
+
+    python -m recipes.evaluate runs/demo --episodes 20 --video
+    python -m recipes.evaluate runs/demo/best_agent.ckpt --env-id CartPole-v1 --stochastic
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated
+
+import tyro
+
+from agents import Agent
+from envs import InputError
+
+
+@dataclass
+class EvaluateConfig:
+    """Evaluate a saved agent."""
+
+    path: Annotated[Path, tyro.conf.Positional]
+    """A run directory (its agent.ckpt is used) or an agent checkpoint file."""
+    episodes: int = 20
+    """Number of episodes."""
+    seed: int | None = 0
+    """Base seed of the episodes' resets (episode k uses seed + k); None for unseeded."""
+    env_id: str | None = None
+    """Evaluate in this Gymnasium env instead of the one the agent was trained on (same spaces needed)."""
+    stochastic: bool = False
+    """Sample actions instead of taking the policy's mode."""
+    video: bool = False
+    """Record the first episode to video.mp4 (beside the checkpoint, or at --video-path)."""
+    video_path: Path | None = None
+    """Where to write the video."""
+    device: str = "cpu"
+    """Device to run the policy on."""
+
+
+def main(config: EvaluateConfig) -> dict:
+    """Evaluate and return a summary with per-episode returns and lengths."""
+    if config.episodes < 1:
+        raise InputError(f"--episodes must be a positive integer, got {config.episodes}.")
+    checkpoint = config.path / "agent.ckpt" if config.path.is_dir() else config.path
+    agent = Agent.load(checkpoint, device=config.device)
+    video_path = None
+    if config.video or config.video_path is not None:
+        video_path = config.video_path or checkpoint.parent / "video.mp4"
+    result = agent.evaluate(config.env_id, episodes=config.episodes, deterministic=not config.stochastic,
+                            seed=config.seed, video_path=video_path)
+    return {
+        "checkpoint": str(checkpoint),
+        "env_id": config.env_id or agent.env_id,
+        "episodes": config.episodes,
+        "return_mean": result.mean,
+        "return_std": result.std,
+        "returns": result.returns.tolist(),
+        "lengths": result.lengths.tolist(),
+        "video": None if video_path is None else str(video_path),
+    }
+
+
+if __name__ == "__main__":
+    parsed = tyro.cli(EvaluateConfig, description=__doc__)
+    try:
+        summary = main(parsed)
+    except InputError as error:
+        print(f"error: {error}", file=sys.stderr)
+        raise SystemExit(2) from None
+    print(json.dumps(summary, indent=2))

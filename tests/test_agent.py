@@ -1,0 +1,105 @@
+import pickle
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+
+from agents import Agent
+from envs import InputError
+
+
+def make_agent(env_id="CartPole-v1", **policy_kwargs):
+    env = gym.make(env_id)
+    torch.manual_seed(0)
+    return Agent.build(env_id, env.observation_space, env.action_space, "test", policy_kwargs=policy_kwargs)
+
+
+def test_predict_single_and_batched_observations():
+    agent = make_agent()
+    space = gym.make("CartPole-v1").action_space
+    observation = np.zeros(4, dtype=np.float32)
+    action = agent.predict(observation)
+    assert np.ndim(action) == 0 and space.contains(int(action))
+    batch = agent.predict(torch.zeros(5, 4))
+    assert batch.shape == (5,) and all(space.contains(int(a)) for a in batch)
+    assert agent.predict([0.0, 0.0, 0.0, 0.0]) == action
+
+
+def test_continuous_actions_stay_in_bounds_and_deterministic_is_repeatable():
+    agent = make_agent("Pendulum-v1")
+    space = gym.make("Pendulum-v1").action_space
+    observations = np.random.default_rng(0).uniform(-1, 1, size=(64, 3)).astype(np.float32)
+    sampled = agent.predict(observations, deterministic=False)
+    assert sampled.shape == (64, 1) and sampled.dtype == np.float32
+    assert all(space.contains(a) for a in sampled)
+    np.testing.assert_array_equal(agent.predict(observations), agent.predict(observations))
+
+
+def test_save_load_keeps_actions_and_normalizer_statistics(tmp_path):
+    agent = make_agent("Pendulum-v1", hidden_sizes=[32], normalize_obs=True)
+    agent.normalizer.update(torch.randn(500, 3) * 4 + 1)
+    path = agent.save(tmp_path / "agent.ckpt")
+    loaded = Agent.load(path)
+    for name in ("mean", "var", "count"):
+        torch.testing.assert_close(getattr(loaded.normalizer, name), getattr(agent.normalizer, name), rtol=0, atol=0)
+    observations = np.random.default_rng(1).normal(size=(32, 3)).astype(np.float32)
+    np.testing.assert_array_equal(loaded.predict(observations), agent.predict(observations))
+    assert loaded.env_id == "Pendulum-v1" and loaded.action_space == agent.action_space
+    assert loaded.policy_kwargs == {"hidden_sizes": [32], "normalize_obs": True}
+
+
+def test_evaluate_returns_per_episode_results_reproducibly(tmp_path):
+    agent = make_agent()
+    first = agent.evaluate(episodes=7, seed=3, max_parallel_envs=3)
+    second = agent.evaluate(episodes=7, seed=3)
+    assert first.returns.shape == (7,) and first.lengths.shape == (7,)
+    np.testing.assert_array_equal(first.returns, second.returns)
+    np.testing.assert_array_equal(first.lengths, second.lengths)
+    np.testing.assert_array_equal(first.returns, first.lengths)  # CartPole pays 1 per step
+    video = tmp_path / "episode.mp4"
+    agent.evaluate(episodes=1, seed=3, video_path=video)
+    assert video.stat().st_size > 1000
+
+
+def test_evaluate_in_a_user_env():
+    agent = make_agent()
+    result = agent.evaluate(gym.make("CartPole-v1"), episodes=2, seed=0)
+    assert len(result.returns) == 2
+
+
+def test_wrong_env_and_wrong_observations_are_refused():
+    agent = make_agent()
+    with pytest.raises(InputError, match="trained on 'CartPole-v1'"):
+        agent.evaluate("Pendulum-v1", episodes=1)
+    with pytest.raises(InputError, match="does not match"):
+        agent.predict(np.zeros(3))
+    with pytest.raises(InputError, match="NaN"):
+        agent.predict(np.array([0.0, np.nan, 0.0, 0.0]))
+
+
+def test_loading_bad_files_gives_clear_errors_and_never_unpickles(tmp_path):
+    with pytest.raises(InputError, match="No agent checkpoint"):
+        Agent.load(tmp_path / "missing.ckpt")
+    garbage = tmp_path / "garbage.ckpt"
+    garbage.write_bytes(b"not a checkpoint")
+    with pytest.raises(InputError, match="garbage.ckpt"):
+        Agent.load(garbage)
+
+    sentinel = tmp_path / "pwned"
+
+    class Payload:
+        def __reduce__(self):
+            return (open, (str(sentinel), "w"))
+
+    malicious = tmp_path / "malicious.ckpt"
+    malicious.write_bytes(pickle.dumps(Payload()))
+    with pytest.raises(InputError):
+        Agent.load(malicious)
+    assert not sentinel.exists()
+
+    truncated = tmp_path / "truncated.ckpt"
+    data = make_agent().save(tmp_path / "agent.ckpt").read_bytes()
+    truncated.write_bytes(data[: len(data) // 2])
+    with pytest.raises(InputError, match="truncated.ckpt"):
+        Agent.load(truncated)

@@ -1,0 +1,108 @@
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+from torchrl.envs.utils import check_env_specs
+
+from envs import EPISODE_LENGTH_KEY, EPISODE_RETURN_KEY, InputError, ObservationNormalizer, make_env
+
+
+@pytest.mark.parametrize("env_id", ["CartPole-v1", "Pendulum-v1", "MountainCarContinuous-v0", "Acrobot-v1"])
+def test_specs_match_data(env_id):
+    env = make_env(env_id, num_envs=3, seed=0)
+    check_env_specs(env)
+    assert env.batch_size == torch.Size([3])
+
+
+def test_discrete_observation_space():
+    env = make_env("FrozenLake-v1", num_envs=2, seed=0)
+    check_env_specs(env)
+    assert env.reset()["observation"].dtype == torch.int64
+
+
+def test_same_seed_same_rollout_different_seed_different_rollout():
+    def rollout(seed):
+        env = make_env("CartPole-v1", num_envs=4, seed=seed)
+        torch.manual_seed(0)
+        return env.rollout(300, break_when_any_done=False)
+
+    first, second, other = rollout(3), rollout(3), rollout(4)
+    assert torch.equal(first["observation"], second["observation"])
+    assert torch.equal(first["next", "reward"], second["next", "reward"])
+    assert torch.equal(first["next", "done"], second["next", "done"])
+    assert not torch.equal(first["observation"][:, 0], other["observation"][:, 0])
+
+
+def test_time_limit_is_truncation_not_termination():
+    env = make_env("Pendulum-v1", num_envs=2, seed=0, env_kwargs={"max_episode_steps": 10})
+    data = env.rollout(25, break_when_any_done=False)
+    truncated = data["next", "truncated"].squeeze(-1)
+    terminated = data["next", "terminated"].squeeze(-1)
+    assert truncated[:, 9].all() and truncated[:, 19].all()
+    assert truncated.sum() == 4 and not terminated.any()
+    assert torch.equal(data["next", "done"].squeeze(-1), truncated)
+    # the step that ends an episode carries the true final observation; the next step starts from the reset one
+    assert not torch.equal(data["next", "observation"][:, 9], data["observation"][:, 10])
+    assert torch.equal(data["next", "observation"][:, 8], data["observation"][:, 9])
+
+
+def test_termination_with_final_observation_and_episode_statistics():
+    env = make_env("CartPole-v1", num_envs=2, seed=0)
+    data = env.rollout(200, break_when_any_done=False)
+    terminated = data["next", "terminated"].squeeze(-1)
+    assert terminated.any() and not data["next", "truncated"].any()
+    env_index, step = terminated.nonzero()[0].tolist()
+    final_observation = data["next", "observation"][env_index, step]
+    # CartPole terminates when the pole angle or the cart position leaves its range
+    assert final_observation[2].abs() > 0.2094 or final_observation[0].abs() > 2.4
+    assert data["next", EPISODE_LENGTH_KEY][env_index, step].item() == step + 1
+    assert data["next", EPISODE_RETURN_KEY][env_index, step].item() == step + 1
+    assert data[EPISODE_LENGTH_KEY][env_index, step + 1].item() == 0
+
+
+def test_async_vectorization():
+    env = make_env("CartPole-v1", num_envs=2, seed=0, vectorization="async")
+    try:
+        data = env.rollout(20, break_when_any_done=False)
+        assert data.batch_size == torch.Size([2, 20])
+    finally:
+        env.close()
+
+
+def test_accepts_gymnasium_objects_of_every_autoreset_mode():
+    # Gymnasium's numpy-vectorised CartPole only knows NEXT_STEP autoreset: rebuilt per sub-env, with a warning
+    with pytest.warns(UserWarning, match="NEXT_STEP"):
+        env = make_env(gym.make_vec("CartPole-v1", 3, vectorization_mode="vector_entry_point"), seed=0)
+    check_env_specs(env)
+    env = make_env(gym.make_vec("CartPole-v1", 3, vectorization_mode="sync"), seed=0)  # NEXT_STEP sync
+    check_env_specs(env)
+    same_step = gym.make_vec(
+        "Pendulum-v1", 2, vectorization_mode="sync", vector_kwargs={"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP}
+    )
+    assert make_env(same_step).vector_env is same_step
+    check_env_specs(make_env(gym.make("Acrobot-v1"), seed=0))
+
+
+def test_bad_input_is_reported_clearly():
+    with pytest.raises(InputError, match="Unknown Gymnasium env id 'NoSuchEnv-v0'"):
+        make_env("NoSuchEnv-v0")
+    with pytest.raises(InputError, match="num_envs must be at least 1"):
+        make_env("CartPole-v1", num_envs=0)
+    with pytest.raises(InputError, match="cannot be copied"):
+        make_env(gym.make("CartPole-v1"), num_envs=2)
+    with pytest.raises(InputError, match="not supported"):
+        make_env("Blackjack-v1")  # Tuple observations
+
+
+def test_normalizer_matches_numpy_statistics():
+    rng = np.random.default_rng(0)
+    chunks = [rng.normal(3.0, 2.0, size=(n, 4)) for n in (7, 100, 33)]
+    normalizer = ObservationNormalizer((4,))
+    for chunk in chunks:
+        normalizer.update(torch.as_tensor(chunk, dtype=torch.float32))
+    data = np.concatenate(chunks)
+    np.testing.assert_allclose(normalizer.mean.numpy(), data.mean(0), rtol=1e-5)
+    np.testing.assert_allclose(normalizer.var.numpy(), data.var(0), rtol=1e-4)
+    normalized = normalizer(torch.as_tensor(data, dtype=torch.float32))
+    np.testing.assert_allclose(normalized.mean(0).numpy(), 0.0, atol=1e-4)
+    np.testing.assert_allclose(normalized.std(0).numpy(), 1.0, atol=1e-2)

@@ -1,0 +1,141 @@
+import csv
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from agents import Agent
+from envs import InputError
+from recipes import evaluate, ppo
+from recipes.common import RunConfig
+
+SUMMARY_KEYS = {
+    "algorithm", "env_id", "seed", "frames", "wall_time_s", "eval_return_mean", "eval_return_std", "eval_episodes",
+    "solved_at_frames", "solved_at_s",
+}
+
+
+def tiny_ppo(output_dir, env_id="CartPole-v1", logger="csv", video=True, **run_overrides):
+    options = dict(env_id=env_id, num_envs=4, total_frames=512, eval_every=256, eval_episodes=2,
+                   output_dir=output_dir, logger=logger, video=video, progress=False)
+    run = RunConfig(**{**options, **run_overrides})
+    return ppo.PPOConfig(run=run, collector=ppo.CollectorConfig(steps_per_env=32),
+                         optim=ppo.OptimConfig(minibatch_size=64, num_epochs=2))
+
+
+def test_ppo_smoke_writes_every_output(output_dir):
+    summary = ppo.main(tiny_ppo(output_dir))
+    assert SUMMARY_KEYS <= set(summary)
+    assert summary["frames"] == 512 and summary["algorithm"] == "ppo" and summary["env_id"] == "CartPole-v1"
+    assert json.loads((output_dir / "summary.json").read_text()) == summary
+    for name in ("evaluations.csv", "learning_curve.png", "agent.ckpt", "best_agent.ckpt", "video.mp4", "config.json"):
+        assert (output_dir / name).stat().st_size > 0, name
+    rows = list(csv.DictReader((output_dir / "evaluations.csv").open()))
+    assert [int(row["frames"]) for row in rows] == [256, 512]
+    assert float(rows[-1]["return_mean"]) == pytest.approx(summary["eval_return_mean"])
+    assert (output_dir / "csv" / "scalars" / "train" ).exists() or list((output_dir / "csv").rglob("*.csv"))
+    agent = Agent.load(output_dir)
+    assert agent.algorithm == "ppo" and agent.config["run"]["total_frames"] == 512
+
+
+def test_ppo_smoke_continuous_actions_with_normalization(output_dir):
+    config = tiny_ppo(output_dir, env_id="Pendulum-v1", logger="none", video=False)
+    config.network.normalize_obs = True
+    summary = ppo.main(config)
+    assert summary["solved_at_frames"] is None  # Pendulum-v1 registers no reward threshold
+    agent = Agent.load(output_dir / "agent.ckpt")
+    assert agent.normalizer.count.item() == 512  # every collected observation, folded in after its update
+    assert summary["eval_return_mean"] == pytest.approx(agent.evaluate(episodes=2, seed=1_000_000).mean, rel=1e-6)
+
+
+def test_early_stop_at_target_return(output_dir):
+    summary = ppo.main(tiny_ppo(output_dir, logger="none", video=False, stop_at_return=5.0))
+    assert summary["solved_at_frames"] == 256 and summary["frames"] == 256
+    assert summary["eval_return_mean"] >= 5.0
+
+
+def wandb_history(path):
+    """Rows of the history records in a W&B transaction log (LevelDB log format, protobuf records)."""
+    from wandb.proto import wandb_internal_pb2
+
+    data = path.read_bytes()
+    assert data[:4] == b":W&B"
+    position, block_size, pending, rows = 7, 32768, b"", []
+    while position + 7 <= len(data):
+        if block_size - position % block_size < 7:  # block trailer padding
+            position += block_size - position % block_size
+            continue
+        length, kind = int.from_bytes(data[position + 4 : position + 6], "little"), data[position + 6]
+        pending += data[position + 7 : position + 7 + length]
+        position += 7 + length
+        if kind in (1, 4):  # a full record, or the last chunk of one
+            record = wandb_internal_pb2.Record()
+            record.ParseFromString(pending)
+            pending = b""
+            if record.WhichOneof("record_type") == "history":
+                rows.append({item.key or "/".join(item.nested_key): json.loads(item.value_json)
+                             for item in record.history.item})
+    return rows
+
+
+def test_wandb_offline_run_holds_metrics(output_dir):
+    summary = ppo.main(tiny_ppo(output_dir, logger="wandb", video=False))
+    runs = list((output_dir / "wandb").glob("offline-run-*"))
+    assert len(runs) == 1
+    history = wandb_history(next(runs[0].glob("run-*.wandb")))
+    evaluations = [row["eval/return_mean"] for row in history if "eval/return_mean" in row]
+    expected = [float(row["return_mean"]) for row in csv.DictReader((output_dir / "evaluations.csv").open())]
+    assert evaluations == pytest.approx(expected) and evaluations[-1] == pytest.approx(summary["eval_return_mean"])
+    assert any("train/loss_objective" in row for row in history)
+
+
+def test_invalid_configs_raise_input_errors(output_dir):
+    with pytest.raises(InputError, match="Unknown Gymnasium env id"):
+        ppo.main(tiny_ppo(output_dir, env_id="NoSuchEnv-v0"))
+    with pytest.raises(InputError, match="--total-frames must be a positive integer"):
+        ppo.main(tiny_ppo(output_dir, total_frames=-5))
+    config = tiny_ppo(output_dir)
+    config.optim.minibatch_size = 10_000
+    with pytest.raises(InputError, match="--minibatch-size"):
+        ppo.main(config)
+
+
+def run_module(*args):
+    return subprocess.run([sys.executable, "-m", *args], capture_output=True, text=True, timeout=300,
+                          cwd=Path(__file__).parents[1])
+
+
+def test_cli_help_documents_the_common_options():
+    result = run_module("recipes.ppo", "--help")
+    assert result.returncode == 0
+    for flag in ("--env-id", "--seed", "--total-frames", "--num-envs", "--device", "--output-dir", "--logger",
+                 "--eval-every", "--eval-episodes", "--stop-at-return", "--video", "--no-video", "--lr",
+                 "--clip-epsilon", "--normalize-obs"):
+        assert flag in result.stdout, flag
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--env-id", "NoSuchEnv-v0"], "Unknown Gymnasium env id 'NoSuchEnv-v0'"),
+        (["--total-frames", "-5"], "--total-frames must be a positive integer"),
+    ],
+)
+def test_cli_bad_input_is_one_line(args, message, tmp_path):
+    result = run_module("recipes.ppo", "--output-dir", str(tmp_path), *args)
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error:") and message in lines[0]
+
+
+def test_evaluate_command(output_dir):
+    ppo.main(tiny_ppo(output_dir, logger="none", video=False))
+    summary = evaluate.main(evaluate.EvaluateConfig(path=output_dir, episodes=3, video=True))
+    assert len(summary["returns"]) == 3 and len(summary["lengths"]) == 3
+    assert Path(summary["video"]).stat().st_size > 0
+    result = run_module("recipes.evaluate", str(output_dir), "--episodes", "2")
+    assert result.returncode == 0 and json.loads(result.stdout)["episodes"] == 2
+    result = run_module("recipes.evaluate", str(output_dir / "nothing.ckpt"))
+    assert result.returncode == 2 and result.stderr.startswith("error: No agent checkpoint")
