@@ -196,11 +196,14 @@ class Agent(nn.Module):
             batch of them.
         """
         tensor, single = self._observation_tensor(observation)
-        exploration = ExplorationType.DETERMINISTIC if deterministic else ExplorationType.RANDOM
-        with torch.no_grad(), set_exploration_type(exploration):
-            output = self.policy(TensorDict({"observation": tensor}, batch_size=tensor.shape[:1]))
-        actions = self._to_env_action(output.get("action"))
+        with torch.no_grad(), set_exploration_type(_exploration(deterministic)):
+            actions = self._act(tensor)
         return actions[0] if single else actions
+
+    def _act(self, observations: torch.Tensor) -> np.ndarray:
+        """Env actions for a batch of observation tensors (call under no_grad and an exploration type)."""
+        output = self.policy(TensorDict({"observation": observations}, batch_size=observations.shape[:1]))
+        return self._to_env_action(output.get("action"))
 
     # -------------------------------------------------------------- evaluating
     def check_spaces(self, env: gym.Env | gym.vector.VectorEnv) -> None:
@@ -267,9 +270,9 @@ class Agent(nn.Module):
     def _run_episodes(self, envs, episodes, deterministic, seed, video_path) -> EvaluationResult:
         returns = np.zeros(episodes)
         lengths = np.zeros(episodes, dtype=np.int64)
-        episode_of = {}  # env index -> episode it is running
-        observations = {}
-        frames = []
+        episode_of: dict[int, int] = {}  # env index -> the episode it is running
+        observations: dict[int, Any] = {}
+        frames: list[np.ndarray] = []
         next_episode = 0
 
         def start(index: int) -> None:
@@ -283,21 +286,22 @@ class Agent(nn.Module):
 
         for index in range(len(envs)):
             start(index)
-        while episode_of:
-            active = sorted(episode_of)
-            actions = self.predict(np.stack([observations[i] for i in active]), deterministic=deterministic)
-            for index, action in zip(active, actions):
-                observation, reward, terminated, truncated, _ = envs[index].step(action)
-                episode = episode_of[index]
-                returns[episode] += float(reward)
-                lengths[episode] += 1
-                observations[index] = observation
-                if video_path is not None and episode == 0:
-                    frames.append(envs[index].render())
-                if terminated or truncated:
-                    del episode_of[index]
-                    if next_episode < episodes:
-                        start(index)
+        with torch.no_grad(), set_exploration_type(_exploration(deterministic)):
+            while episode_of:
+                active = list(episode_of)
+                batch, _ = self._observation_tensor(np.stack([observations[i] for i in active]))
+                for index, action in zip(active, self._act(batch)):
+                    observation, reward, terminated, truncated, _ = envs[index].step(action)
+                    episode = episode_of[index]
+                    returns[episode] += float(reward)
+                    lengths[episode] += 1
+                    observations[index] = observation
+                    if video_path is not None and episode == 0:
+                        frames.append(envs[index].render())
+                    if terminated or truncated:
+                        del episode_of[index]
+                        if next_episode < episodes:
+                            start(index)
         if video_path is not None:
             write_video(frames, video_path, fps=envs[0].metadata.get("render_fps", 30))
         return EvaluationResult(returns=returns, lengths=lengths)
@@ -361,6 +365,10 @@ class Agent(nn.Module):
         except Exception as error:  # a damaged payload surfaces as zip, JSON or tensor errors
             raise InputError(f"Could not read the weights in {path}: {error}") from None
         return agent.to(device)
+
+
+def _exploration(deterministic: bool) -> ExplorationType:
+    return ExplorationType.DETERMINISTIC if deterministic else ExplorationType.RANDOM
 
 
 def write_video(frames: list[np.ndarray], path: str | Path, fps: int = 30) -> Path:

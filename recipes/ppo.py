@@ -55,13 +55,13 @@ class LossConfig:
 
 @dataclass
 class OptimConfig:
-    lr: float = 3e-3
+    lr: float = 2e-3
     """Adam learning rate."""
     anneal_lr: bool = True
     """Anneal the learning rate linearly to 0 over the budget."""
     max_grad_norm: float = 0.5
     """Clip the global gradient norm to this value."""
-    num_epochs: int = 4
+    num_epochs: int = 8
     """Passes over each collected batch."""
     minibatch_size: int = 256
     """Samples per gradient step."""
@@ -81,7 +81,7 @@ class NetworkConfig:
 class PPOConfig:
     """PPO: clipped policy gradient with GAE."""
 
-    run: RunConfig = field(default_factory=lambda: RunConfig(num_envs=16, total_frames=100_000, eval_every=8_192))
+    run: RunConfig = field(default_factory=lambda: RunConfig(num_envs=16, total_frames=100_000, eval_every=4_096))
     collector: CollectorConfig = field(default_factory=CollectorConfig)
     loss: LossConfig = field(default_factory=LossConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
@@ -131,6 +131,7 @@ def main(config: PPOConfig) -> dict:
         critic_coeff=loss_config.critic_coef,
         loss_critic_type=loss_config.critic_loss,
         normalize_advantage=loss_config.normalize_advantage,
+        functional=False,  # no target networks: skip swapping parameters in and out on every call
     )
     advantage_module = GAE(gamma=loss_config.gamma, lmbda=loss_config.gae_lambda, value_network=critic,
                            average_gae=False, device=device)
@@ -156,7 +157,8 @@ def main(config: PPOConfig) -> dict:
     )
 
     # optimizer
-    optimizer = torch.optim.Adam(loss_module.parameters(), lr=optim_config.lr, eps=1e-5)
+    parameters = list(loss_module.parameters())
+    optimizer = torch.optim.Adam(parameters, lr=optim_config.lr, eps=1e-5, fused=device.type in ("cpu", "cuda"))
     total_updates = num_batches * optim_config.num_epochs * minibatches_per_epoch
 
     # logger, evaluation, checkpoints
@@ -170,7 +172,7 @@ def main(config: PPOConfig) -> dict:
         total = sum(loss[key] for key in loss_keys)
         optimizer.zero_grad(set_to_none=True)
         total.backward()
-        grad_norm = torch.nn.utils.clip_grad_norm_(loss_module.parameters(), max_grad_norm)
+        grad_norm = torch.nn.utils.clip_grad_norm_(parameters, max_grad_norm)
         optimizer.step()
         return loss.select(*loss_keys, "entropy", "clip_fraction", "kl_approx", strict=False).detach(), grad_norm
 

@@ -1,0 +1,21 @@
+"""The README's examples run exactly as written."""
+
+import re
+from pathlib import Path
+
+README = Path(__file__).parents[1] / "README.md"
+
+
+def readme_example(name: str) -> str:
+    match = re.search(rf"<!-- example: {name} -->\n```python\n(.*?)```", README.read_text(), re.DOTALL)
+    assert match, f"README has no example {name!r}"
+    return match.group(1)
+
+
+def test_own_loop_example_trains_and_saves(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    namespace: dict = {}
+    exec(compile(readme_example("own-loop"), "README.md", "exec"), namespace)
+    assert "return" in capsys.readouterr().out
+    assert namespace["result"].mean > 100  # a random policy scores about 20
+    assert (tmp_path / "my_agent.ckpt").exists()
