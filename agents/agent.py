@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -52,7 +53,9 @@ def space_from_json(data: dict[str, Any]) -> gym.Space:
     kind = data.get("type")
     if kind == "Box":
         dtype = np.dtype(data["dtype"])
-        return gym.spaces.Box(np.array(data["low"], dtype=dtype), np.array(data["high"], dtype=dtype), dtype=dtype)
+        return gym.spaces.Box(
+            np.array(data["low"], dtype=dtype), np.array(data["high"], dtype=dtype), dtype=dtype
+        )
     if kind == "Discrete":
         return gym.spaces.Discrete(data["n"], start=data["start"])
     if kind == "MultiDiscrete":
@@ -141,7 +144,9 @@ class Agent(nn.Module):
         policy = POLICY_BUILDERS[policy_builder](
             space_to_spec(observation_space, 1), space_to_spec(action_space, 1), **(policy_kwargs or {})
         )
-        agent = cls(policy, env_id, observation_space, action_space, algorithm, policy_builder, policy_kwargs, config)
+        agent = cls(
+            policy, env_id, observation_space, action_space, algorithm, policy_builder, policy_kwargs, config
+        )
         return agent.to(device)
 
     @property
@@ -156,7 +161,11 @@ class Agent(nn.Module):
 
     # ------------------------------------------------------------------ acting
     def _observation_tensor(self, observation: Any) -> tuple[torch.Tensor, bool]:
-        array = observation.detach().cpu().numpy() if isinstance(observation, torch.Tensor) else np.asarray(observation)
+        array = (
+            observation.detach().cpu().numpy()
+            if isinstance(observation, torch.Tensor)
+            else np.asarray(observation)
+        )
         shape = self.observation_space.shape
         single = array.shape == shape
         if not single and array.shape[1:] != shape:
@@ -247,6 +256,7 @@ class Agent(nn.Module):
             raise InputError(f"episodes must be at least 1, got {episodes}.")
         env = self.env_id if env is None else env
         if isinstance(env, str):
+
             def make(index: int) -> gym.Env:
                 render_mode = "rgb_array" if video_path is not None and index == 0 else None
                 return gym.make(env, render_mode=render_mode)
@@ -350,7 +360,9 @@ class Agent(nn.Module):
         if metadata.get("format") != FORMAT:
             raise InputError(f"{path} is a TorchRL checkpoint but not an agent saved by this toolkit.")
         if metadata.get("format_version") != FORMAT_VERSION:
-            raise InputError(f"{path} has agent format version {metadata.get('format_version')}, expected {FORMAT_VERSION}.")
+            raise InputError(
+                f"{path} has agent format version {metadata.get('format_version')}, expected {FORMAT_VERSION}."
+            )
         agent = cls.build(
             env_id=metadata["env_id"],
             observation_space=space_from_json(metadata["observation_space"]),
@@ -362,7 +374,7 @@ class Agent(nn.Module):
         )
         try:
             Checkpoint(policy=agent.policy).load(path, map_location="cpu")
-        except Exception as error:  # a damaged payload surfaces as zip, JSON or tensor errors
+        except (CheckpointError, OSError, ValueError, RuntimeError, KeyError, zipfile.BadZipFile) as error:
             raise InputError(f"Could not read the weights in {path}: {error}") from None
         return agent.to(device)
 

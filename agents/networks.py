@@ -39,7 +39,9 @@ def observation_encoder(observation_spec: TensorSpec, normalize: bool) -> tuple[
         n = observation_spec.space.n
         return OneHot(n), n
     if not observation_spec.dtype.is_floating_point:
-        raise InputError(f"Observations of dtype {observation_spec.dtype} are not supported by the MLP builders.")
+        raise InputError(
+            f"Observations of dtype {observation_spec.dtype} are not supported by the MLP builders."
+        )
     shape = observation_spec.shape[1:]
     layers: list[nn.Module] = [ObservationNormalizer(shape)] if normalize else []
     layers.append(nn.Flatten(-len(shape)) if len(shape) > 1 else nn.Identity())
@@ -119,13 +121,20 @@ def make_actor(
         )
     if isinstance(action_spec, Bounded) and action_spec.dtype.is_floating_point:
         if action_spec.ndim != 2:
-            raise InputError(f"Box actions must be one-dimensional per env, got shape {tuple(action_spec.shape[1:])}.")
+            raise InputError(
+                f"Box actions must be one-dimensional per env, got shape {tuple(action_spec.shape[1:])}."
+            )
         action_dim = action_spec.shape[-1]
         if state_dependent_scale:
             head = [make_mlp(in_features, 2 * action_dim, hidden_sizes, activation), NormalParamExtractor()]
         else:
-            head = [make_mlp(in_features, action_dim, hidden_sizes, activation), AddStateIndependentNormalScale(action_dim)]
-        module = TensorDictModule(nn.Sequential(encoder, *head), in_keys=["observation"], out_keys=["loc", "scale"])
+            head = [
+                make_mlp(in_features, action_dim, hidden_sizes, activation),
+                AddStateIndependentNormalScale(action_dim),
+            ]
+        module = TensorDictModule(
+            nn.Sequential(encoder, *head), in_keys=["observation"], out_keys=["loc", "scale"]
+        )
         return ProbabilisticActor(
             module,
             in_keys=["loc", "scale"],

@@ -40,8 +40,19 @@ def run_sb3(seed: int) -> dict:
     start = time.perf_counter()
     env = make_vec_env("CartPole-v1", n_envs=8, seed=seed)
     model = PPO(
-        "MlpPolicy", env, n_steps=32, batch_size=256, n_epochs=20, gae_lambda=0.8, gamma=0.98,
-        learning_rate=linear(1e-3), clip_range=linear(0.2), ent_coef=0.0, seed=seed, verbose=0, device="cpu",
+        "MlpPolicy",
+        env,
+        n_steps=32,
+        batch_size=256,
+        n_epochs=20,
+        gae_lambda=0.8,
+        gamma=0.98,
+        learning_rate=linear(1e-3),
+        clip_range=linear(0.2),
+        ent_coef=0.0,
+        seed=seed,
+        verbose=0,
+        device="cpu",
     )
     model.learn(total_timesteps=TOTAL_FRAMES)
     train_time = time.perf_counter() - start
@@ -56,8 +67,13 @@ def run_sb3(seed: int) -> dict:
             total += float(reward)
             done = terminated or truncated
         returns.append(total)
-    return {"wall_time_s": train_time, "frames": TOTAL_FRAMES, "fps": TOTAL_FRAMES / train_time,
-            "eval_return_mean": float(np.mean(returns)), "time_to_475_s": None}
+    return {
+        "wall_time_s": train_time,
+        "frames": TOTAL_FRAMES,
+        "fps": TOTAL_FRAMES / train_time,
+        "eval_return_mean": float(np.mean(returns)),
+        "time_to_475_s": None,
+    }
 
 
 def run_ours(seed: int, zoo: bool) -> dict:
@@ -67,8 +83,13 @@ def run_ours(seed: int, zoo: bool) -> dict:
     output_dir = f"runs/bench-ppo-{'zoo' if zoo else 'default'}-{seed}"
     if zoo:
         config = PPOConfig(
-            run=RunConfig(num_envs=8, total_frames=TOTAL_FRAMES, eval_every=TOTAL_FRAMES, seed=seed,
-                          stop_at_return=float("inf")),
+            run=RunConfig(
+                num_envs=8,
+                total_frames=TOTAL_FRAMES,
+                eval_every=TOTAL_FRAMES,
+                seed=seed,
+                stop_at_return=float("inf"),
+            ),
             collector=CollectorConfig(steps_per_env=32),
             loss=LossConfig(gamma=0.98, gae_lambda=0.8, clip_epsilon=0.2, entropy_coef=0.0),
             optim=OptimConfig(lr=1e-3, num_epochs=20, minibatch_size=256),
@@ -76,25 +97,41 @@ def run_ours(seed: int, zoo: bool) -> dict:
     else:
         config = PPOConfig()
         config.run.seed = seed
-    config.run.output_dir, config.run.logger, config.run.video, config.run.progress = output_dir, "none", False, False
+    config.run.output_dir, config.run.logger, config.run.video, config.run.progress = (
+        output_dir,
+        "none",
+        False,
+        False,
+    )
     summary = main(config)
-    return {"wall_time_s": summary["wall_time_s"], "frames": summary["frames"], "fps": summary["fps"],
-            "eval_return_mean": summary["eval_return_mean"], "time_to_475_s": summary["solved_at_s"]}
+    return {
+        "wall_time_s": summary["wall_time_s"],
+        "frames": summary["frames"],
+        "fps": summary["fps"],
+        "eval_return_mean": summary["eval_return_mean"],
+        "time_to_475_s": summary["solved_at_s"],
+    }
 
 
 def run_side(side: str, seed: int) -> dict:
     """Run one side in a fresh interpreter so imports and thread pools do not leak between runs."""
     command = [sys.executable, "-m", "benchmarks.ppo_vs_sb3", "--child", side, "--seeds", str(seed)]
-    result = subprocess.run(command, capture_output=True, text=True, env={**os.environ, "PYTHONWARNINGS": "ignore"})
+    result = subprocess.run(
+        command, check=False, capture_output=True, text=True, env={**os.environ, "PYTHONWARNINGS": "ignore"}
+    )
     if result.returncode != 0:
         raise RuntimeError(f"{side} seed {seed} failed:\n{result.stderr[-3000:]}")
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])
-    parser.add_argument("--sides", nargs="+", default=["sb3", "ours-zoo", "ours"], choices=["sb3", "ours-zoo", "ours"])
+    parser.add_argument(
+        "--sides", nargs="+", default=["sb3", "ours-zoo", "ours"], choices=["sb3", "ours-zoo", "ours"]
+    )
     parser.add_argument("--child", choices=["sb3", "ours-zoo", "ours"], help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -109,23 +146,30 @@ def main() -> None:
         for side in args.sides:
             results[side].append(run_side(side, seed))
             row = results[side][-1]
-            print(f"seed {seed} {side:9s} wall {row['wall_time_s']:6.1f} s  fps {row['fps']:7.0f}  "
-                  f"return {row['eval_return_mean']:6.1f}  time to 475: {row['time_to_475_s']}", flush=True)
+            print(
+                f"seed {seed} {side:9s} wall {row['wall_time_s']:6.1f} s  fps {row['fps']:7.0f}  "
+                f"return {row['eval_return_mean']:6.1f}  time to 475: {row['time_to_475_s']}",
+                flush=True,
+            )
 
     print("\n| run | wall-clock s | frames/s | final return (20 det. episodes) | time to reach 475 s |")
     print("|---|---|---|---|---|")
     for side, rows in results.items():
         solved = [r["time_to_475_s"] for r in rows if r["time_to_475_s"] is not None]
-        print(f"| {side} | {statistics.mean(r['wall_time_s'] for r in rows):.1f} | "
-              f"{statistics.mean(r['fps'] for r in rows):.0f} | "
-              f"{statistics.mean(r['eval_return_mean'] for r in rows):.1f} | "
-              f"{f'{statistics.mean(solved):.1f} ({len(solved)}/{len(rows)} seeds)' if solved else 'n/a'} |")
+        print(
+            f"| {side} | {statistics.mean(r['wall_time_s'] for r in rows):.1f} | "
+            f"{statistics.mean(r['fps'] for r in rows):.0f} | "
+            f"{statistics.mean(r['eval_return_mean'] for r in rows):.1f} | "
+            f"{f'{statistics.mean(solved):.1f} ({len(solved)}/{len(rows)} seeds)' if solved else 'n/a'} |"
+        )
     if "sb3" in results and "ours" in results:
         sb3_time = statistics.mean(r["wall_time_s"] for r in results["sb3"])
         ours = [r["time_to_475_s"] or r["wall_time_s"] for r in results["ours"]]
         print(f"\nSB3 wall-clock / our time to 475: {sb3_time / statistics.mean(ours):.1f}x")
     if "sb3" in results and "ours-zoo" in results:
-        ratio = statistics.mean(r["fps"] for r in results["ours-zoo"]) / statistics.mean(r["fps"] for r in results["sb3"])
+        ratio = statistics.mean(r["fps"] for r in results["ours-zoo"]) / statistics.mean(
+            r["fps"] for r in results["sb3"]
+        )
         print(f"same hyperparameters, frames/s ours / SB3: {ratio:.2f}x")
 
 

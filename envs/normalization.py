@@ -47,7 +47,10 @@ class ObservationNormalizer(nn.Module):
         total = self.count + batch_count
         delta = batch_mean - self.mean
         self.mean += delta * batch_count / total
-        self.var.copy_((self.var * self.count + batch_var * batch_count + delta**2 * self.count * batch_count / total) / total)
+        self.var.copy_(
+            (self.var * self.count + batch_var * batch_count + delta**2 * self.count * batch_count / total)
+            / total
+        )
         self.count.copy_(total)
 
     def forward(self, observation: torch.Tensor) -> torch.Tensor:

@@ -44,14 +44,18 @@ def space_to_spec(space: gym.Space, batch_size: int, device: torch.device | str 
     Raises:
         InputError: for other spaces (``Dict``, ``Tuple``, ``Text``, ...).
     """
-    if not isinstance(space, (gym.spaces.Box, gym.spaces.Discrete, gym.spaces.MultiDiscrete, gym.spaces.MultiBinary)):
+    if not isinstance(
+        space, (gym.spaces.Box, gym.spaces.Discrete, gym.spaces.MultiDiscrete, gym.spaces.MultiBinary)
+    ):
         raise InputError(
             f"Gymnasium space {space} is not supported: use a Box, Discrete, MultiDiscrete or MultiBinary space "
             "(wrap Dict or Tuple observations with gymnasium.wrappers.FlattenObservation)."
         )
     shape = (batch_size, *space.shape)
     if isinstance(space, gym.spaces.Box):
-        dtype = torch.float32 if np.issubdtype(space.dtype, np.floating) else torch.from_numpy(space.low).dtype
+        dtype = (
+            torch.float32 if np.issubdtype(space.dtype, np.floating) else torch.from_numpy(space.low).dtype
+        )
         if np.all(np.isfinite(space.low)) and np.all(np.isfinite(space.high)):
             low = torch.as_tensor(np.broadcast_to(space.low, shape).copy(), dtype=dtype)
             high = torch.as_tensor(np.broadcast_to(space.high, shape).copy(), dtype=dtype)
@@ -60,7 +64,9 @@ def space_to_spec(space: gym.Space, batch_size: int, device: torch.device | str 
     if isinstance(space, gym.spaces.Discrete):
         return Categorical(int(space.n), shape=shape, dtype=torch.int64, device=device)
     if isinstance(space, gym.spaces.MultiDiscrete):
-        return MultiCategorical(torch.as_tensor(space.nvec).expand(shape), shape=shape, dtype=torch.int64, device=device)
+        return MultiCategorical(
+            torch.as_tensor(space.nvec).expand(shape), shape=shape, dtype=torch.int64, device=device
+        )
     return Binary(n=shape[-1], shape=shape, dtype=torch.int8, device=device)
 
 
@@ -92,7 +98,9 @@ class GymnasiumVectorEnv(EnvBase):
     def __init__(self, vector_env: gym.vector.VectorEnv, device: torch.device | str = "cpu"):
         mode = getattr(vector_env, "autoreset_mode", vector_env.metadata.get("autoreset_mode"))
         if mode != AutoresetMode.SAME_STEP:
-            raise InputError(f"GymnasiumVectorEnv needs autoreset_mode=SAME_STEP, got {mode}; build it with make_env.")
+            raise InputError(
+                f"GymnasiumVectorEnv needs autoreset_mode=SAME_STEP, got {mode}; build it with make_env."
+            )
         num_envs = vector_env.num_envs
         super().__init__(device=device, batch_size=torch.Size([num_envs]))
         self.vector_env = vector_env
@@ -170,7 +178,9 @@ class GymnasiumVectorEnv(EnvBase):
         action = tensordict.get("action").detach().cpu().numpy()
         if self._action_offset:
             action = action + self._action_offset
-        observation, reward, terminated, truncated, info = self.vector_env.step(action.astype(self._action_dtype))
+        observation, reward, terminated, truncated, info = self.vector_env.step(
+            action.astype(self._action_dtype)
+        )
         done = np.logical_or(terminated, truncated)
         current = np.asarray(observation, dtype=self._observation_np_dtype)
         final = current

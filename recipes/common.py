@@ -83,14 +83,20 @@ class RunConfig:
 
     def validate(self) -> None:
         """Raise :class:`InputError` for out-of-range values."""
-        require_positive(num_envs=self.num_envs, total_frames=self.total_frames, eval_every=self.eval_every,
-                         eval_episodes=self.eval_episodes)
+        require_positive(
+            num_envs=self.num_envs,
+            total_frames=self.total_frames,
+            eval_every=self.eval_every,
+            eval_episodes=self.eval_episodes,
+        )
         if self.stop_at_return is not None and math.isnan(self.stop_at_return):
             raise InputError("--stop-at-return must be a number, got nan.")
         try:
             device = torch.device(self.device)
         except RuntimeError:
-            raise InputError(f"--device {self.device!r} is not a torch device (try 'cpu' or 'cuda').") from None
+            raise InputError(
+                f"--device {self.device!r} is not a torch device (try 'cpu' or 'cuda')."
+            ) from None
         if device.type == "cuda" and not torch.cuda.is_available():
             raise InputError("--device cuda was asked for but no CUDA device is available; use --device cpu.")
         try:
@@ -185,7 +191,11 @@ class Run:
         self._last_return: float | None = None
         self._start = time.perf_counter()
         self._progress = tqdm(
-            total=run.total_frames, unit="frame", unit_scale=True, dynamic_ncols=True, disable=not run.progress
+            total=run.total_frames,
+            unit="frame",
+            unit_scale=True,
+            dynamic_ncols=True,
+            disable=not run.progress,
         )
 
     @property
@@ -209,8 +219,11 @@ class Run:
             lengths = batch.get(("next", EPISODE_LENGTH_KEY))[done]
             self._last_return = returns.mean().item()
             self.training_returns.append((self.frames, self._last_return))
-            metrics = {**metrics, "train/episode_return": self._last_return,
-                       "train/episode_length": lengths.float().mean().item()}
+            metrics = {
+                **metrics,
+                "train/episode_return": self._last_return,
+                "train/episode_length": lengths.float().mean().item(),
+            }
         elapsed = self.elapsed
         metrics = {**metrics, "time/elapsed_s": elapsed, "time/fps": self.frames / max(elapsed, 1e-9)}
         self.log(metrics)
@@ -218,7 +231,9 @@ class Run:
         self._progress.set_postfix(self._postfix(), refresh=False)
         stop = False
         if self.frames >= self._next_eval:
-            self._next_eval += self.run.eval_every * max(1, (self.frames - self._next_eval) // self.run.eval_every + 1)
+            self._next_eval += self.run.eval_every * max(
+                1, (self.frames - self._next_eval) // self.run.eval_every + 1
+            )
             stop = self.evaluate()
         return stop or self.frames >= self.run.total_frames
 
@@ -246,8 +261,13 @@ class Run:
             "length_mean": float(result.lengths.mean()),
         }
         self.evaluations.append(row)
-        self.log({"eval/return_mean": result.mean, "eval/return_std": result.std,
-                  "eval/length_mean": row["length_mean"]})
+        self.log(
+            {
+                "eval/return_mean": result.mean,
+                "eval/return_std": result.std,
+                "eval/length_mean": row["length_mean"],
+            }
+        )
         self._write_evaluations()
         if result.mean > self.best_return:
             self.best_return = result.mean
@@ -274,9 +294,15 @@ class Run:
         final = self.evaluations[-1]
         self.agent.save(self.output_dir / "agent.ckpt")
         if self.run.video:
-            self.agent.evaluate(episodes=1, seed=self.run.seed + EVAL_SEED_OFFSET, video_path=self.output_dir / "video.mp4")
-        plot_learning_curve(self.evaluations, self.training_returns, self.output_dir / "learning_curve.png",
-                            title=f"{self.algorithm} on {self.run.env_id} (seed {self.run.seed})")
+            self.agent.evaluate(
+                episodes=1, seed=self.run.seed + EVAL_SEED_OFFSET, video_path=self.output_dir / "video.mp4"
+            )
+        plot_learning_curve(
+            self.evaluations,
+            self.training_returns,
+            self.output_dir / "learning_curve.png",
+            title=f"{self.algorithm} on {self.run.env_id} (seed {self.run.seed})",
+        )
         summary = {
             "algorithm": self.algorithm,
             "env_id": self.run.env_id,
@@ -312,7 +338,9 @@ def plot_learning_curve(
     fig, ax = plt.subplots(figsize=(7, 4), dpi=100)
     if training_returns:
         frames, returns = zip(*training_returns)
-        ax.plot(frames, returns, color="tab:gray", alpha=0.5, linewidth=1, label="training episodes (batch mean)")
+        ax.plot(
+            frames, returns, color="tab:gray", alpha=0.5, linewidth=1, label="training episodes (batch mean)"
+        )
     if evaluations:
         frames = np.array([row["frames"] for row in evaluations])
         mean = np.array([row["return_mean"] for row in evaluations])
@@ -352,8 +380,19 @@ def run_cli(main: Callable[[ConfigT], dict[str, Any]], config_type: type[ConfigT
         f"in {summary['wall_time_s']:.1f} s"
         + (f"; reached the target at {solved} frames ({summary['solved_at_s']:.1f} s)" if solved else "")
     )
-    print(f"results in {summary['output_dir']}/ (summary.json, learning_curve.png, agent.ckpt"
-          + (", video.mp4" if (Path(summary["output_dir"]) / "video.mp4").exists() else "") + ")")
+    print(
+        f"results in {summary['output_dir']}/ (summary.json, learning_curve.png, agent.ckpt"
+        + (", video.mp4" if (Path(summary["output_dir"]) / "video.mp4").exists() else "")
+        + ")"
+    )
 
 
-__all__ = ["EvaluationResult", "Run", "RunConfig", "config_to_dict", "require_positive", "run_cli", "seed_everything"]
+__all__ = [
+    "EvaluationResult",
+    "Run",
+    "RunConfig",
+    "config_to_dict",
+    "require_positive",
+    "run_cli",
+    "seed_everything",
+]

@@ -1,7 +1,7 @@
 """Evaluate a saved agent: per-episode returns and lengths, optionally a video.
 
-    python -m recipes.evaluate runs/demo --episodes 20 --video
-    python -m recipes.evaluate runs/demo/best_agent.ckpt --env-id CartPole-v1 --stochastic
+python -m recipes.evaluate runs/demo --episodes 20 --video
+python -m recipes.evaluate runs/demo/best_agent.ckpt --env-id CartPole-v1 --stochastic
 """
 
 from __future__ import annotations
@@ -49,8 +49,13 @@ def main(config: EvaluateConfig) -> dict:
     video_path = None
     if config.video or config.video_path is not None:
         video_path = config.video_path or checkpoint.parent / "video.mp4"
-    result = agent.evaluate(config.env_id, episodes=config.episodes, deterministic=not config.stochastic,
-                            seed=config.seed, video_path=video_path)
+    result = agent.evaluate(
+        config.env_id,
+        episodes=config.episodes,
+        deterministic=not config.stochastic,
+        seed=config.seed,
+        video_path=video_path,
+    )
     return {
         "checkpoint": str(checkpoint),
         "env_id": config.env_id or agent.env_id,

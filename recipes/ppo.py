@@ -81,7 +81,9 @@ class NetworkConfig:
 class PPOConfig:
     """PPO: clipped policy gradient with GAE."""
 
-    run: RunConfig = field(default_factory=lambda: RunConfig(num_envs=16, total_frames=100_000, eval_every=4_096))
+    run: RunConfig = field(
+        default_factory=lambda: RunConfig(num_envs=16, total_frames=100_000, eval_every=4_096)
+    )
     collector: CollectorConfig = field(default_factory=CollectorConfig)
     loss: LossConfig = field(default_factory=LossConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
@@ -93,19 +95,26 @@ def main(config: PPOConfig) -> dict:
     # config
     run_config, loss_config, optim_config = config.run, config.loss, config.optim
     run_config.validate()
-    require_positive(steps_per_env=config.collector.steps_per_env, num_epochs=optim_config.num_epochs,
-                     minibatch_size=optim_config.minibatch_size)
+    require_positive(
+        steps_per_env=config.collector.steps_per_env,
+        num_epochs=optim_config.num_epochs,
+        minibatch_size=optim_config.minibatch_size,
+    )
     frames_per_batch = run_config.num_envs * config.collector.steps_per_env
     if optim_config.minibatch_size > frames_per_batch:
-        raise InputError(f"--minibatch-size {optim_config.minibatch_size} exceeds the {frames_per_batch} frames per batch "
-                         "(num_envs * steps_per_env).")
+        raise InputError(
+            f"--minibatch-size {optim_config.minibatch_size} exceeds the {frames_per_batch} frames per batch "
+            "(num_envs * steps_per_env)."
+        )
     seed_everything(run_config.seed)
     device = torch.device(run_config.device)
     num_batches = -(-run_config.total_frames // frames_per_batch)
     minibatches_per_epoch = max(1, frames_per_batch // optim_config.minibatch_size)
 
     # env
-    env = make_env(run_config.env_id, run_config.num_envs, seed=run_config.seed, vectorization=run_config.vectorization)
+    env = make_env(
+        run_config.env_id, run_config.num_envs, seed=run_config.seed, vectorization=run_config.vectorization
+    )
     observation_spec = env.observation_spec["observation"]
 
     # modules: the agent owns the actor (and the observation normaliser); the critic shares its input encoder
@@ -114,11 +123,19 @@ def main(config: PPOConfig) -> dict:
         "activation": config.network.activation,
         "normalize_obs": config.network.normalize_obs,
     }
-    agent = Agent.build(run_config.env_id, env.single_observation_space, env.single_action_space, "ppo",
-                        policy_kwargs=policy_kwargs, config=None, device=device)
+    agent = Agent.build(
+        run_config.env_id,
+        env.single_observation_space,
+        env.single_action_space,
+        "ppo",
+        policy_kwargs=policy_kwargs,
+        config=None,
+        device=device,
+    )
     actor = agent.policy
-    critic = make_critic(observation_spec, config.network.hidden_sizes, config.network.activation,
-                         encoder=input_encoder(actor)).to(device)
+    critic = make_critic(
+        observation_spec, config.network.hidden_sizes, config.network.activation, encoder=input_encoder(actor)
+    ).to(device)
     normalizer = find_normalizer(actor)
 
     # loss + value estimator
@@ -133,8 +150,13 @@ def main(config: PPOConfig) -> dict:
         normalize_advantage=loss_config.normalize_advantage,
         functional=False,  # no target networks: skip swapping parameters in and out on every call
     )
-    advantage_module = GAE(gamma=loss_config.gamma, lmbda=loss_config.gae_lambda, value_network=critic,
-                           average_gae=False, device=device)
+    advantage_module = GAE(
+        gamma=loss_config.gamma,
+        lmbda=loss_config.gae_lambda,
+        value_network=critic,
+        average_gae=False,
+        device=device,
+    )
 
     # collector
     collector = Collector(
@@ -158,7 +180,9 @@ def main(config: PPOConfig) -> dict:
 
     # optimizer
     parameters = list(loss_module.parameters())
-    optimizer = torch.optim.Adam(parameters, lr=optim_config.lr, eps=1e-5, fused=device.type in ("cpu", "cuda"))
+    optimizer = torch.optim.Adam(
+        parameters, lr=optim_config.lr, eps=1e-5, fused=device.type in ("cpu", "cuda")
+    )
     total_updates = num_batches * optim_config.num_epochs * minibatches_per_epoch
 
     # logger, evaluation, checkpoints
@@ -174,7 +198,9 @@ def main(config: PPOConfig) -> dict:
         total.backward()
         grad_norm = torch.nn.utils.clip_grad_norm_(parameters, max_grad_norm)
         optimizer.step()
-        return loss.select(*loss_keys, "entropy", "clip_fraction", "kl_approx", strict=False).detach(), grad_norm
+        return loss.select(
+            *loss_keys, "entropy", "clip_fraction", "kl_approx", strict=False
+        ).detach(), grad_norm
 
     # loop
     updates_done = 0

@@ -42,7 +42,9 @@ def test_save_load_keeps_actions_and_normalizer_statistics(tmp_path):
     path = agent.save(tmp_path / "agent.ckpt")
     loaded = Agent.load(path)
     for name in ("mean", "var", "count"):
-        torch.testing.assert_close(getattr(loaded.normalizer, name), getattr(agent.normalizer, name), rtol=0, atol=0)
+        torch.testing.assert_close(
+            getattr(loaded.normalizer, name), getattr(agent.normalizer, name), rtol=0, atol=0
+        )
     observations = np.random.default_rng(1).normal(size=(32, 3)).astype(np.float32)
     np.testing.assert_array_equal(loaded.predict(observations), agent.predict(observations))
     assert loaded.env_id == "Pendulum-v1" and loaded.action_space == agent.action_space

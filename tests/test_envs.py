@@ -77,7 +77,10 @@ def test_accepts_gymnasium_objects_of_every_autoreset_mode():
     env = make_env(gym.make_vec("CartPole-v1", 3, vectorization_mode="sync"), seed=0)  # NEXT_STEP sync
     check_env_specs(env)
     same_step = gym.make_vec(
-        "Pendulum-v1", 2, vectorization_mode="sync", vector_kwargs={"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP}
+        "Pendulum-v1",
+        2,
+        vectorization_mode="sync",
+        vector_kwargs={"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP},
     )
     assert make_env(same_step).vector_env is same_step
     check_env_specs(make_env(gym.make("Acrobot-v1"), seed=0))

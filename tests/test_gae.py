@@ -36,4 +36,6 @@ def test_gae_matches_hand_computed_values_across_truncation_and_termination():
     # deltas: 1 + .9*4 - 2 = 2.6 | 1 + .9*6 - 4 = 2.4 | 0 + .9*12 - 10 = 0.8 | 2 - 12 = -10
     expected_advantage = torch.tensor([2.6 + 0.72 * 2.4, 2.4, 0.8 + 0.72 * -10.0, -10.0])
     torch.testing.assert_close(batch["advantage"].flatten(), expected_advantage)
-    torch.testing.assert_close(batch["value_target"].flatten(), expected_advantage + torch.tensor([2.0, 4.0, 10.0, 12.0]))
+    torch.testing.assert_close(
+        batch["value_target"].flatten(), expected_advantage + torch.tensor([2.0, 4.0, 10.0, 12.0])
+    )

@@ -8,7 +8,12 @@ pytestmark = pytest.mark.learning
 
 
 def quiet(config, output_dir):
-    config.run.output_dir, config.run.logger, config.run.video, config.run.progress = output_dir, "none", False, False
+    config.run.output_dir, config.run.logger, config.run.video, config.run.progress = (
+        output_dir,
+        "none",
+        False,
+        False,
+    )
     return config
 
 

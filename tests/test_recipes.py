@@ -12,17 +12,37 @@ from recipes import evaluate, ppo
 from recipes.common import RunConfig
 
 SUMMARY_KEYS = {
-    "algorithm", "env_id", "seed", "frames", "wall_time_s", "eval_return_mean", "eval_return_std", "eval_episodes",
-    "solved_at_frames", "solved_at_s",
+    "algorithm",
+    "env_id",
+    "seed",
+    "frames",
+    "wall_time_s",
+    "eval_return_mean",
+    "eval_return_std",
+    "eval_episodes",
+    "solved_at_frames",
+    "solved_at_s",
 }
 
 
 def tiny_ppo(output_dir, env_id="CartPole-v1", logger="csv", video=True, **run_overrides):
-    options = dict(env_id=env_id, num_envs=4, total_frames=512, eval_every=256, eval_episodes=2,
-                   output_dir=output_dir, logger=logger, video=video, progress=False)
+    options = {
+        "env_id": env_id,
+        "num_envs": 4,
+        "total_frames": 512,
+        "eval_every": 256,
+        "eval_episodes": 2,
+        "output_dir": output_dir,
+        "logger": logger,
+        "video": video,
+        "progress": False,
+    }
     run = RunConfig(**{**options, **run_overrides})
-    return ppo.PPOConfig(run=run, collector=ppo.CollectorConfig(steps_per_env=32),
-                         optim=ppo.OptimConfig(minibatch_size=64, num_epochs=2))
+    return ppo.PPOConfig(
+        run=run,
+        collector=ppo.CollectorConfig(steps_per_env=32),
+        optim=ppo.OptimConfig(minibatch_size=64, num_epochs=2),
+    )
 
 
 def test_ppo_smoke_writes_every_output(output_dir):
@@ -30,12 +50,19 @@ def test_ppo_smoke_writes_every_output(output_dir):
     assert SUMMARY_KEYS <= set(summary)
     assert summary["frames"] == 512 and summary["algorithm"] == "ppo" and summary["env_id"] == "CartPole-v1"
     assert json.loads((output_dir / "summary.json").read_text()) == summary
-    for name in ("evaluations.csv", "learning_curve.png", "agent.ckpt", "best_agent.ckpt", "video.mp4", "config.json"):
+    for name in (
+        "evaluations.csv",
+        "learning_curve.png",
+        "agent.ckpt",
+        "best_agent.ckpt",
+        "video.mp4",
+        "config.json",
+    ):
         assert (output_dir / name).stat().st_size > 0, name
     rows = list(csv.DictReader((output_dir / "evaluations.csv").open()))
     assert [int(row["frames"]) for row in rows] == [256, 512]
     assert float(rows[-1]["return_mean"]) == pytest.approx(summary["eval_return_mean"])
-    assert (output_dir / "csv" / "scalars" / "train" ).exists() or list((output_dir / "csv").rglob("*.csv"))
+    assert (output_dir / "csv" / "scalars" / "train").exists() or list((output_dir / "csv").rglob("*.csv"))
     agent = Agent.load(output_dir)
     assert agent.algorithm == "ppo" and agent.config["run"]["total_frames"] == 512
 
@@ -47,7 +74,9 @@ def test_ppo_smoke_continuous_actions_with_normalization(output_dir):
     assert summary["solved_at_frames"] is None  # Pendulum-v1 registers no reward threshold
     agent = Agent.load(output_dir / "agent.ckpt")
     assert agent.normalizer.count.item() == 512  # every collected observation, folded in after its update
-    assert summary["eval_return_mean"] == pytest.approx(agent.evaluate(episodes=2, seed=1_000_000).mean, rel=1e-6)
+    assert summary["eval_return_mean"] == pytest.approx(
+        agent.evaluate(episodes=2, seed=1_000_000).mean, rel=1e-6
+    )
 
 
 def test_early_stop_at_target_return(output_dir):
@@ -75,8 +104,12 @@ def wandb_history(path):
             record.ParseFromString(pending)
             pending = b""
             if record.WhichOneof("record_type") == "history":
-                rows.append({item.key or "/".join(item.nested_key): json.loads(item.value_json)
-                             for item in record.history.item})
+                rows.append(
+                    {
+                        item.key or "/".join(item.nested_key): json.loads(item.value_json)
+                        for item in record.history.item
+                    }
+                )
     return rows
 
 
@@ -87,7 +120,9 @@ def test_wandb_offline_run_holds_metrics(output_dir):
     history = wandb_history(next(runs[0].glob("run-*.wandb")))
     evaluations = [row["eval/return_mean"] for row in history if "eval/return_mean" in row]
     expected = [float(row["return_mean"]) for row in csv.DictReader((output_dir / "evaluations.csv").open())]
-    assert evaluations == pytest.approx(expected) and evaluations[-1] == pytest.approx(summary["eval_return_mean"])
+    assert evaluations == pytest.approx(expected) and evaluations[-1] == pytest.approx(
+        summary["eval_return_mean"]
+    )
     assert any("train/loss_objective" in row for row in history)
 
 
@@ -103,16 +138,36 @@ def test_invalid_configs_raise_input_errors(output_dir):
 
 
 def run_module(*args):
-    return subprocess.run([sys.executable, "-m", *args], capture_output=True, text=True, timeout=300,
-                          cwd=Path(__file__).parents[1])
+    return subprocess.run(
+        [sys.executable, "-m", *args],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=Path(__file__).parents[1],
+    )
 
 
 def test_cli_help_documents_the_common_options():
     result = run_module("recipes.ppo", "--help")
     assert result.returncode == 0
-    for flag in ("--env-id", "--seed", "--total-frames", "--num-envs", "--device", "--output-dir", "--logger",
-                 "--eval-every", "--eval-episodes", "--stop-at-return", "--video", "--no-video", "--lr",
-                 "--clip-epsilon", "--normalize-obs"):
+    for flag in (
+        "--env-id",
+        "--seed",
+        "--total-frames",
+        "--num-envs",
+        "--device",
+        "--output-dir",
+        "--logger",
+        "--eval-every",
+        "--eval-episodes",
+        "--stop-at-return",
+        "--video",
+        "--no-video",
+        "--lr",
+        "--clip-epsilon",
+        "--normalize-obs",
+    ):
         assert flag in result.stdout, flag
 
 
