@@ -21,3 +21,15 @@ def test_ppo_default_config_solves_cartpole(output_dir):
     summary = ppo.main(quiet(ppo.PPOConfig(), output_dir))
     assert summary["solved_at_frames"] is not None and summary["solved_at_frames"] <= 100_000
     assert summary["eval_return_mean"] >= 475
+
+
+def test_ppo_pendulum_settings_from_readme_learn(output_dir):
+    config = quiet(ppo.PPOConfig(), output_dir)
+    config.run.env_id, config.run.num_envs, config.run.total_frames = "Pendulum-v1", 16, 102_400
+    config.run.eval_every = 102_400
+    config.collector.steps_per_env = 128
+    config.optim.num_epochs, config.optim.minibatch_size, config.optim.lr = 10, 256, 1e-3
+    config.loss.gamma, config.loss.gae_lambda = 0.9, 0.95
+    config.network.normalize_obs = True
+    summary = ppo.main(config)
+    assert summary["eval_return_mean"] >= -250  # a random policy scores about -1200
