@@ -19,6 +19,7 @@ from torchrl.envs.utils import ExplorationType, set_exploration_type
 
 from agents.networks import find_normalizer, make_actor
 from envs.errors import InputError
+from envs.rendering import use_headless_video_driver
 from envs.vector import space_to_spec
 
 FORMAT = "rlkit.agent"
@@ -255,6 +256,8 @@ class Agent(nn.Module):
         if episodes < 1:
             raise InputError(f"episodes must be at least 1, got {episodes}.")
         env = self.env_id if env is None else env
+        if video_path is not None:
+            use_headless_video_driver()
         if isinstance(env, str):
 
             def make(index: int) -> gym.Env:

@@ -1,15 +1,25 @@
-"""Gymnasium-native env layer: Gymnasium ids, envs and vector envs as batched TorchRL envs."""
+"""Gymnasium-native env layer: Gymnasium ids, envs and vector envs as batched TorchRL envs, and torch-native
+batched classic-control envs (registered with Gymnasium as ``rlkit/<id>``)."""
 
+from envs.classic import TORCH_ENVS, ClassicControlEnv
+from envs.classic_gym import TorchClassicEnv, TorchClassicVectorEnv, register_envs
 from envs.errors import InputError
 from envs.normalization import ObservationNormalizer
 from envs.vector import EPISODE_LENGTH_KEY, EPISODE_RETURN_KEY, GymnasiumVectorEnv, make_env, space_to_spec
 
+register_envs()
+
 __all__ = [
     "EPISODE_LENGTH_KEY",
     "EPISODE_RETURN_KEY",
+    "TORCH_ENVS",
+    "ClassicControlEnv",
     "GymnasiumVectorEnv",
     "InputError",
     "ObservationNormalizer",
+    "TorchClassicEnv",
+    "TorchClassicVectorEnv",
     "make_env",
+    "register_envs",
     "space_to_spec",
 ]

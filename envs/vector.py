@@ -26,6 +26,7 @@ EPISODE_RETURN_KEY = "episode_return"
 EPISODE_LENGTH_KEY = "episode_length"
 
 Vectorization = Literal["sync", "async"]
+Backend = Literal["gymnasium", "torch"]
 
 
 def space_to_spec(space: gym.Space, batch_size: int, device: torch.device | str = "cpu"):
@@ -70,6 +71,31 @@ def space_to_spec(space: gym.Space, batch_size: int, device: torch.device | str 
     return Binary(n=shape[-1], shape=shape, dtype=torch.int8, device=device)
 
 
+def set_specs(env: EnvBase, observation_space: gym.Space, action_space: gym.Space) -> None:
+    """Give a batched env the specs shared by every env of this toolkit.
+
+    ``"observation"`` and ``"action"`` follow the single-env Gymnasium spaces; ``"episode_return"`` and
+    ``"episode_length"`` track each sub-env's episode; ``"reward"`` is float32 and ``"done"``,
+    ``"terminated"`` and ``"truncated"`` are separate flags, all with a trailing dim of 1.
+    """
+    num_envs, device = env.batch_size[0], env.device
+    env.observation_spec = Composite(
+        observation=space_to_spec(observation_space, num_envs, device),
+        **{
+            EPISODE_RETURN_KEY: Unbounded(shape=(num_envs, 1), device=device),
+            EPISODE_LENGTH_KEY: Unbounded(shape=(num_envs, 1), dtype=torch.int64, device=device),
+        },
+        shape=(num_envs,),
+        device=device,
+    )
+    env.action_spec = space_to_spec(action_space, num_envs, device)
+    env.reward_spec = Unbounded(shape=(num_envs, 1), device=device)
+    flag = Categorical(2, shape=(num_envs, 1), dtype=torch.bool, device=device)
+    env.done_spec = Composite(
+        done=flag, terminated=flag.clone(), truncated=flag.clone(), shape=(num_envs,), device=device
+    )
+
+
 class GymnasiumVectorEnv(EnvBase):
     """A Gymnasium vector env in ``SAME_STEP`` autoreset mode as a batched TorchRL env.
 
@@ -108,27 +134,10 @@ class GymnasiumVectorEnv(EnvBase):
         self.single_action_space = vector_env.single_action_space
         self._action_offset = int(getattr(self.single_action_space, "start", 0))
         self._action_dtype = self.single_action_space.dtype
-        observation = space_to_spec(self.single_observation_space, num_envs, self.device)
-        self._observation_np_dtype = torch.empty((), dtype=observation.dtype).numpy().dtype
+        observation_dtype = space_to_spec(self.single_observation_space, num_envs).dtype
+        self._observation_np_dtype = torch.empty((), dtype=observation_dtype).numpy().dtype
         self._on_cpu = self.device.type == "cpu"
-        self.observation_spec = Composite(
-            observation=observation,
-            **{
-                EPISODE_RETURN_KEY: Unbounded(shape=(num_envs, 1), device=self.device),
-                EPISODE_LENGTH_KEY: Unbounded(shape=(num_envs, 1), dtype=torch.int64, device=self.device),
-            },
-            shape=(num_envs,),
-            device=self.device,
-        )
-        self.action_spec = space_to_spec(self.single_action_space, num_envs, self.device)
-        self.reward_spec = Unbounded(shape=(num_envs, 1), device=self.device)
-        self.done_spec = Composite(
-            done=Categorical(2, shape=(num_envs, 1), dtype=torch.bool, device=self.device),
-            terminated=Categorical(2, shape=(num_envs, 1), dtype=torch.bool, device=self.device),
-            truncated=Categorical(2, shape=(num_envs, 1), dtype=torch.bool, device=self.device),
-            shape=(num_envs,),
-            device=self.device,
-        )
+        set_specs(self, self.single_observation_space, self.single_action_space)
         self._seed: int | None = None
         self._observation: torch.Tensor | None = None  # the current observation, after any autoreset
         self._episode_return = torch.zeros(num_envs, 1, device=self.device)
@@ -277,8 +286,13 @@ def make_env(
     seed: int | None = None,
     vectorization: Vectorization = "sync",
     env_kwargs: dict[str, Any] | None = None,
-) -> GymnasiumVectorEnv:
+    backend: Backend = "gymnasium",
+    dtype: torch.dtype = torch.float32,
+) -> EnvBase:
     """Build a batched TorchRL env from a Gymnasium id, env or vector env.
+
+    With ``backend="torch"`` the env is one of the torch-native classic-control envs (:mod:`envs.classic`):
+    the whole batch steps as tensor operations on ``device``, with no Gymnasium or NumPy in the loop.
 
     Args:
         env: a registered Gymnasium id (``"CartPole-v1"``), a Gymnasium env (then ``num_envs`` must be 1) or a
@@ -288,19 +302,27 @@ def make_env(
         seed: seeds sub-env ``i`` with ``seed + i`` at the first reset, and the action space.
         vectorization: ``"sync"`` steps sub-envs one after another in this process (best on few cores);
             ``"async"`` steps each in its own process.
-        env_kwargs: keyword arguments for ``gymnasium.make``.
+        env_kwargs: keyword arguments for ``gymnasium.make`` (the torch backend takes ``max_episode_steps``).
+        backend: ``"gymnasium"`` (any env) or ``"torch"`` (CartPole-v1, Pendulum-v1, MountainCar-v0,
+            MountainCarContinuous-v0, Acrobot-v1).
+        dtype: state dtype of the torch backend (``torch.float64`` reproduces Gymnasium's arithmetic).
 
     Returns:
-        A :class:`GymnasiumVectorEnv` with batch size ``[num_envs]``.
+        A :class:`GymnasiumVectorEnv`, or a :class:`envs.classic.ClassicControlEnv` for the torch backend,
+        with batch size ``[num_envs]``.
 
     Raises:
-        InputError: unknown id, ``num_envs < 1``, an unsupported space or autoreset mode.
+        InputError: unknown id, ``num_envs < 1``, an unsupported space, autoreset mode or backend.
 
     Examples:
         >>> env = make_env("CartPole-v1", num_envs=8, seed=0)
         >>> env.reset()["observation"].shape
         torch.Size([8, 4])
     """
+    if backend == "torch":
+        return _make_torch_env(env, num_envs, device, seed, env_kwargs, dtype)
+    if backend != "gymnasium":
+        raise InputError(f"backend must be 'gymnasium' or 'torch', got {backend!r}.")
     if isinstance(env, gym.vector.VectorEnv):
         vector_env = _to_same_step(env)
     else:
@@ -329,3 +351,20 @@ def make_env(
     if seed is not None:
         torchrl_env.set_seed(seed)
     return torchrl_env
+
+
+def _make_torch_env(env, num_envs, device, seed, env_kwargs, dtype) -> EnvBase:
+    from envs.classic import torch_env_class
+
+    if not isinstance(env, str):
+        raise InputError(
+            "The torch backend builds envs from an id such as 'CartPole-v1', not from an env object."
+        )
+    env_class = torch_env_class(env)
+    options = dict(env_kwargs or {})
+    max_episode_steps = options.pop("max_episode_steps", None)
+    if options:
+        raise InputError(
+            f"The torch backend takes only max_episode_steps in env_kwargs, got {sorted(options)}."
+        )
+    return env_class(num_envs, device=device, dtype=dtype, seed=seed, max_episode_steps=max_episode_steps)

@@ -1,0 +1,185 @@
+"""Gymnasium faces of the torch classic-control envs, registered as ``rlkit/<Gymnasium id>``.
+
+``gymnasium.make("rlkit/CartPole-v1")`` gives :class:`TorchClassicEnv` (one env, NumPy in and out, rendering
+through Gymnasium's own renderer) and ``gymnasium.make_vec("rlkit/CartPole-v1", num_envs=N)`` gives
+:class:`TorchClassicVectorEnv` (N envs stepped as one batch, ``SAME_STEP`` autoreset). Importing ``envs``
+registers them; ``gymnasium.make("envs:rlkit/CartPole-v1")`` imports it on the fly.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import gymnasium as gym
+import numpy as np
+import torch
+from gymnasium.vector import AutoresetMode
+from gymnasium.vector.utils import batch_space
+from tensordict import TensorDict
+
+from envs.classic import NAMESPACE, TORCH_ENVS, ClassicControlEnv, torch_env_class
+from envs.rendering import use_headless_video_driver
+
+DTYPES = {"float32": torch.float32, "float64": torch.float64}
+
+
+def _dtype(dtype: str | torch.dtype) -> torch.dtype:
+    return DTYPES[dtype] if isinstance(dtype, str) else dtype
+
+
+def _action_tensor(env: ClassicControlEnv, action: Any) -> torch.Tensor:
+    spec = env.action_spec
+    return torch.as_tensor(np.asarray(action), dtype=spec.dtype, device=env.device).reshape(spec.shape)
+
+
+class TorchClassicEnv(gym.Env):
+    """One torch classic-control env behind Gymnasium's ``Env`` API.
+
+    Args:
+        task: the Gymnasium id it reproduces, e.g. ``"CartPole-v1"``.
+        render_mode: ``None`` or ``"rgb_array"``.
+        max_episode_steps: time limit (the task's registered one by default).
+        dtype: dtype of the internal state, ``"float32"`` or ``"float64"``.
+    """
+
+    metadata: ClassVar[dict[str, Any]] = {"render_modes": ["rgb_array"], "render_fps": 30}
+
+    def __init__(
+        self,
+        task: str,
+        render_mode: str | None = None,
+        max_episode_steps: int | None = None,
+        dtype: str | torch.dtype = "float32",
+    ):
+        self.env = torch_env_class(task)(
+            num_envs=1, dtype=_dtype(dtype), max_episode_steps=max_episode_steps, seed=0
+        )
+        self.observation_space = self.env.single_observation_space
+        self.action_space = self.env.single_action_space
+        self.render_mode = render_mode
+        self._renderer: gym.Env | None = None
+        self._last_action: Any = None
+        reference = gym.envs.registration.load_env_creator(gym.spec(task).entry_point)
+        self.metadata = {**self.metadata, "render_fps": reference.metadata.get("render_fps", 30)}
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
+        super().reset(seed=seed)
+        # Gymnasium's seeding gives every env a NumPy generator; it seeds the torch one.
+        self.env.generator.manual_seed(int(self.np_random.integers(2**62)))
+        root = self.env.reset()
+        self._last_action = None
+        return root["observation"][0].cpu().numpy(), {}
+
+    def step(self, action):
+        self._last_action = action
+        next_td, _ = self.env._advance(_action_tensor(self.env, action))
+        return (
+            next_td["observation"][0].cpu().numpy(),
+            float(next_td["reward"][0, 0]),
+            bool(next_td["terminated"][0, 0]),
+            bool(next_td["truncated"][0, 0]),
+            {},
+        )
+
+    def render(self):
+        if self.render_mode != "rgb_array":
+            gym.logger.warn("TorchClassicEnv renders only with render_mode='rgb_array'.")
+            return None
+        if self._renderer is None:
+            use_headless_video_driver()
+            self._renderer = gym.make(self.env.gymnasium_id, render_mode="rgb_array").unwrapped
+            self._renderer.reset(seed=0)  # sets what its renderer reads besides the state (Pendulum's last_u)
+        state = self.env.state[0].to(torch.float64).cpu().numpy()
+        self._renderer.state = state
+        if hasattr(self._renderer, "last_u"):  # Pendulum draws the applied torque
+            self._renderer.last_u = (
+                None if self._last_action is None else float(np.asarray(self._last_action).ravel()[0])
+            )
+        return self._renderer.render()
+
+    def close(self):
+        if self._renderer is not None:
+            self._renderer.close()
+        self.env.close(raise_if_closed=False)
+
+
+class TorchClassicVectorEnv(gym.vector.VectorEnv):
+    """A batch of torch classic-control envs behind Gymnasium's ``VectorEnv`` API, in ``SAME_STEP`` mode:
+    a finished sub-env returns its reset observation, and its final one is in ``info["final_obs"]``.
+
+    Args:
+        task: the Gymnasium id it reproduces.
+        num_envs: batch size.
+        device: where the physics runs; observations come back as NumPy arrays.
+        max_episode_steps: time limit (the task's registered one by default).
+        dtype: dtype of the internal state.
+    """
+
+    metadata: ClassVar[dict[str, Any]] = {"autoreset_mode": AutoresetMode.SAME_STEP, "render_modes": []}
+
+    def __init__(
+        self,
+        task: str,
+        num_envs: int = 1,
+        device: str = "cpu",
+        max_episode_steps: int | None = None,
+        dtype: str | torch.dtype = "float32",
+        render_mode: str | None = None,
+    ):
+        self.env = torch_env_class(task)(
+            num_envs=num_envs, device=device, dtype=_dtype(dtype), max_episode_steps=max_episode_steps, seed=0
+        )
+        self.num_envs = num_envs
+        self.autoreset_mode = AutoresetMode.SAME_STEP
+        self.render_mode = render_mode
+        self.single_observation_space = self.env.single_observation_space
+        self.single_action_space = self.env.single_action_space
+        self.observation_space = batch_space(self.single_observation_space, num_envs)
+        self.action_space = batch_space(self.single_action_space, num_envs)
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
+        super().reset(seed=seed)
+        self.env.generator.manual_seed(int(self.np_random.integers(2**62)))
+        return self.env.reset()["observation"].cpu().numpy(), {}
+
+    def step(self, actions):
+        data = TensorDict({"action": _action_tensor(self.env, actions)}, batch_size=self.env.batch_size)
+        data, root = self.env._step_and_maybe_reset(data)
+        next_td = data["next"]
+        done = next_td["done"].squeeze(-1).cpu().numpy()
+        info: dict[str, Any] = {}
+        if done.any():
+            final = next_td["observation"].cpu().numpy()
+            final_obs = np.empty(self.num_envs, dtype=object)
+            final_obs[done] = list(final[done])
+            info = {
+                "final_obs": final_obs,
+                "_final_obs": done,
+                "final_info": np.empty(self.num_envs, dtype=object),
+                "_final_info": done,
+            }
+        return (
+            root["observation"].cpu().numpy(),
+            next_td["reward"].squeeze(-1).cpu().numpy().astype(np.float64),
+            next_td["terminated"].squeeze(-1).cpu().numpy(),
+            next_td["truncated"].squeeze(-1).cpu().numpy(),
+            info,
+        )
+
+    def close_extras(self, **kwargs):
+        self.env.close(raise_if_closed=False)
+
+
+def register_envs() -> None:
+    """Register ``rlkit/<id>`` for every torch classic-control env (idempotent)."""
+    for gymnasium_id in TORCH_ENVS:
+        env_id = f"{NAMESPACE}/{gymnasium_id}"
+        if env_id in gym.registry:
+            continue
+        gym.register(
+            id=env_id,
+            entry_point=TorchClassicEnv,
+            vector_entry_point=TorchClassicVectorEnv,
+            reward_threshold=gym.spec(gymnasium_id).reward_threshold,
+            kwargs={"task": gymnasium_id},
+        )

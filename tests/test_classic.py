@@ -1,0 +1,147 @@
+"""The torch classic-control envs reproduce Gymnasium's reference implementations."""
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+from gymnasium.utils.env_checker import check_env
+from tensordict import TensorDict
+from torchrl.envs.utils import check_env_specs
+
+from envs import EPISODE_LENGTH_KEY, TORCH_ENVS, InputError, make_env
+
+# Per env: a short time limit (so that episodes end by truncation too) and start states that make the
+# first episode end by termination; None means Gymnasium's own random start.
+CASES = {
+    "CartPole-v1": {"max_steps": 40, "starts": [None, None]},
+    "Pendulum-v1": {"max_steps": 50, "starts": [None]},
+    "MountainCar-v0": {"max_steps": 60, "starts": [[0.45, 0.03], None]},
+    "MountainCarContinuous-v0": {"max_steps": 60, "starts": [[0.40, 0.03], None]},
+    "Acrobot-v1": {"max_steps": 60, "starts": [[2.5, 0.5, 2.0, 1.0], None]},
+}
+
+
+def set_reference_state(reference: gym.Env, state) -> np.ndarray:
+    unwrapped = reference.unwrapped
+    if state is not None:
+        dtype = np.float32 if unwrapped.spec.id.startswith("MountainCarContinuous") else np.float64
+        unwrapped.state = np.array(state, dtype=dtype)
+    return np.asarray(unwrapped.state, dtype=np.float64)
+
+
+@pytest.mark.parametrize("env_id", list(CASES))
+def test_matches_gymnasium_step_for_step(env_id):
+    case = CASES[env_id]
+    reference = gym.make(env_id, max_episode_steps=case["max_steps"])
+    env = TORCH_ENVS[env_id](num_envs=1, dtype=torch.float64, max_episode_steps=case["max_steps"])
+    env.reset()
+    rng = np.random.default_rng(0)
+    starts = list(case["starts"])
+    episodes, ends = 0, {"terminated": 0, "truncated": 0}
+
+    def start_episode():
+        nonlocal episodes
+        reference.reset(seed=episodes)
+        state = set_reference_state(reference, starts.pop(0) if starts else None)
+        env.state = torch.as_tensor(state, dtype=torch.float64).unsqueeze(0)
+        episodes += 1
+
+    start_episode()
+    root = env._root()
+    for _ in range(400):
+        torch.testing.assert_close(
+            root["observation"][0], reference_observation(reference), rtol=1e-5, atol=1e-5
+        )
+        if episodes == 1 and case["starts"][0] is not None:  # drive towards the goal in the scripted episode
+            action = reference.action_space.high if isinstance(reference.action_space, gym.spaces.Box) else 2
+        else:
+            action = sample_action(reference.action_space, rng)
+        observation, reward, terminated, truncated, _ = reference.step(action)
+        data = TensorDict({"action": torch.as_tensor(np.asarray(action)).reshape(env.action_spec.shape)}, [1])
+        data, root = env.step_and_maybe_reset(data)
+        torch.testing.assert_close(
+            data["next", "observation"][0], torch.as_tensor(observation), rtol=1e-5, atol=1e-5
+        )
+        assert data["next", "reward"].item() == pytest.approx(float(reward), rel=1e-6, abs=1e-6)
+        assert data["next", "terminated"].item() == terminated
+        assert data["next", "truncated"].item() == truncated
+        if terminated or truncated:
+            ends["terminated" if terminated else "truncated"] += 1
+            start_episode()
+            root = env._root()
+    assert ends["truncated"] > 0
+    if env_id != "Pendulum-v1":  # Pendulum never terminates
+        assert ends["terminated"] > 0
+
+
+def reference_observation(reference: gym.Env) -> torch.Tensor:
+    """The observation Gymnasium's env would return for its current state."""
+    unwrapped = reference.unwrapped
+    observe = getattr(unwrapped, "_get_obs", None) or getattr(unwrapped, "_get_ob", None)
+    return torch.as_tensor(observe() if observe else np.array(unwrapped.state, dtype=np.float32))
+
+
+def sample_action(space: gym.Space, rng: np.random.Generator):
+    if isinstance(space, gym.spaces.Discrete):
+        return int(rng.integers(space.n))
+    return rng.uniform(space.low, space.high).astype(np.float32)
+
+
+@pytest.mark.parametrize("env_id", list(CASES))
+def test_specs_single_env_and_vector_env(env_id):
+    check_env_specs(make_env(env_id, num_envs=5, backend="torch", seed=0))
+    single = gym.make(f"rlkit/{env_id}", render_mode="rgb_array")
+    check_env(single.unwrapped)
+    assert single.observation_space == gym.make(env_id).observation_space
+    assert single.action_space == gym.make(env_id).action_space
+    single.reset(seed=0)
+    frame = single.render()
+    assert frame.ndim == 3 and frame.shape[-1] == 3 and frame.std() > 0
+    vector = gym.make_vec(f"rlkit/{env_id}", num_envs=3)
+    assert vector.reset(seed=0)[0].shape == (3, *single.observation_space.shape)
+    check_env_specs(make_env(vector, seed=0))
+
+
+def test_seeding():
+    def first_observations(seed):
+        env = make_env("CartPole-v1", num_envs=8, backend="torch", seed=seed)
+        torch.manual_seed(0)  # random actions come from torch's global generator
+        return env.rollout(50, break_when_any_done=False)["observation"]
+
+    torch.testing.assert_close(first_observations(1), first_observations(1), rtol=0, atol=0)
+    assert not torch.equal(first_observations(1)[:, 0], first_observations(2)[:, 0])
+
+
+def test_batched_autoreset_leaves_other_envs_alone_and_flags_truncation():
+    env = make_env("Pendulum-v1", num_envs=4, backend="torch", seed=0, env_kwargs={"max_episode_steps": 5})
+    env.reset()
+    env.steps = torch.tensor([0, 2, 4, 1])  # sub-envs at different points of their episodes
+    data = env.rollout(6, break_when_any_done=False, auto_reset=False, tensordict=env._root())
+    truncated = data["next", "truncated"].squeeze(-1)
+    assert not data["next", "terminated"].any()
+    assert truncated[2, 0] and truncated[1, 2] and truncated[0, 4] and truncated[3, 3]
+    for index in range(4):
+        for t in range(5):
+            if truncated[index, t]:
+                assert data[EPISODE_LENGTH_KEY][index, t + 1].item() == 0
+            else:  # an unfinished sub-env continues from where it was, whatever the others do
+                torch.testing.assert_close(
+                    data["observation"][index, t + 1], data["next", "observation"][index, t]
+                )
+
+
+def test_cartpole_terminates_per_env_and_resets_inside_the_initial_range():
+    env = make_env("CartPole-v1", num_envs=3, backend="torch", seed=0)
+    env.reset()
+    env.state = torch.tensor([[0.0, 0.0, 0.2, 2.0], [0.0, 0.0, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0]])
+    data, root = env.step_and_maybe_reset(TensorDict({"action": torch.ones(3, dtype=torch.int64)}, [3]))
+    assert data["next", "terminated"].squeeze(-1).tolist() == [True, False, False]
+    assert root["observation"][0].abs().max() <= 0.05
+    torch.testing.assert_close(root["observation"][1:], data["next", "observation"][1:])
+
+
+def test_torch_backend_bad_input():
+    with pytest.raises(InputError, match="No torch implementation of 'LunarLander-v3'"):
+        make_env("LunarLander-v3", backend="torch")
+    with pytest.raises(InputError, match="only max_episode_steps"):
+        make_env("CartPole-v1", backend="torch", env_kwargs={"sutton_barto_reward": True})
