@@ -12,6 +12,7 @@ single env and ``gymnasium.make_vec("rlkit/CartPole-v1", num_envs=N)`` a batched
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from typing import ClassVar
@@ -34,6 +35,19 @@ def reference_spaces(gymnasium_id: str) -> tuple[gym.Space, gym.Space]:
     spaces = env.observation_space, env.action_space
     env.close()
     return spaces
+
+
+@dataclasses.dataclass
+class _Batch:
+    state: torch.Tensor
+    steps: torch.Tensor
+    episode_return: torch.Tensor
+    episode_length: torch.Tensor
+
+
+def _tensordict(source: dict[str, torch.Tensor], batch_size: torch.Size, device: torch.device) -> TensorDict:
+    """A TensorDict of tensors known to have the right shapes and device, built without re-validating them."""
+    return TensorDict._new_unsafe(source, batch_size=batch_size, device=device)
 
 
 class ClassicControlEnv(EnvBase):
@@ -73,12 +87,35 @@ class ClassicControlEnv(EnvBase):
         self.max_episode_steps = max_episode_steps or self.max_episode_steps_default
         self.single_observation_space, self.single_action_space = reference_spaces(self.gymnasium_id)
         set_specs(self, self.single_observation_space, self.single_action_space)
+        self._bounds: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
         self.generator = torch.Generator(device=self.device)
         self.generator.manual_seed(int(torch.randint(2**62, ())) if seed is None else seed)
-        self.state = self.initial_states(num_envs)
-        self.steps = torch.zeros(num_envs, dtype=torch.int64, device=self.device)
-        self.episode_return = torch.zeros(num_envs, 1, device=self.device)
-        self.episode_length = torch.zeros(num_envs, 1, dtype=torch.int64, device=self.device)
+        # Per-step state lives in a plain object: nn.Module attribute assignment is slow in the hot loop.
+        self.batch = _Batch(
+            state=self.initial_states(num_envs),
+            steps=torch.zeros(num_envs, dtype=torch.int64, device=self.device),
+            episode_return=torch.zeros(num_envs, 1, device=self.device),
+            episode_length=torch.zeros(num_envs, 1, dtype=torch.int64, device=self.device),
+        )
+        self._not_done = torch.zeros(num_envs, 1, dtype=torch.bool, device=self.device)
+
+    @property
+    def state(self) -> torch.Tensor:
+        """The ``(num_envs, state_dim)`` physical state of every sub-env."""
+        return self.batch.state
+
+    @state.setter
+    def state(self, value: torch.Tensor) -> None:
+        self.batch.state = value.to(self.device, self.dtype)
+
+    @property
+    def steps(self) -> torch.Tensor:
+        """Steps taken in each sub-env's current episode (for the time limit)."""
+        return self.batch.steps
+
+    @steps.setter
+    def steps(self, value: torch.Tensor) -> None:
+        self.batch.steps = value.to(self.device, torch.int64)
 
     # --------------------------------------------------------------- to define
     def initial_states(self, n: int) -> torch.Tensor:
@@ -96,78 +133,95 @@ class ClassicControlEnv(EnvBase):
         raise NotImplementedError
 
     def _uniform(self, n: int, low: float | list[float], high: float | list[float]) -> torch.Tensor:
-        low_t = torch.as_tensor(low, dtype=self.dtype, device=self.device)
-        high_t = torch.as_tensor(high, dtype=self.dtype, device=self.device)
-        shape = (n, *low_t.shape) if low_t.ndim else (n,)
-        return low_t + (high_t - low_t) * torch.rand(
-            shape, generator=self.generator, dtype=self.dtype, device=self.device
+        key = (tuple(low) if isinstance(low, list) else low, tuple(high) if isinstance(high, list) else high)
+        bounds = self._bounds.get(key)
+        if bounds is None:
+            low_t = torch.as_tensor(low, dtype=self.dtype, device=self.device)
+            bounds = self._bounds[key] = (
+                low_t,
+                torch.as_tensor(high, dtype=self.dtype, device=self.device) - low_t,
+            )
+        low_t, width = bounds
+        shape = (n, *low_t.shape)
+        return (
+            torch.rand(shape, generator=self.generator, dtype=self.dtype, device=self.device)
+            .mul_(width)
+            .add_(low_t)
         )
 
     # ----------------------------------------------------------------- TorchRL
     def _set_seed(self, seed: int | None) -> None:
         if seed is not None:
             self.generator.manual_seed(seed)
-            self.state = self.initial_states(self.batch_size[0])
-
-    def _flags(
-        self, done: torch.Tensor, terminated: torch.Tensor, truncated: torch.Tensor
-    ) -> dict[str, torch.Tensor]:
-        return {
-            "done": done.unsqueeze(-1),
-            "terminated": terminated.unsqueeze(-1),
-            "truncated": truncated.unsqueeze(-1),
-        }
+            self.batch.state = self.initial_states(self.batch_size[0])
 
     def _root(self) -> TensorDictBase:
-        not_done = torch.zeros(self.batch_size, dtype=torch.bool, device=self.device)
-        return TensorDict(
+        batch = self.batch
+        return _tensordict(
             {
-                "observation": self.observe(self.state),
-                EPISODE_RETURN_KEY: self.episode_return,
-                EPISODE_LENGTH_KEY: self.episode_length,
-                **self._flags(not_done, not_done, not_done),
+                "observation": self.observe(batch.state),
+                EPISODE_RETURN_KEY: batch.episode_return,
+                EPISODE_LENGTH_KEY: batch.episode_length,
+                "done": self._not_done,
+                "terminated": self._not_done,
+                "truncated": self._not_done,
             },
-            batch_size=self.batch_size,
-            device=self.device,
+            self.batch_size,
+            self.device,
         )
 
     def _reset(self, tensordict: TensorDictBase | None = None, **kwargs) -> TensorDictBase:
         reset = None if tensordict is None else tensordict.get("_reset", None)
-        fresh = self.initial_states(self.batch_size[0])
         if reset is None:
-            self.state = fresh
-            self.steps = torch.zeros_like(self.steps)
-            self.episode_return = torch.zeros_like(self.episode_return)
-            self.episode_length = torch.zeros_like(self.episode_length)
+            batch = self.batch
+            batch.state = self.initial_states(self.batch_size[0])
+            batch.steps = torch.zeros_like(batch.steps)
+            batch.episode_return = torch.zeros_like(batch.episode_return)
+            batch.episode_length = torch.zeros_like(batch.episode_length)
         else:
-            self._reset_where(reset.reshape(self.batch_size), fresh)
+            self._reset_where(reset.reshape(*self.batch_size, 1))
         return self._root()
 
-    def _reset_where(self, mask: torch.Tensor, fresh: torch.Tensor) -> None:
-        self.state = torch.where(mask.unsqueeze(-1), fresh, self.state)
-        self.steps = self.steps.masked_fill(mask, 0)
-        self.episode_return = self.episode_return.masked_fill(mask.unsqueeze(-1), 0.0)
-        self.episode_length = self.episode_length.masked_fill(mask.unsqueeze(-1), 0)
+    def _reset_where(self, mask: torch.Tensor) -> None:
+        """Reset the sub-envs where ``mask`` (shape ``(num_envs, 1)``) is set.
+
+        On the CPU only the finished rows are redrawn. On an accelerator a fresh state is drawn for every
+        sub-env and selected with ``torch.where``, which avoids a host synchronisation per step.
+        """
+        batch = self.batch
+        if self.device.type == "cpu":
+            rows = mask.view(-1).nonzero().view(-1)
+            if rows.numel() == 0:
+                return
+            batch.state = batch.state.index_put((rows,), self.initial_states(rows.numel()))
+        else:
+            batch.state = torch.where(mask, self.initial_states(self.batch_size[0]), batch.state)
+        batch.steps = batch.steps.masked_fill(mask.view(-1), 0)
+        batch.episode_return = batch.episode_return.masked_fill(mask, 0.0)
+        batch.episode_length = batch.episode_length.masked_fill(mask, 0)
 
     def _advance(self, action: torch.Tensor) -> tuple[TensorDictBase, torch.Tensor]:
-        """One step of every sub-env, without resetting; returns the ``"next"`` data and ``done``."""
-        self.state, reward, terminated = self.dynamics(self.state, action)
-        self.steps = self.steps + 1
-        truncated = self.steps >= self.max_episode_steps
-        done = terminated | truncated
+        """One step of every sub-env, without resetting; returns the ``"next"`` data and ``done`` ``(n, 1)``."""
+        batch = self.batch
+        batch.state, reward, terminated = self.dynamics(batch.state, action)
+        batch.steps = batch.steps + 1
+        flags = torch.stack((terminated, batch.steps >= self.max_episode_steps), dim=-1)
+        done = flags.any(-1, keepdim=True)
         reward = reward.to(torch.float32).unsqueeze(-1)
-        self.episode_return = self.episode_return + reward
-        self.episode_length = self.episode_length + 1
-        next_td = TensorDict(
+        batch.episode_return = batch.episode_return + reward
+        batch.episode_length = batch.episode_length + 1
+        next_td = _tensordict(
             {
-                "observation": self.observe(self.state),
+                "observation": self.observe(batch.state),
                 "reward": reward,
-                EPISODE_RETURN_KEY: self.episode_return,
-                EPISODE_LENGTH_KEY: self.episode_length,
-                **self._flags(done, terminated, truncated),
+                EPISODE_RETURN_KEY: batch.episode_return,
+                EPISODE_LENGTH_KEY: batch.episode_length,
+                "done": done,
+                "terminated": flags[:, 0:1],
+                "truncated": flags[:, 1:2],
             },
-            batch_size=self.batch_size,
-            device=self.device,
+            self.batch_size,
+            self.device,
         )
         return next_td, done
 
@@ -178,7 +232,7 @@ class ClassicControlEnv(EnvBase):
         """Step every sub-env, then reset the finished ones in place (no partial-reset round trip)."""
         next_td, done = self._advance(tensordict.get("action"))
         tensordict.set("next", next_td)
-        self._reset_where(done, self.initial_states(self.batch_size[0]))
+        self._reset_where(done)
         return tensordict, self._root()
 
 
@@ -204,24 +258,17 @@ class CartPoleEnv(ClassicControlEnv):
         x, x_dot, theta, theta_dot = state.unbind(-1)
         total_mass = self.masspole + self.masscart
         polemass_length = self.masspole * self.length
-        force = torch.where(action.reshape(x.shape) == 1, self.force_mag, -self.force_mag).to(state.dtype)
+        force = (action.reshape(x.shape) * (2 * self.force_mag) - self.force_mag).to(state.dtype)
         costheta, sintheta = torch.cos(theta), torch.sin(theta)
         temp = (force + polemass_length * theta_dot.square() * sintheta) / total_mass
         thetaacc = (self.gravity * sintheta - costheta * temp) / (
             self.length * (4.0 / 3.0 - self.masspole * costheta.square() / total_mass)
         )
         xacc = temp - polemass_length * thetaacc * costheta / total_mass
-        state = torch.stack(
-            (
-                x + self.tau * x_dot,
-                x_dot + self.tau * xacc,
-                theta + self.tau * theta_dot,
-                theta_dot + self.tau * thetaacc,
-            ),
-            dim=-1,
+        state = state + self.tau * torch.stack((x_dot, xacc, theta_dot, thetaacc), dim=-1)  # Euler
+        terminated = (state[:, 0].abs() > self.x_threshold) | (
+            state[:, 2].abs() > self.theta_threshold_radians
         )
-        x, theta = state[:, 0], state[:, 2]
-        terminated = (x.abs() > self.x_threshold) | (theta.abs() > self.theta_threshold_radians)
         return state, torch.ones_like(x), terminated
 
     def observe(self, state):

@@ -38,8 +38,9 @@ from tensordict import TensorDictBase
 from tqdm import tqdm
 
 from agents.agent import Agent, EvaluationResult
+from envs.classic import torch_env_class
 from envs.errors import InputError
-from envs.vector import EPISODE_LENGTH_KEY, EPISODE_RETURN_KEY
+from envs.vector import EPISODE_LENGTH_KEY, EPISODE_RETURN_KEY, make_env
 
 LoggerName = Literal["wandb", "csv", "none"]
 EVAL_SEED_OFFSET = 1_000_000  # evaluation episodes are seeded apart from the training envs
@@ -53,8 +54,11 @@ class RunConfig:
     """Gymnasium environment id."""
     num_envs: int = 8
     """Number of environments stepped together by the collector."""
+    env_backend: Literal["gymnasium", "torch"] = "gymnasium"
+    """'gymnasium': any Gymnasium env, stepped on the CPU; 'torch': the batched torch classic-control envs
+    (CartPole-v1, Pendulum-v1, MountainCar-v0, MountainCarContinuous-v0, Acrobot-v1), stepped on --device."""
     vectorization: Literal["sync", "async"] = "sync"
-    """Step sub-envs in this process ('sync') or one process each ('async')."""
+    """Gymnasium backend: step sub-envs in this process ('sync') or one process each ('async')."""
     seed: int = 0
     """Seed for Python, NumPy, torch, the envs and their action spaces."""
     total_frames: int = 100_000
@@ -105,6 +109,8 @@ class RunConfig:
             raise InputError(
                 f"Unknown Gymnasium env id {self.env_id!r} ({error}). Use a registered id such as 'CartPole-v1'."
             ) from None
+        if self.env_backend == "torch":
+            torch_env_class(self.env_id)  # raises if there is no torch implementation
 
     @property
     def target_return(self) -> float | None:
@@ -112,6 +118,18 @@ class RunConfig:
         if self.stop_at_return is not None:
             return None if math.isinf(self.stop_at_return) else self.stop_at_return
         return gym.spec(self.env_id).reward_threshold
+
+
+def make_training_env(run: RunConfig, device: torch.device):
+    """The batched training env of ``run``: Gymnasium envs on the CPU, or torch envs on ``device``."""
+    return make_env(
+        run.env_id,
+        run.num_envs,
+        device=device if run.env_backend == "torch" else "cpu",
+        seed=run.seed,
+        vectorization=run.vectorization,
+        backend=run.env_backend,
+    )
 
 
 def require_positive(**values: int) -> None:

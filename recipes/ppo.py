@@ -24,8 +24,8 @@ from torchrl.objectives import ClipPPOLoss
 from torchrl.objectives.value import GAE
 
 from agents import Agent, find_normalizer, input_encoder, make_critic
-from envs import InputError, make_env
-from recipes.common import Run, RunConfig, require_positive, run_cli, seed_everything
+from envs import InputError
+from recipes.common import Run, RunConfig, make_training_env, require_positive, run_cli, seed_everything
 
 
 @dataclass
@@ -113,9 +113,7 @@ def main(config: PPOConfig) -> dict:
     minibatches_per_epoch = max(1, frames_per_batch // optim_config.minibatch_size)
 
     # env
-    env = make_env(
-        run_config.env_id, run_config.num_envs, seed=run_config.seed, vectorization=run_config.vectorization
-    )
+    env = make_training_env(run_config, device)
     observation_spec = env.observation_spec["observation"]
 
     # modules: the agent owns the actor (and the observation normaliser); the critic shares its input encoder
@@ -165,7 +163,7 @@ def main(config: PPOConfig) -> dict:
         actor,
         frames_per_batch=frames_per_batch,
         total_frames=num_batches * frames_per_batch,
-        env_device="cpu",
+        env_device=env.device,
         policy_device=device,
         storing_device=device,
         track_traj_ids=False,
