@@ -24,7 +24,6 @@ import warnings
 import gymnasium as gym
 import numpy as np
 import torch
-from tensordict import TensorDict
 
 from envs import make_env
 
@@ -109,7 +108,7 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--device", default="cpu", help="device of the torch backend")
-    parser.add_argument("--sizes", type=int, nargs="+", default=[1, 16, 256, 4096])
+    parser.add_argument("--sizes", type=int, nargs="*", default=[1, 16, 256, 4096])
     parser.add_argument("--budget-s", type=float, default=2.0, help="seconds per measurement")
     parser.add_argument("--ppo-seeds", type=int, nargs="*", default=[0, 1, 2])
     args = parser.parse_args()
@@ -134,11 +133,12 @@ def main() -> None:
             flush=True,
         )
 
-    print(f"\nCartPole-v1 steps per second (millions), random actions, torch backend on {args.device}:\n")
-    print("| backend | " + " | ".join(f"N={n}" for n in args.sizes) + " |")
-    print("|---|" + "---|" * len(args.sizes))
-    for name, values in rows.items():
-        print(f"| {name} | " + " | ".join(values) + " |")
+    if args.sizes:
+        print(f"\nCartPole-v1 steps per second (millions), random actions, torch backend on {args.device}:\n")
+        print("| backend | " + " | ".join(f"N={n}" for n in args.sizes) + " |")
+        print("|---|" + "---|" * len(args.sizes))
+        for name, values in rows.items():
+            print(f"| {name} | " + " | ".join(values) + " |")
 
     if args.ppo_seeds:
         print("\n| PPO CartPole-v1, default recipe | time to reach 475 (s), per seed | mean |")

@@ -17,8 +17,11 @@ def quiet(config, output_dir):
     return config
 
 
-def test_ppo_default_config_solves_cartpole(output_dir):
-    summary = ppo.main(quiet(ppo.PPOConfig(), output_dir))
+@pytest.mark.parametrize("backend", ["gymnasium", "torch"])
+def test_ppo_default_config_solves_cartpole(backend, output_dir):
+    config = quiet(ppo.PPOConfig(), output_dir)
+    config.run.env_backend = backend
+    summary = ppo.main(config)
     assert summary["solved_at_frames"] is not None and summary["solved_at_frames"] <= 100_000
     assert summary["eval_return_mean"] >= 475
 
