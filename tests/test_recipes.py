@@ -2,6 +2,7 @@ import csv
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -97,6 +98,8 @@ def wandb_history(path):
             position += block_size - position % block_size
             continue
         length, kind = int.from_bytes(data[position + 4 : position + 6], "little"), data[position + 6]
+        if position + 7 + length > len(data):  # a record still being written
+            break
         pending += data[position + 7 : position + 7 + length]
         position += 7 + length
         if kind in (1, 4):  # a full record, or the last chunk of one
@@ -117,12 +120,16 @@ def test_wandb_offline_run_holds_metrics(output_dir):
     summary = ppo.main(tiny_ppo(output_dir, logger="wandb", video=False))
     runs = list((output_dir / "wandb").glob("offline-run-*"))
     assert len(runs) == 1
-    history = wandb_history(next(runs[0].glob("run-*.wandb")))
-    evaluations = [row["eval/return_mean"] for row in history if "eval/return_mean" in row]
     expected = [float(row["return_mean"]) for row in csv.DictReader((output_dir / "evaluations.csv").open())]
-    assert evaluations == pytest.approx(expected) and evaluations[-1] == pytest.approx(
-        summary["eval_return_mean"]
-    )
+    deadline = time.monotonic() + 30  # W&B's service process may still be writing its log
+    while True:
+        history = wandb_history(next(runs[0].glob("run-*.wandb")))
+        evaluations = [row["eval/return_mean"] for row in history if "eval/return_mean" in row]
+        if len(evaluations) >= len(expected) or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    assert evaluations == pytest.approx(expected)
+    assert evaluations[-1] == pytest.approx(summary["eval_return_mean"])
     assert any("train/loss_objective" in row for row in history)
 
 
