@@ -337,6 +337,8 @@ class Run:
             "solved_at_s": self.solved_at_s,
             "output_dir": str(self.output_dir),
         }
+        if self.run.logger == "wandb" and not self.run.wandb_online:
+            summary["wandb_offline_run"] = str(Path(self.logger.experiment.dir).parent)
         (self.output_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
         if self.run.logger == "wandb":
             self.logger.experiment.summary.update(summary)
@@ -403,6 +405,10 @@ def run_cli(main: Callable[[ConfigT], dict[str, Any]], config_type: type[ConfigT
         + (", video.mp4" if (Path(summary["output_dir"]) / "video.mp4").exists() else "")
         + ")"
     )
+    if "wandb_offline_run" in summary:
+        print(
+            f"W&B offline run: {summary['wandb_offline_run']} (upload it with: wandb sync {summary['wandb_offline_run']})"
+        )
 
 
 __all__ = [
@@ -410,6 +416,7 @@ __all__ = [
     "Run",
     "RunConfig",
     "config_to_dict",
+    "make_training_env",
     "require_positive",
     "run_cli",
     "seed_everything",

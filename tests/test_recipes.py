@@ -119,7 +119,7 @@ def wandb_history(path):
 def test_wandb_offline_run_holds_metrics(output_dir):
     summary = ppo.main(tiny_ppo(output_dir, logger="wandb", video=False))
     runs = list((output_dir / "wandb").glob("offline-run-*"))
-    assert len(runs) == 1
+    assert len(runs) == 1 and summary["wandb_offline_run"] == str(runs[0])
     expected = [float(row["return_mean"]) for row in csv.DictReader((output_dir / "evaluations.csv").open())]
     deadline = time.monotonic() + 30  # W&B's service process may still be writing its log
     while True:
