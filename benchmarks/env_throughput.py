@@ -28,18 +28,28 @@ import torch
 from envs import make_env
 
 
-def timed_steps(step, budget_s: float) -> float:
-    """Steps per call-second of ``step`` over at least ``budget_s`` seconds (after a warm-up)."""
+def timed_steps(step, budget_s: float, windows: int = 5) -> tuple[float, float]:
+    """Calls per second of ``step``: the best and the median of ``windows`` windows of ``budget_s / windows``.
+
+    The best window is the least disturbed by other load on the machine; the median shows the spread.
+    """
     for _ in range(3):
         step()
-    calls, start = 0, time.perf_counter()
-    while (elapsed := time.perf_counter() - start) < budget_s:
-        step()
-        calls += 1
-    return calls / elapsed
+    rates = []
+    for _ in range(windows):
+        calls, start = 0, time.perf_counter()
+        while (elapsed := time.perf_counter() - start) < budget_s / windows:
+            step()
+            calls += 1
+        rates.append(calls / elapsed)
+    return max(rates), statistics.median(rates)
 
 
-def torch_rate(num_envs: int, device: str, budget_s: float) -> tuple[float, float]:
+def scaled(rates: tuple[float, float], factor: int) -> tuple[float, float]:
+    return rates[0] * factor, rates[1] * factor
+
+
+def torch_rate(num_envs: int, device: str, budget_s: float):
     env = make_env("CartPole-v1", num_envs, backend="torch", device=device, seed=0)
     state = {"data": env.reset()}
 
@@ -52,18 +62,18 @@ def torch_rate(num_envs: int, device: str, budget_s: float) -> tuple[float, floa
         if env.device.type == "cuda":
             torch.cuda.synchronize()
 
-    rate = timed_steps(lambda: (step(), sync()), budget_s) * num_envs
+    rate = scaled(timed_steps(lambda: (step(), sync()), budget_s), num_envs)
     steps = 100
 
     def rollout():
         env.rollout(steps, break_when_any_done=False)
         sync()
 
-    rollout_rate = timed_steps(rollout, budget_s) * num_envs * steps
+    rollout_rate = scaled(timed_steps(rollout, budget_s), num_envs * steps)
     return rate, rollout_rate
 
 
-def gymnasium_rates(num_envs: int, budget_s: float) -> tuple[float, float]:
+def gymnasium_rates(num_envs: int, budget_s: float):
     env = make_env("CartPole-v1", num_envs, seed=0)
     state = {"data": env.reset()}
 
@@ -72,19 +82,19 @@ def gymnasium_rates(num_envs: int, budget_s: float) -> tuple[float, float]:
         data.set("action", torch.randint(0, 2, (num_envs,)))
         _, state["data"] = env.step_and_maybe_reset(data)
 
-    wrapped = timed_steps(step, budget_s) * num_envs
+    wrapped = scaled(timed_steps(step, budget_s), num_envs)
     raw_env = env.vector_env
     actions = np.zeros(num_envs, dtype=np.int64)
-    raw = timed_steps(lambda: raw_env.step(actions), budget_s) * num_envs
+    raw = scaled(timed_steps(lambda: raw_env.step(actions), budget_s), num_envs)
     env.close()
     return wrapped, raw
 
 
-def numpy_vectorised_rate(num_envs: int, budget_s: float) -> float:
+def numpy_vectorised_rate(num_envs: int, budget_s: float):
     env = gym.make_vec("CartPole-v1", num_envs, vectorization_mode="vector_entry_point")
     env.reset(seed=0)
     rng = np.random.default_rng(0)
-    return timed_steps(lambda: env.step(rng.integers(0, 2, num_envs)), budget_s) * num_envs
+    return scaled(timed_steps(lambda: env.step(rng.integers(0, 2, num_envs)), budget_s), num_envs)
 
 
 def ppo_time_to_solve(backend: str, seed: int, device: str) -> tuple[float | None, int | None]:
@@ -109,10 +119,14 @@ def main() -> None:
     )
     parser.add_argument("--device", default="cpu", help="device of the torch backend")
     parser.add_argument("--sizes", type=int, nargs="*", default=[1, 16, 256, 4096])
-    parser.add_argument("--budget-s", type=float, default=2.0, help="seconds per measurement")
+    parser.add_argument("--budget-s", type=float, default=3.0, help="seconds per measurement (5 windows)")
     parser.add_argument("--ppo-seeds", type=int, nargs="*", default=[0, 1, 2])
+    parser.add_argument(
+        "--threads", type=int, default=1, help="torch CPU threads (the recipes' default is 1)"
+    )
     args = parser.parse_args()
     warnings.filterwarnings("ignore")
+    torch.set_num_threads(args.threads)
 
     rows: dict[str, list[str]] = {
         "torch (TorchRL step_and_maybe_reset)": [],
@@ -126,15 +140,14 @@ def main() -> None:
         step_rate, rollout_rate = torch_rate(num_envs, args.device, budget)
         wrapped, raw = gymnasium_rates(num_envs, budget)
         values = [step_rate, rollout_rate, wrapped, raw, numpy_vectorised_rate(num_envs, budget)]
-        for name, value in zip(rows, values):
-            rows[name].append(f"{value / 1e6:.3f}")
+        for name, (best, median) in zip(rows, values):
+            rows[name].append(f"{best / 1e6:.3f} ({median / 1e6:.3f})")
         print(
-            f"N={num_envs}: " + ", ".join(f"{name} {v / 1e6:.3f}M" for name, v in zip(rows, values)),
-            flush=True,
+            f"N={num_envs}: " + ", ".join(f"{n} {v[0] / 1e6:.3f}M" for n, v in zip(rows, values)), flush=True
         )
 
     if args.sizes:
-        print(f"\nCartPole-v1 steps per second (millions), random actions, torch backend on {args.device}:\n")
+        print(f"\nCartPole-v1 steps/s (millions; best window, median in brackets), torch on {args.device}:\n")
         print("| backend | " + " | ".join(f"N={n}" for n in args.sizes) + " |")
         print("|---|" + "---|" * len(args.sizes))
         for name, values in rows.items():

@@ -25,7 +25,7 @@ from torchrl.objectives.value import GAE
 
 from agents import Agent, find_normalizer, input_encoder, make_critic
 from envs import InputError
-from recipes.common import Run, RunConfig, make_training_env, require_positive, run_cli, seed_everything
+from recipes.common import Run, RunConfig, make_training_env, prepare_process, require_positive, run_cli
 
 
 @dataclass
@@ -107,7 +107,7 @@ def main(config: PPOConfig) -> dict:
             f"--minibatch-size {optim_config.minibatch_size} exceeds the {frames_per_batch} frames per batch "
             "(num_envs * steps_per_env)."
         )
-    seed_everything(run_config.seed)
+    prepare_process(run_config)
     device = torch.device(run_config.device)
     num_batches = -(-run_config.total_frames // frames_per_batch)
     minibatches_per_epoch = max(1, frames_per_batch // optim_config.minibatch_size)
