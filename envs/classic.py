@@ -40,9 +40,8 @@ def reference_spaces(gymnasium_id: str) -> tuple[gym.Space, gym.Space]:
 @dataclasses.dataclass
 class _Batch:
     state: torch.Tensor
-    steps: torch.Tensor
     episode_return: torch.Tensor
-    episode_length: torch.Tensor
+    episode_length: torch.Tensor  # also the step count that the time limit reads
 
 
 def _tensordict(source: dict[str, torch.Tensor], batch_size: torch.Size, device: torch.device) -> TensorDict:
@@ -93,7 +92,6 @@ class ClassicControlEnv(EnvBase):
         # Per-step state lives in a plain object: nn.Module attribute assignment is slow in the hot loop.
         self.batch = _Batch(
             state=self.initial_states(num_envs),
-            steps=torch.zeros(num_envs, dtype=torch.int64, device=self.device),
             episode_return=torch.zeros(num_envs, 1, device=self.device),
             episode_length=torch.zeros(num_envs, 1, dtype=torch.int64, device=self.device),
         )
@@ -110,12 +108,12 @@ class ClassicControlEnv(EnvBase):
 
     @property
     def steps(self) -> torch.Tensor:
-        """Steps taken in each sub-env's current episode (for the time limit)."""
-        return self.batch.steps
+        """Steps taken in each sub-env's current episode (what the time limit counts), shape ``(num_envs,)``."""
+        return self.batch.episode_length.view(-1)
 
     @steps.setter
     def steps(self, value: torch.Tensor) -> None:
-        self.batch.steps = value.to(self.device, torch.int64)
+        self.batch.episode_length = value.to(self.device, torch.int64).reshape(-1, 1)
 
     # --------------------------------------------------------------- to define
     def initial_states(self, n: int) -> torch.Tensor:
@@ -175,7 +173,6 @@ class ClassicControlEnv(EnvBase):
         if reset is None:
             batch = self.batch
             batch.state = self.initial_states(self.batch_size[0])
-            batch.steps = torch.zeros_like(batch.steps)
             batch.episode_return = torch.zeros_like(batch.episode_return)
             batch.episode_length = torch.zeros_like(batch.episode_length)
         else:
@@ -196,7 +193,6 @@ class ClassicControlEnv(EnvBase):
             batch.state = batch.state.index_put((rows,), self.initial_states(rows.numel()))
         else:
             batch.state = torch.where(mask, self.initial_states(self.batch_size[0]), batch.state)
-        batch.steps = batch.steps.masked_fill(mask.view(-1), 0)
         batch.episode_return = batch.episode_return.masked_fill(mask, 0.0)
         batch.episode_length = batch.episode_length.masked_fill(mask, 0)
 
@@ -204,12 +200,12 @@ class ClassicControlEnv(EnvBase):
         """One step of every sub-env, without resetting; returns the ``"next"`` data and ``done`` ``(n, 1)``."""
         batch = self.batch
         batch.state, reward, terminated = self.dynamics(batch.state, action)
-        batch.steps = batch.steps + 1
-        flags = torch.stack((terminated, batch.steps >= self.max_episode_steps), dim=-1)
-        done = flags.any(-1, keepdim=True)
+        batch.episode_length = batch.episode_length + 1
+        truncated = batch.episode_length >= self.max_episode_steps
+        terminated = terminated.unsqueeze(-1)
+        done = terminated | truncated
         reward = reward.to(torch.float32).unsqueeze(-1)
         batch.episode_return = batch.episode_return + reward
-        batch.episode_length = batch.episode_length + 1
         next_td = _tensordict(
             {
                 "observation": self.observe(batch.state),
@@ -217,8 +213,8 @@ class ClassicControlEnv(EnvBase):
                 EPISODE_RETURN_KEY: batch.episode_return,
                 EPISODE_LENGTH_KEY: batch.episode_length,
                 "done": done,
-                "terminated": flags[:, 0:1],
-                "truncated": flags[:, 1:2],
+                "terminated": terminated,
+                "truncated": truncated,
             },
             self.batch_size,
             self.device,
@@ -255,20 +251,19 @@ class CartPoleEnv(ClassicControlEnv):
         return self._uniform(n, [-0.05] * 4, [0.05] * 4)
 
     def dynamics(self, state, action):
+        # Gymnasium's equations, written with fused operations (addcmul) to keep the op count low
         x, x_dot, theta, theta_dot = state.unbind(-1)
         total_mass = self.masspole + self.masscart
         polemass_length = self.masspole * self.length
         force = (action.reshape(x.shape) * (2 * self.force_mag) - self.force_mag).to(state.dtype)
         costheta, sintheta = torch.cos(theta), torch.sin(theta)
-        temp = (force + polemass_length * theta_dot.square() * sintheta) / total_mass
-        thetaacc = (self.gravity * sintheta - costheta * temp) / (
-            self.length * (4.0 / 3.0 - self.masspole * costheta.square() / total_mass)
-        )
-        xacc = temp - polemass_length * thetaacc * costheta / total_mass
-        state = state + self.tau * torch.stack((x_dot, xacc, theta_dot, thetaacc), dim=-1)  # Euler
-        terminated = (state[:, 0].abs() > self.x_threshold) | (
-            state[:, 2].abs() > self.theta_threshold_radians
-        )
+        temp = torch.addcmul(force, theta_dot * theta_dot, sintheta, value=polemass_length).div_(total_mass)
+        numerator = torch.addcmul(sintheta * self.gravity, costheta, temp, value=-1.0)
+        denominator = (costheta * costheta).mul_(-self.masspole * self.length / total_mass).add_(self.length * 4.0 / 3.0)
+        thetaacc = numerator.div_(denominator)
+        xacc = torch.addcmul(temp, thetaacc, costheta, value=-polemass_length / total_mass)
+        state = torch.add(state, torch.stack((x_dot, xacc, theta_dot, thetaacc), dim=-1), alpha=self.tau)  # Euler
+        terminated = (state[:, 0].abs() > self.x_threshold) | (state[:, 2].abs() > self.theta_threshold_radians)
         return state, torch.ones_like(x), terminated
 
     def observe(self, state):
