@@ -64,7 +64,8 @@ class RunConfig:
     total_frames: int = 100_000
     """Training budget in environment steps (summed over all envs)."""
     device: str = "cpu"
-    """Device of the networks and the loss: 'cpu', 'cuda', 'cuda:1', ... Envs step on the CPU."""
+    """Device of the networks and the loss: 'cpu', 'cuda', 'cuda:1', ... (Gymnasium envs step on the CPU, torch
+    envs on this device)."""
     output_dir: Path | None = None
     """Where the run writes its outputs; default runs/ALGORITHM-ENV-SEED-TIMESTAMP."""
     logger: LoggerName = "csv"
