@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -20,7 +21,7 @@ from torchrl.envs.utils import ExplorationType, set_exploration_type
 from agents.networks import find_normalizer, make_actor
 from envs.errors import InputError
 from envs.rendering import use_headless_video_driver
-from envs.vector import space_to_spec
+from envs.vector import check_env_id, space_to_spec
 
 FORMAT = "rlkit.agent"
 FORMAT_VERSION = 1
@@ -256,6 +257,8 @@ class Agent(nn.Module):
         if episodes < 1:
             raise InputError(f"episodes must be at least 1, got {episodes}.")
         env = self.env_id if env is None else env
+        if isinstance(env, str):
+            check_env_id(env)
         if video_path is not None:
             use_headless_video_driver()
         if isinstance(env, str):
@@ -354,10 +357,11 @@ class Agent(nn.Module):
         path = Path(path)
         if path.is_dir():
             path = path / "agent.ckpt"
+        if not path.exists():
+            raise InputError(f"No agent checkpoint at {path}.")
+        _check_archive(path)
         try:
             metadata = Checkpoint.manifest(path).get("metadata", {})
-        except FileNotFoundError:
-            raise InputError(f"No agent checkpoint at {path}.") from None
         except (CheckpointError, OSError, ValueError) as error:
             raise InputError(f"{path} is not a readable agent checkpoint ({error}).") from None
         if metadata.get("format") != FORMAT:
@@ -366,20 +370,51 @@ class Agent(nn.Module):
             raise InputError(
                 f"{path} has agent format version {metadata.get('format_version')}, expected {FORMAT_VERSION}."
             )
-        agent = cls.build(
-            env_id=metadata["env_id"],
-            observation_space=space_from_json(metadata["observation_space"]),
-            action_space=space_from_json(metadata["action_space"]),
-            algorithm=metadata["algorithm"],
-            policy_builder=metadata["policy_builder"],
-            policy_kwargs=metadata["policy_kwargs"],
-            config=metadata["config"],
-        )
+        try:
+            agent = cls.build(
+                env_id=metadata["env_id"],
+                observation_space=space_from_json(metadata["observation_space"]),
+                action_space=space_from_json(metadata["action_space"]),
+                algorithm=metadata["algorithm"],
+                policy_builder=metadata["policy_builder"],
+                policy_kwargs=metadata["policy_kwargs"],
+                config=metadata["config"],
+            )
+        except (KeyError, TypeError, ValueError) as error:
+            raise InputError(f"{path} has an incomplete or invalid agent description ({error!r}).") from None
         try:
             Checkpoint(policy=agent.policy).load(path, map_location="cpu")
         except (CheckpointError, OSError, ValueError, RuntimeError, KeyError, zipfile.BadZipFile) as error:
             raise InputError(f"Could not read the weights in {path}: {error}") from None
         return agent.to(device)
+
+
+# An agent archive holds JSON and raw tensor files only. TensorDict's loader would unpickle an "other.pickle"
+# sidecar and import the classes that meta.json names, so anything else is refused before loading.
+_ARCHIVE_ENTRY = re.compile(
+    r"manifest\.json|components/[\w.-]+/state\.json|components/[\w.-]+/state/(meta\.json|\w+\.memmap)"
+)
+_TENSOR_LEAF_KEYS = {"device", "shape", "dtype", "is_nested"}
+
+
+def _check_archive(path: Path) -> None:
+    """Raise :class:`InputError` unless ``path`` is a zip holding only an agent checkpoint's JSON and tensors."""
+    if not zipfile.is_zipfile(path):
+        raise InputError(f"{path} is not an agent checkpoint (not a checkpoint archive).")
+    try:
+        with zipfile.ZipFile(path) as archive:
+            for name in archive.namelist():
+                if not _ARCHIVE_ENTRY.fullmatch(name):
+                    raise InputError(f"{path} holds an unexpected file {name!r}; refusing to load it.")
+                if name.endswith("/meta.json"):
+                    meta = json.loads(archive.read(name))
+                    leaves = [value for key, value in meta.items() if key not in ("shape", "device", "_type")]
+                    if meta.get("_type") != str(TensorDict) or any(
+                        not isinstance(leaf, dict) or not set(leaf) <= _TENSOR_LEAF_KEYS for leaf in leaves
+                    ):
+                        raise InputError(f"{path} describes something other than plain tensors in {name!r}.")
+    except (zipfile.BadZipFile, OSError, json.JSONDecodeError) as error:
+        raise InputError(f"{path} is not a readable agent checkpoint ({error}).") from None
 
 
 def _exploration(deterministic: bool) -> ExplorationType:

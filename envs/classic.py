@@ -83,6 +83,8 @@ class ClassicControlEnv(EnvBase):
             raise InputError(f"num_envs must be at least 1, got {num_envs}.")
         super().__init__(device=device, batch_size=torch.Size([num_envs]))
         self.dtype = dtype
+        if max_episode_steps is not None and max_episode_steps < 1:
+            raise InputError(f"max_episode_steps must be at least 1, got {max_episode_steps}.")
         self.max_episode_steps = max_episode_steps or self.max_episode_steps_default
         self.single_observation_space, self.single_action_space = reference_spaces(self.gymnasium_id)
         set_specs(self, self.single_observation_space, self.single_action_space)
@@ -259,11 +261,19 @@ class CartPoleEnv(ClassicControlEnv):
         costheta, sintheta = torch.cos(theta), torch.sin(theta)
         temp = torch.addcmul(force, theta_dot * theta_dot, sintheta, value=polemass_length).div_(total_mass)
         numerator = torch.addcmul(sintheta * self.gravity, costheta, temp, value=-1.0)
-        denominator = (costheta * costheta).mul_(-self.masspole * self.length / total_mass).add_(self.length * 4.0 / 3.0)
+        denominator = (
+            (costheta * costheta)
+            .mul_(-self.masspole * self.length / total_mass)
+            .add_(self.length * 4.0 / 3.0)
+        )
         thetaacc = numerator.div_(denominator)
         xacc = torch.addcmul(temp, thetaacc, costheta, value=-polemass_length / total_mass)
-        state = torch.add(state, torch.stack((x_dot, xacc, theta_dot, thetaacc), dim=-1), alpha=self.tau)  # Euler
-        terminated = (state[:, 0].abs() > self.x_threshold) | (state[:, 2].abs() > self.theta_threshold_radians)
+        state = torch.add(
+            state, torch.stack((x_dot, xacc, theta_dot, thetaacc), dim=-1), alpha=self.tau
+        )  # Euler
+        terminated = (state[:, 0].abs() > self.x_threshold) | (
+            state[:, 2].abs() > self.theta_threshold_radians
+        )
         return state, torch.ones_like(x), terminated
 
     def observe(self, state):
@@ -342,7 +352,7 @@ class MountainCarContinuousEnv(MountainCarEnv):
         velocity = velocity + action.clamp(-1.0, 1.0) * self.power - 0.0025 * torch.cos(3 * position)
         state, terminated = self._move(position, velocity)
         reward = torch.where(terminated, 100.0, 0.0).to(state.dtype) - action.square() * 0.1
-        return state, reward, terminated
+        return state.to(torch.float32).to(state.dtype), reward, terminated  # Gymnasium stores it as float32
 
 
 class AcrobotEnv(ClassicControlEnv):

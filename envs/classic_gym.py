@@ -151,7 +151,8 @@ class TorchClassicVectorEnv(gym.vector.VectorEnv):
         if done.any():
             final = next_td["observation"].cpu().numpy()
             final_obs = np.empty(self.num_envs, dtype=object)
-            final_obs[done] = list(final[done])
+            for index in np.flatnonzero(done):
+                final_obs[index] = final[index]
             info = {
                 "final_obs": final_obs,
                 "_final_obs": done,

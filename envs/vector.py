@@ -71,6 +71,11 @@ def space_to_spec(space: gym.Space, batch_size: int, device: torch.device | str 
     return Binary(n=shape[-1], shape=shape, dtype=torch.int8, device=device)
 
 
+def _start(space: gym.Space) -> int:
+    """The first value of a Discrete space (0 for other spaces)."""
+    return int(space.start) if isinstance(space, gym.spaces.Discrete) else 0
+
+
 def set_specs(env: EnvBase, observation_space: gym.Space, action_space: gym.Space) -> None:
     """Give a batched env the specs shared by every env of this toolkit.
 
@@ -132,7 +137,8 @@ class GymnasiumVectorEnv(EnvBase):
         self.vector_env = vector_env
         self.single_observation_space = vector_env.single_observation_space
         self.single_action_space = vector_env.single_action_space
-        self._action_offset = int(getattr(self.single_action_space, "start", 0))
+        self._action_offset = _start(self.single_action_space)
+        self._observation_offset = _start(self.single_observation_space)
         self._action_dtype = self.single_action_space.dtype
         observation_dtype = space_to_spec(self.single_observation_space, num_envs).dtype
         self._observation_np_dtype = torch.empty((), dtype=observation_dtype).numpy().dtype
@@ -149,16 +155,23 @@ class GymnasiumVectorEnv(EnvBase):
             self.vector_env.action_space.seed(seed)
 
     def _to_tensor(self, array: np.ndarray, dtype: np.dtype) -> torch.Tensor:
-        """Zero-copy when ``array`` already has ``dtype`` and the env is on the CPU."""
-        tensor = torch.from_numpy(np.ascontiguousarray(array, dtype=dtype))
+        """A tensor that owns its memory (vector envs built with ``copy=False`` reuse their arrays)."""
+        tensor = torch.from_numpy(np.array(array, dtype=dtype, copy=True))
         return tensor if self._on_cpu else tensor.to(self.device, non_blocking=True)
+
+    def _observation_array(self, observation: np.ndarray) -> np.ndarray:
+        """Gymnasium observations as the spec's dtype, Discrete ones shifted to start at 0."""
+        array = np.asarray(observation, dtype=self._observation_np_dtype)
+        return array - self._observation_offset if self._observation_offset else array
 
     def _reset(self, tensordict: TensorDictBase | None = None, **kwargs) -> TensorDictBase:
         reset_mask = None if tensordict is None else tensordict.get("_reset", None)
         if reset_mask is None or self._observation is None:
             observation, _ = self.vector_env.reset(seed=self._seed)
             self._seed = None  # seed once; later resets continue the seeded generators
-            self._observation = self._to_tensor(observation, self._observation_np_dtype)
+            self._observation = self._to_tensor(
+                self._observation_array(observation), self._observation_np_dtype
+            )
             self._episode_return = torch.zeros_like(self._episode_return)
             self._episode_length = torch.zeros_like(self._episode_length)
         else:
@@ -191,12 +204,12 @@ class GymnasiumVectorEnv(EnvBase):
             action.astype(self._action_dtype)
         )
         done = np.logical_or(terminated, truncated)
-        current = np.asarray(observation, dtype=self._observation_np_dtype)
+        current = self._observation_array(observation)
         final = current
         if done.any():
             final = current.copy()
             finished = np.flatnonzero(info["_final_obs"])
-            final[finished] = np.stack(info["final_obs"][finished])
+            final[finished] = self._observation_array(np.stack(info["final_obs"][finished]))
         self._observation = self._to_tensor(current, self._observation_np_dtype)
         reward = self._to_tensor(reward[:, None], np.float32)
         self._episode_return = self._episode_return + reward
@@ -230,7 +243,8 @@ class GymnasiumVectorEnv(EnvBase):
         super().close(raise_if_closed=raise_if_closed)
 
 
-def _check_env_id(env_id: str) -> None:
+def check_env_id(env_id: str) -> None:
+    """Raise :class:`InputError` unless ``env_id`` is registered with Gymnasium."""
     try:
         gym.spec(env_id)
     except gym.error.Error as error:
@@ -337,7 +351,7 @@ def make_env(
                 )
             vector_env = gym.vector.SyncVectorEnv([lambda: env], autoreset_mode=AutoresetMode.SAME_STEP)
         elif isinstance(env, str):
-            _check_env_id(env)
+            check_env_id(env)
             vector_env = gym.make_vec(
                 env,
                 num_envs=num_envs,
@@ -368,3 +382,21 @@ def _make_torch_env(env, num_envs, device, seed, env_kwargs, dtype) -> EnvBase:
             f"The torch backend takes only max_episode_steps in env_kwargs, got {sorted(options)}."
         )
     return env_class(num_envs, device=device, dtype=dtype, seed=seed, max_episode_steps=max_episode_steps)
+
+
+def check_device(name: str) -> torch.device:
+    """Return ``torch.device(name)``, or raise :class:`InputError` if it is malformed or absent here."""
+    try:
+        device = torch.device(name)
+    except (RuntimeError, TypeError):
+        raise InputError(f"Device {name!r} is not a torch device (try 'cpu' or 'cuda').") from None
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise InputError(f"Device {name!r} was asked for but no CUDA device is available; use 'cpu'.")
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise InputError(
+                f"Device {name!r} does not exist: this machine has {torch.cuda.device_count()} GPU(s)."
+            )
+    elif device.type not in ("cpu", "mps", "xpu"):
+        raise InputError(f"Device {name!r} is not supported; use 'cpu' or 'cuda'.")
+    return device

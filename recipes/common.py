@@ -40,7 +40,7 @@ from tqdm import tqdm
 from agents.agent import Agent, EvaluationResult
 from envs.classic import torch_env_class
 from envs.errors import InputError
-from envs.vector import EPISODE_LENGTH_KEY, EPISODE_RETURN_KEY, make_env
+from envs.vector import EPISODE_LENGTH_KEY, EPISODE_RETURN_KEY, check_device, check_env_id, make_env
 
 LoggerName = Literal["wandb", "csv", "none"]
 EVAL_SEED_OFFSET = 1_000_000  # evaluation episodes are seeded apart from the training envs
@@ -100,20 +100,8 @@ class RunConfig:
         )
         if self.stop_at_return is not None and math.isnan(self.stop_at_return):
             raise InputError("--stop-at-return must be a number, got nan.")
-        try:
-            device = torch.device(self.device)
-        except RuntimeError:
-            raise InputError(
-                f"--device {self.device!r} is not a torch device (try 'cpu' or 'cuda')."
-            ) from None
-        if device.type == "cuda" and not torch.cuda.is_available():
-            raise InputError("--device cuda was asked for but no CUDA device is available; use --device cpu.")
-        try:
-            gym.spec(self.env_id)
-        except gym.error.Error as error:
-            raise InputError(
-                f"Unknown Gymnasium env id {self.env_id!r} ({error}). Use a registered id such as 'CartPole-v1'."
-            ) from None
+        check_device(self.device)
+        check_env_id(self.env_id)
         if self.env_backend == "torch":
             torch_env_class(self.env_id)  # raises if there is no torch implementation
 

@@ -16,6 +16,7 @@ import tyro
 
 from agents import Agent
 from envs import InputError
+from envs.vector import check_device, check_env_id
 
 
 @dataclass
@@ -44,6 +45,9 @@ def main(config: EvaluateConfig) -> dict:
     """Evaluate and return a summary with per-episode returns and lengths."""
     if config.episodes < 1:
         raise InputError(f"--episodes must be a positive integer, got {config.episodes}.")
+    check_device(config.device)
+    if config.env_id is not None:
+        check_env_id(config.env_id)
     checkpoint = config.path / "agent.ckpt" if config.path.is_dir() else config.path
     agent = Agent.load(checkpoint, device=config.device)
     video_path = None

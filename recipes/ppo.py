@@ -91,6 +91,22 @@ class PPOConfig:
     network: NetworkConfig = field(default_factory=NetworkConfig)
 
 
+def check_ppo_ranges(loss: LossConfig, optim: OptimConfig) -> None:
+    """Raise :class:`InputError` for hyperparameters outside their meaningful range."""
+    checks = [
+        ("--lr", optim.lr, optim.lr > 0, "> 0"),
+        ("--max-grad-norm", optim.max_grad_norm, optim.max_grad_norm > 0, "> 0"),
+        ("--gamma", loss.gamma, 0 < loss.gamma <= 1, "in (0, 1]"),
+        ("--gae-lambda", loss.gae_lambda, 0 <= loss.gae_lambda <= 1, "in [0, 1]"),
+        ("--clip-epsilon", loss.clip_epsilon, loss.clip_epsilon > 0, "> 0"),
+        ("--entropy-coef", loss.entropy_coef, loss.entropy_coef >= 0, ">= 0"),
+        ("--critic-coef", loss.critic_coef, loss.critic_coef >= 0, ">= 0"),
+    ]
+    for flag, value, valid, expected in checks:
+        if not valid:
+            raise InputError(f"{flag} must be {expected}, got {value}.")
+
+
 def main(config: PPOConfig) -> dict:
     """Train PPO as configured and return the run summary (see ``recipes.common``)."""
     # config
@@ -101,6 +117,7 @@ def main(config: PPOConfig) -> dict:
         num_epochs=optim_config.num_epochs,
         minibatch_size=optim_config.minibatch_size,
     )
+    check_ppo_ranges(loss_config, optim_config)
     frames_per_batch = run_config.num_envs * config.collector.steps_per_env
     if optim_config.minibatch_size > frames_per_batch:
         raise InputError(
@@ -173,7 +190,7 @@ def main(config: PPOConfig) -> dict:
     # buffer: the current batch, sampled without replacement into minibatches
     replay_buffer = TensorDictReplayBuffer(
         storage=LazyTensorStorage(frames_per_batch, device=device),
-        sampler=SamplerWithoutReplacement(),
+        sampler=SamplerWithoutReplacement(drop_last=True),  # every minibatch full-size
         batch_size=optim_config.minibatch_size,
     )
 

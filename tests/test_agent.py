@@ -1,4 +1,6 @@
+import json
 import pickle
+import zipfile
 
 import gymnasium as gym
 import numpy as np
@@ -99,6 +101,30 @@ def test_loading_bad_files_gives_clear_errors_and_never_unpickles(tmp_path):
     with pytest.raises(InputError):
         Agent.load(malicious)
     assert not sentinel.exists()
+
+    # a genuine archive with a pickled sidecar that TensorDict's loader would unpickle
+    saved = make_agent().save(tmp_path / "genuine.ckpt")
+    sidecar = tmp_path / "sidecar.ckpt"
+    with zipfile.ZipFile(saved) as source, zipfile.ZipFile(sidecar, "w") as target:
+        for name in source.namelist():
+            target.writestr(name, source.read(name))
+        target.writestr("components/0000-policy/state/other.pickle", pickle.dumps(Payload()))
+    with pytest.raises(InputError, match="unexpected file"):
+        Agent.load(sidecar)
+    assert not sentinel.exists()
+
+    # meta.json naming a class for TensorDict's loader to import
+    retyped = tmp_path / "retyped.ckpt"
+    with zipfile.ZipFile(saved) as source, zipfile.ZipFile(retyped, "w") as target:
+        for name in source.namelist():
+            data = source.read(name)
+            if name.endswith("state/meta.json"):
+                meta = json.loads(data)
+                meta["_type"] = "<class 'os.system'>"
+                data = json.dumps(meta).encode()
+            target.writestr(name, data)
+    with pytest.raises(InputError, match="other than plain tensors"):
+        Agent.load(retyped)
 
     truncated = tmp_path / "truncated.ckpt"
     data = make_agent().save(tmp_path / "agent.ckpt").read_bytes()

@@ -140,8 +140,23 @@ def test_cartpole_terminates_per_env_and_resets_inside_the_initial_range():
     torch.testing.assert_close(root["observation"][1:], data["next", "observation"][1:])
 
 
+@pytest.mark.parametrize("env_id", ["CartPole-v1", "MountainCarContinuous-v0"])
+def test_gymnasium_vector_env_reports_final_observations(env_id):
+    vector = gym.make_vec(f"rlkit/{env_id}", num_envs=3, max_episode_steps=7)
+    observations, _ = vector.reset(seed=0)
+    for _ in range(7):
+        observations, _, terminated, truncated, info = vector.step(vector.action_space.sample())
+    assert (terminated | truncated).all()
+    assert info["_final_obs"].all() and np.stack(info["final_obs"]).shape == observations.shape
+    env = make_env(gym.make_vec(f"rlkit/{env_id}", num_envs=3, max_episode_steps=7), seed=0)
+    data = env.rollout(20, break_when_any_done=False)
+    assert data["next", "truncated"].sum() == 6
+
+
 def test_torch_backend_bad_input():
     with pytest.raises(InputError, match="No torch implementation of 'LunarLander-v3'"):
         make_env("LunarLander-v3", backend="torch")
+    with pytest.raises(InputError, match="max_episode_steps must be at least 1"):
+        make_env("CartPole-v1", backend="torch", env_kwargs={"max_episode_steps": 0})
     with pytest.raises(InputError, match="only max_episode_steps"):
         make_env("CartPole-v1", backend="torch", env_kwargs={"sutton_barto_reward": True})

@@ -109,3 +109,52 @@ def test_normalizer_matches_numpy_statistics():
     normalized = normalizer(torch.as_tensor(data, dtype=torch.float32))
     np.testing.assert_allclose(normalized.mean(0).numpy(), 0.0, atol=1e-4)
     np.testing.assert_allclose(normalized.std(0).numpy(), 1.0, atol=1e-2)
+
+
+class ShiftedDiscreteEnv(gym.Env):
+    """Discrete observations and actions that start at 10 and 5, to check the offsets."""
+
+    observation_space = gym.spaces.Discrete(4, start=10)
+    action_space = gym.spaces.Discrete(2, start=5)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.position = 10
+        return self.position, {}
+
+    def step(self, action):
+        assert action in (5, 6)
+        self.position = min(13, self.position + int(action == 6))
+        return self.position, 1.0, self.position == 13, False, {}
+
+
+def test_discrete_spaces_with_a_start_are_shifted_to_zero():
+    env = make_env(ShiftedDiscreteEnv())
+    data = env.rollout(
+        5, lambda td: td.set("action", torch.ones(1, dtype=torch.int64)), break_when_any_done=False
+    )
+    assert data["observation"][0, :4].tolist() == [0, 1, 2, 0]
+    assert data["next", "observation"][0, 2].item() == 3 and data["next", "terminated"][0, 2].item()
+
+
+def test_observations_are_not_aliased_when_the_vector_env_reuses_its_buffers():
+    vector = gym.make_vec(
+        "CartPole-v1",
+        2,
+        vectorization_mode="sync",
+        vector_kwargs={"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP, "copy": False},
+    )
+    data = make_env(vector, seed=0).rollout(5, break_when_any_done=False)
+    assert not torch.equal(data["observation"][:, 0], data["observation"][:, 4])
+
+
+def test_multidiscrete_actions_get_a_spec():
+    vector = gym.vector.SyncVectorEnv(
+        [
+            lambda: gym.wrappers.TransformAction(
+                gym.make("CartPole-v1"), lambda a: int(a[0]), gym.spaces.MultiDiscrete([2, 3])
+            )
+        ],
+        autoreset_mode=gym.vector.AutoresetMode.SAME_STEP,
+    )
+    check_env_specs(make_env(vector, seed=0))

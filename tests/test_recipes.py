@@ -6,6 +6,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 from agents import Agent
 from envs import InputError
@@ -183,6 +184,13 @@ def test_cli_help_documents_the_common_options():
     [
         (["--env-id", "NoSuchEnv-v0"], "Unknown Gymnasium env id 'NoSuchEnv-v0'"),
         (["--total-frames", "-5"], "--total-frames must be a positive integer"),
+        (["--lr", "-1"], "--lr must be > 0"),
+        (["--gamma", "1.5"], "--gamma must be in (0, 1]"),
+        (
+            ["--device", "cuda:3"],
+            "no CUDA device is available" if not torch.cuda.is_available() else "does not exist",
+        ),
+        (["--device", "banana"], "is not a torch device"),
     ],
 )
 def test_cli_bad_input_is_one_line(args, message, tmp_path):
@@ -201,3 +209,9 @@ def test_evaluate_command(output_dir):
     assert result.returncode == 0 and json.loads(result.stdout)["episodes"] == 2
     result = run_module("recipes.evaluate", str(output_dir / "nothing.ckpt"))
     assert result.returncode == 2 and result.stderr.startswith("error: No agent checkpoint")
+    result = run_module("recipes.evaluate", str(output_dir), "--env-id", "NoSuchEnv-v0")
+    assert result.returncode == 2 and result.stderr.strip().splitlines() == [
+        line
+        for line in result.stderr.strip().splitlines()
+        if line.startswith("error: Unknown Gymnasium env id")
+    ]
