@@ -71,6 +71,13 @@ def space_to_spec(space: gym.Space, batch_size: int, device: torch.device | str 
     return Binary(n=shape[-1], shape=shape, dtype=torch.int8, device=device)
 
 
+def _nonfinite_rows(*arrays: np.ndarray) -> set[int]:
+    rows: set[int] = set()
+    for array in arrays:
+        rows |= set(np.flatnonzero(~np.isfinite(array.reshape(len(array), -1)).all(axis=1)).tolist())
+    return rows
+
+
 def _start(space: gym.Space) -> int:
     """The first value of a Discrete space (0 for other spaces)."""
     return int(space.start) if isinstance(space, gym.spaces.Discrete) else 0
@@ -135,6 +142,7 @@ class GymnasiumVectorEnv(EnvBase):
         num_envs = vector_env.num_envs
         super().__init__(device=device, batch_size=torch.Size([num_envs]))
         self.vector_env = vector_env
+        self._name = vector_env.spec.id if vector_env.spec is not None else type(vector_env).__name__
         self.single_observation_space = vector_env.single_observation_space
         self.single_action_space = vector_env.single_action_space
         self._action_offset = _start(self.single_action_space)
@@ -210,6 +218,12 @@ class GymnasiumVectorEnv(EnvBase):
             final = current.copy()
             finished = np.flatnonzero(info["_final_obs"])
             final[finished] = self._observation_array(np.stack(info["final_obs"][finished]))
+        if not (np.isfinite(final).all() and np.isfinite(current).all() and np.isfinite(reward).all()):
+            raise InputError(
+                f"{self._name} returned NaN or Inf in an observation or reward (sub-envs "
+                f"{sorted(set(np.flatnonzero(~np.isfinite(reward)).tolist()) | _nonfinite_rows(final, current))}); "
+                "check the env and its wrappers. Checkpoints written so far are kept."
+            )
         self._observation = self._to_tensor(current, self._observation_np_dtype)
         reward = self._to_tensor(reward[:, None], np.float32)
         self._episode_return = self._episode_return + reward

@@ -158,3 +158,24 @@ def test_multidiscrete_actions_get_a_spec():
         autoreset_mode=gym.vector.AutoresetMode.SAME_STEP,
     )
     check_env_specs(make_env(vector, seed=0))
+
+
+class NaNAfterThreeStepsEnv(gym.Env):
+    observation_space = gym.spaces.Box(-1.0, 1.0, (2,), np.float32)
+    action_space = gym.spaces.Discrete(2)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.steps = 0
+        return np.zeros(2, np.float32), {}
+
+    def step(self, action):
+        self.steps += 1
+        value = np.nan if self.steps == 3 else 0.0
+        return np.full(2, value, np.float32), 0.0, False, False, {}
+
+
+def test_nan_observations_stop_with_a_clear_error():
+    env = make_env(NaNAfterThreeStepsEnv(), seed=0)
+    with pytest.raises(InputError, match=r"NaN or Inf in an observation or reward \(sub-envs \[0\]\)"):
+        env.rollout(5, break_when_any_done=False)
