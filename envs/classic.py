@@ -19,11 +19,11 @@ from typing import ClassVar
 
 import gymnasium as gym
 import torch
-from tensordict import TensorDict, TensorDictBase
+from tensordict import TensorDictBase
 from torchrl.envs import EnvBase
 
 from envs.errors import InputError
-from envs.vector import EPISODE_LENGTH_KEY, EPISODE_RETURN_KEY, set_specs
+from envs.vector import EPISODE_LENGTH_KEY, EPISODE_RETURN_KEY, set_specs, unchecked_tensordict
 
 NAMESPACE = "rlkit"
 
@@ -42,11 +42,6 @@ class _Batch:
     state: torch.Tensor
     episode_return: torch.Tensor
     episode_length: torch.Tensor  # also the step count that the time limit reads
-
-
-def _tensordict(source: dict[str, torch.Tensor], batch_size: torch.Size, device: torch.device) -> TensorDict:
-    """A TensorDict of tensors known to have the right shapes and device, built without re-validating them."""
-    return TensorDict._new_unsafe(source, batch_size=batch_size, device=device)
 
 
 class ClassicControlEnv(EnvBase):
@@ -157,7 +152,7 @@ class ClassicControlEnv(EnvBase):
 
     def _root(self) -> TensorDictBase:
         batch = self.batch
-        return _tensordict(
+        return unchecked_tensordict(
             {
                 "observation": self.observe(batch.state),
                 EPISODE_RETURN_KEY: batch.episode_return,
@@ -208,7 +203,7 @@ class ClassicControlEnv(EnvBase):
         done = terminated | truncated
         reward = reward.to(torch.float32).unsqueeze(-1)
         batch.episode_return = batch.episode_return + reward
-        next_td = _tensordict(
+        next_td = unchecked_tensordict(
             {
                 "observation": self.observe(batch.state),
                 "reward": reward,

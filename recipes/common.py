@@ -37,7 +37,7 @@ import tyro
 from tensordict import TensorDictBase
 from tqdm import tqdm
 
-from agents.agent import Agent, EvaluationResult
+from agents.agent import Agent
 from envs.classic import torch_env_class
 from envs.errors import InputError
 from envs.vector import EPISODE_LENGTH_KEY, EPISODE_RETURN_KEY, check_device, check_env_id, make_env
@@ -407,7 +407,6 @@ def run_cli(main: Callable[[ConfigT], dict[str, Any]], config_type: type[ConfigT
 
 
 __all__ = [
-    "EvaluationResult",
     "Run",
     "RunConfig",
     "config_to_dict",
