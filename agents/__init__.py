@@ -2,15 +2,21 @@
 
 from agents.agent import POLICY_BUILDERS, Agent, EvaluationResult, write_video
 from agents.networks import find_normalizer, input_encoder, make_actor, make_critic, make_mlp
+from agents.qvalue import DuelingHead, NStepReturns, make_q_actor, make_q_network, make_target_updater
 
 __all__ = [
     "POLICY_BUILDERS",
     "Agent",
+    "DuelingHead",
     "EvaluationResult",
+    "NStepReturns",
     "find_normalizer",
     "input_encoder",
     "make_actor",
     "make_critic",
     "make_mlp",
+    "make_q_actor",
+    "make_q_network",
+    "make_target_updater",
     "write_video",
 ]

@@ -19,25 +19,35 @@ from torchrl.checkpoint import Checkpoint, CheckpointError
 from torchrl.envs.utils import ExplorationType, set_exploration_type
 
 from agents.networks import find_normalizer, make_actor
+from agents.qvalue import make_q_actor
+from agents.tabular import make_q_table
+from envs.atari import is_atari, make_atari_env
 from envs.errors import InputError
 from envs.rendering import use_headless_video_driver
 from envs.vector import check_env_id, space_to_spec
 
 FORMAT = "rlkit.agent"
 FORMAT_VERSION = 1
+EVALUATION_STEP_LIMIT = 1_000  # episode cap in evaluate() for ids registered without a time limit
 
 # Policies an agent checkpoint can be rebuilt from, by name. Loading builds one of these from the saved
 # keyword arguments and then reads tensors into it: nothing from the file is ever executed.
-POLICY_BUILDERS: dict[str, Callable[..., nn.Module]] = {"mlp_actor": make_actor}
+POLICY_BUILDERS: dict[str, Callable[..., nn.Module]] = {
+    "mlp_actor": make_actor,
+    "q_actor": make_q_actor,
+    "q_table": make_q_table,
+}
 
 
 def space_to_json(space: gym.Space) -> dict[str, Any]:
     """Describe a Box, Discrete, MultiDiscrete or MultiBinary space as JSON-compatible data."""
     if isinstance(space, gym.spaces.Box):
+        uniform = np.unique(space.low).size == 1 and np.unique(space.high).size == 1
         return {
             "type": "Box",
-            "low": space.low.tolist(),
-            "high": space.high.tolist(),
+            # bounds shared by every element (image pixels) are saved once, not once per pixel
+            "low": space.low.flat[0].item() if uniform else space.low.tolist(),
+            "high": space.high.flat[0].item() if uniform else space.high.tolist(),
             "shape": list(space.shape),
             "dtype": str(space.dtype),
         }
@@ -54,10 +64,9 @@ def space_from_json(data: dict[str, Any]) -> gym.Space:
     """Inverse of :func:`space_to_json`."""
     kind = data.get("type")
     if kind == "Box":
-        dtype = np.dtype(data["dtype"])
-        return gym.spaces.Box(
-            np.array(data["low"], dtype=dtype), np.array(data["high"], dtype=dtype), dtype=dtype
-        )
+        dtype, shape = np.dtype(data["dtype"]), tuple(data["shape"])
+        low, high = (np.broadcast_to(np.array(data[key], dtype=dtype), shape) for key in ("low", "high"))
+        return gym.spaces.Box(low, high, shape=shape, dtype=dtype)
     if kind == "Discrete":
         return gym.spaces.Discrete(data["n"], start=data["start"])
     if kind == "MultiDiscrete":
@@ -178,7 +187,9 @@ class Agent(nn.Module):
         if isinstance(self.observation_space, gym.spaces.Discrete):
             tensor = torch.as_tensor(array - self.observation_space.start, dtype=torch.int64)
         else:
-            tensor = torch.as_tensor(array, dtype=torch.float32)
+            # uint8 images stay uint8 (the CNN scales them); other Box observations become float32
+            dtype = torch.uint8 if self.observation_space.dtype == np.uint8 else torch.float32
+            tensor = torch.as_tensor(array, dtype=dtype)
             if not torch.isfinite(tensor).all():
                 raise InputError("Observation contains NaN or Inf; check the env or its wrappers.")
         if single:
@@ -240,7 +251,10 @@ class Agent(nn.Module):
 
         Episodes run in up to ``max_parallel_envs`` Gymnasium envs at once, with one batched policy call per
         step. Episode ``k`` is reset with ``seed + k``, so the same seed gives the same episodes whatever the
-        parallelism. Rewards are the env's own, without any training-time wrapper.
+        parallelism. Rewards are the env's own, without any training-time wrapper: Atari ids run in
+        :func:`envs.atari.make_atari_env` with ``training=False``, so the agent sees the observations it was
+        trained on while episodes are whole games scored with the game's own rewards.
+        Ids registered without a time limit (CliffWalking-v1) are capped at ``EVALUATION_STEP_LIMIT`` steps.
 
         Args:
             env: a Gymnasium id, or a Gymnasium env (then episodes run one after another in it); defaults to
@@ -265,7 +279,12 @@ class Agent(nn.Module):
 
             def make(index: int) -> gym.Env:
                 render_mode = "rgb_array" if video_path is not None and index == 0 else None
-                return gym.make(env, render_mode=render_mode)
+                if is_atari(env):
+                    return make_atari_env(env, training=False, render_mode=render_mode)
+                # An env registered without a time limit (CliffWalking-v1) gets one, so that a policy which never
+                # finishes an episode cannot hang the evaluation.
+                max_steps = gym.spec(env).max_episode_steps or EVALUATION_STEP_LIMIT
+                return gym.make(env, render_mode=render_mode, max_episode_steps=max_steps)
 
             envs = [make(i) for i in range(min(episodes, max_parallel_envs))]
             owned = True

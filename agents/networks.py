@@ -27,25 +27,110 @@ class OneHot(nn.Module):
         return nn.functional.one_hot(observation.long(), self.n).float()
 
 
+class NatureCNN(nn.Module):
+    """The convolutional torso of DQN (Mnih et al. 2015, "Human-level control through deep reinforcement learning").
+
+    ``uint8`` images of shape ``(..., C, H, W)`` are scaled to ``[0, 1]`` and pass through three convolutions (32
+    8x8 filters with stride 4, 64 4x4 with stride 2, 64 3x3 with stride 1) and a 512-unit linear layer, each
+    followed by a ReLU. Any number of leading batch dims is accepted.
+
+    Args:
+        image_shape: ``(C, H, W)`` of one observation, e.g. ``(4, 84, 84)`` for stacked Atari frames.
+
+    Raises:
+        InputError: the image is smaller than the 36x36 the convolutions need.
+
+    Examples:
+        >>> cnn = NatureCNN((4, 84, 84))
+        >>> cnn(torch.zeros(2, 4, 84, 84, dtype=torch.uint8)).shape
+        torch.Size([2, 512])
+    """
+
+    CONVOLUTIONS = ((32, 8, 4), (64, 4, 2), (64, 3, 1))  # (filters, kernel size, stride)
+    out_features = 512
+
+    def __init__(self, image_shape: Sequence[int]):
+        super().__init__()
+        self.image_shape = tuple(int(size) for size in image_shape)
+        channels, height, width = self.image_shape
+        for _, kernel, stride in self.CONVOLUTIONS:
+            height, width = (height - kernel) // stride + 1, (width - kernel) // stride + 1
+        if height < 1 or width < 1:
+            raise InputError(
+                f"Image observations of shape {tuple(image_shape)} are too small for the Nature CNN, which needs "
+                "channels first and at least 36x36 pixels (C, H, W); for (H, W, C) images, move the channels "
+                "first with gymnasium.wrappers.TransformObservation."
+            )
+        layers: list[nn.Module] = []
+        in_channels = channels
+        for filters, kernel, stride in self.CONVOLUTIONS:
+            layers += [nn.Conv2d(in_channels, filters, kernel, stride), nn.ReLU()]
+            in_channels = filters
+        self.convolutions = nn.Sequential(*layers, nn.Flatten())
+        self.linear = nn.Sequential(nn.Linear(in_channels * height * width, self.out_features), nn.ReLU())
+
+    def forward(self, observation: torch.Tensor) -> torch.Tensor:
+        batch_shape = observation.shape[:-3]
+        images = observation.reshape(-1, *self.image_shape).float() / 255.0
+        return self.linear(self.convolutions(images)).reshape(*batch_shape, self.out_features)
+
+
+def is_image_spec(observation_spec: TensorSpec) -> bool:
+    """Whether observations of ``observation_spec`` (batched: ``[N, ...]``) are ``uint8`` images ``(C, H, W)``."""
+    return observation_spec.dtype == torch.uint8 and len(observation_spec.shape) == 4
+
+
 def observation_encoder(observation_spec: TensorSpec, normalize: bool) -> tuple[nn.Module, int]:
     """Return the input layer for observations of ``observation_spec`` and the width it outputs.
 
     Box observations are flattened (and normalised by an :class:`ObservationNormalizer` when ``normalize``);
-    Discrete observations are one-hot encoded.
+    Discrete observations are one-hot encoded; ``uint8`` image observations (spec shape ``[N, C, H, W]``, such as
+    stacked Atari frames) go through the :class:`NatureCNN`.
+
+    Args:
+        observation_spec: the spec of ``"observation"``, batched (the leading dim is the number of envs).
+        normalize: put an :class:`ObservationNormalizer` in front (Box observations of floats only).
+
+    Returns:
+        The encoder module and the number of features it outputs per observation.
+
+    Raises:
+        InputError: normalisation asked for observations that are not float vectors, or observations of another
+            integer dtype or shape.
     """
     if isinstance(observation_spec, Categorical):
         if normalize:
             raise InputError("Observation normalisation needs Box observations; drop --normalize-obs.")
         n = observation_spec.space.n
         return OneHot(n), n
+    if is_image_spec(observation_spec):
+        if normalize:
+            raise InputError(
+                "Observation normalisation is for vector observations: image observations are scaled to [0, 1] "
+                "by the CNN; drop --normalize-obs."
+            )
+        encoder = NatureCNN(observation_spec.shape[1:])
+        return encoder, encoder.out_features
     if not observation_spec.dtype.is_floating_point:
         raise InputError(
-            f"Observations of dtype {observation_spec.dtype} are not supported by the MLP builders."
+            f"Observations of dtype {observation_spec.dtype} and shape {tuple(observation_spec.shape[1:])} are not "
+            "supported by the network builders (they take float vectors, Discrete observations, and uint8 images "
+            "of shape (C, H, W))."
         )
     shape = observation_spec.shape[1:]
     layers: list[nn.Module] = [ObservationNormalizer(shape)] if normalize else []
     layers.append(nn.Flatten(-len(shape)) if len(shape) > 1 else nn.Identity())
     return nn.Sequential(*layers), int(torch.Size(shape).numel())
+
+
+def encoder_width(observation_spec: TensorSpec) -> int:
+    """The number of features :func:`observation_encoder` outputs for ``observation_spec``, without building it
+    (for heads put on an encoder shared with another network)."""
+    if isinstance(observation_spec, Categorical):
+        return observation_spec.space.n
+    if is_image_spec(observation_spec):
+        return NatureCNN.out_features
+    return int(torch.Size(observation_spec.shape[1:]).numel())
 
 
 def input_encoder(actor: ProbabilisticActor) -> nn.Module:
@@ -83,7 +168,9 @@ def make_actor(
 
     A ``Categorical`` action spec (Gymnasium ``Discrete``) gets a categorical distribution over logits; a
     ``Bounded`` spec (Gymnasium ``Box``) gets a tanh-normal distribution scaled to the action bounds, with a
-    learned state-independent scale (PPO's usual choice) or a state-dependent one.
+    learned state-independent scale (PPO's usual choice) or a state-dependent one. The network reads observations
+    through :func:`observation_encoder`: ``uint8`` images (stacked Atari frames) get the :class:`NatureCNN` and
+    ``hidden_sizes`` then sizes the MLP on top of its 512 features (``()``: linear heads, as in Mnih et al. 2015).
 
     Args:
         observation_spec: the spec of ``"observation"`` (batched: the leading dim is the number of envs).
@@ -108,7 +195,7 @@ def make_actor(
     if encoder is None:
         encoder, in_features = observation_encoder(observation_spec, normalize_obs)
     else:
-        in_features = observation_encoder(observation_spec, False)[1]
+        in_features = encoder_width(observation_spec)
     if isinstance(action_spec, Categorical):
         net = nn.Sequential(encoder, make_mlp(in_features, action_spec.space.n, hidden_sizes, activation))
         module = TensorDictModule(net, in_keys=["observation"], out_keys=["logits"])
@@ -161,8 +248,12 @@ def make_critic(
         observation_spec: the spec of ``"observation"``.
         hidden_sizes: widths of the hidden layers.
         activation: activation name, as for :func:`make_actor`.
-        encoder: an input module shared with the actor (so both see the same normalised observations).
+        encoder: an input module shared with the actor (so both see the same normalised observations, or share
+            one CNN trunk); built from the spec when None.
     """
-    default_encoder, in_features = observation_encoder(observation_spec, False)
-    net = nn.Sequential(encoder or default_encoder, make_mlp(in_features, 1, hidden_sizes, activation))
+    if encoder is None:
+        encoder, in_features = observation_encoder(observation_spec, False)
+    else:
+        in_features = encoder_width(observation_spec)
+    net = nn.Sequential(encoder, make_mlp(in_features, 1, hidden_sizes, activation))
     return ValueOperator(net, in_keys=["observation"])

@@ -18,19 +18,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import statistics
-import subprocess
-import sys
 import time
 import warnings
+
+from benchmarks.common import compare, evaluate_sb3, summary_row
 
 TOTAL_FRAMES = 100_000
 
 
 def run_sb3(seed: int) -> dict:
-    import gymnasium as gym
-    import numpy as np
     from stable_baselines3 import PPO
     from stable_baselines3.common.env_util import make_vec_env
 
@@ -56,22 +52,11 @@ def run_sb3(seed: int) -> dict:
     )
     model.learn(total_timesteps=TOTAL_FRAMES)
     train_time = time.perf_counter() - start
-    returns = []
-    eval_env = gym.make("CartPole-v1")
-    for episode in range(20):
-        observation, _ = eval_env.reset(seed=1_000_000 + seed + episode)
-        done, total = False, 0.0
-        while not done:
-            action, _ = model.predict(observation, deterministic=True)
-            observation, reward, terminated, truncated, _ = eval_env.step(action)
-            total += float(reward)
-            done = terminated or truncated
-        returns.append(total)
     return {
         "wall_time_s": train_time,
         "frames": TOTAL_FRAMES,
         "fps": TOTAL_FRAMES / train_time,
-        "eval_return_mean": float(np.mean(returns)),
+        "eval_return_mean": evaluate_sb3(model, "CartPole-v1", seed),
         "time_to_475_s": None,
     }
 
@@ -103,25 +88,7 @@ def run_ours(seed: int, zoo: bool) -> dict:
         False,
         False,
     )
-    summary = main(config)
-    return {
-        "wall_time_s": summary["wall_time_s"],
-        "frames": summary["frames"],
-        "fps": summary["fps"],
-        "eval_return_mean": summary["eval_return_mean"],
-        "time_to_475_s": summary["solved_at_s"],
-    }
-
-
-def run_side(side: str, seed: int) -> dict:
-    """Run one side in a fresh interpreter so imports and thread pools do not leak between runs."""
-    command = [sys.executable, "-m", "benchmarks.ppo_vs_sb3", "--child", side, "--seeds", str(seed)]
-    result = subprocess.run(
-        command, check=False, capture_output=True, text=True, env={**os.environ, "PYTHONWARNINGS": "ignore"}
-    )
-    if result.returncode != 0:
-        raise RuntimeError(f"{side} seed {seed} failed:\n{result.stderr[-3000:]}")
-    return json.loads(result.stdout.strip().splitlines()[-1])
+    return summary_row(main(config))
 
 
 def main() -> None:
@@ -141,36 +108,7 @@ def main() -> None:
         print(json.dumps(result))
         return
 
-    results: dict[str, list[dict]] = {side: [] for side in args.sides}
-    for seed in args.seeds:
-        for side in args.sides:
-            results[side].append(run_side(side, seed))
-            row = results[side][-1]
-            print(
-                f"seed {seed} {side:9s} wall {row['wall_time_s']:6.1f} s  fps {row['fps']:7.0f}  "
-                f"return {row['eval_return_mean']:6.1f}  time to 475: {row['time_to_475_s']}",
-                flush=True,
-            )
-
-    print("\n| run | wall-clock s | frames/s | final return (20 det. episodes) | time to reach 475 s |")
-    print("|---|---|---|---|---|")
-    for side, rows in results.items():
-        solved = [r["time_to_475_s"] for r in rows if r["time_to_475_s"] is not None]
-        print(
-            f"| {side} | {statistics.mean(r['wall_time_s'] for r in rows):.1f} | "
-            f"{statistics.mean(r['fps'] for r in rows):.0f} | "
-            f"{statistics.mean(r['eval_return_mean'] for r in rows):.1f} | "
-            f"{f'{statistics.mean(solved):.1f} ({len(solved)}/{len(rows)} seeds)' if solved else 'n/a'} |"
-        )
-    if "sb3" in results and "ours" in results:
-        sb3_time = statistics.mean(r["wall_time_s"] for r in results["sb3"])
-        ours = [r["time_to_475_s"] or r["wall_time_s"] for r in results["ours"]]
-        print(f"\nSB3 wall-clock / our time to 475: {sb3_time / statistics.mean(ours):.1f}x")
-    if "sb3" in results and "ours-zoo" in results:
-        ratio = statistics.mean(r["fps"] for r in results["ours-zoo"]) / statistics.mean(
-            r["fps"] for r in results["sb3"]
-        )
-        print(f"same hyperparameters, frames/s ours / SB3: {ratio:.2f}x")
+    compare("benchmarks.ppo_vs_sb3", args.sides, args.seeds)
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ step, so termination and truncation stay separate and value estimators can boots
 
 from __future__ import annotations
 
+import functools
 import warnings
 from typing import Any, Literal
 
@@ -20,6 +21,7 @@ from tensordict import TensorDict, TensorDictBase
 from torchrl.data import Binary, Bounded, Categorical, Composite, MultiCategorical, Unbounded
 from torchrl.envs import EnvBase
 
+from envs.atari import is_atari, make_atari_env, register_atari_envs
 from envs.errors import InputError
 
 EPISODE_RETURN_KEY = "episode_return"
@@ -266,7 +268,10 @@ class GymnasiumVectorEnv(EnvBase):
 
 
 def check_env_id(env_id: str) -> None:
-    """Raise :class:`InputError` unless ``env_id`` is registered with Gymnasium."""
+    """Raise :class:`InputError` unless ``env_id`` is registered with Gymnasium (``ALE/...`` ids are registered
+    first, which needs ``ale-py``)."""
+    if is_atari(env_id):
+        register_atari_envs()
     try:
         gym.spec(env_id)
     except gym.error.Error as error:
@@ -330,6 +335,10 @@ def make_env(
     With ``backend="torch"`` the env is one of the torch-native classic-control envs (:mod:`envs.classic`):
     the whole batch steps as tensor operations on ``device``, with no Gymnasium or NumPy in the loop.
 
+    An Atari id (``"ALE/Pong-v5"``) gives sub-envs from :func:`envs.atari.make_atari_env` with ``training=True``:
+    ``uint8`` observations of 4 stacked 84x84 frames, a lost life ending the episode and rewards clipped to their
+    sign, so ``"episode_return"`` is a clipped per-life return.
+
     Args:
         env: a registered Gymnasium id (``"CartPole-v1"``), a Gymnasium env (then ``num_envs`` must be 1) or a
             Gymnasium vector env of any autoreset mode.
@@ -338,7 +347,8 @@ def make_env(
         seed: seeds sub-env ``i`` with ``seed + i`` at the first reset, and the action space.
         vectorization: ``"sync"`` steps sub-envs one after another in this process (best on few cores);
             ``"async"`` steps each in its own process.
-        env_kwargs: keyword arguments for ``gymnasium.make`` (the torch backend takes ``max_episode_steps``).
+        env_kwargs: keyword arguments for ``gymnasium.make`` (the torch backend takes ``max_episode_steps``;
+            Atari ids pass them to :func:`envs.atari.make_atari_env`).
         backend: ``"gymnasium"`` (any env) or ``"torch"`` (CartPole-v1, Pendulum-v1, MountainCar-v0,
             MountainCarContinuous-v0, Acrobot-v1).
         dtype: state dtype of the torch backend (``torch.float64`` reproduces Gymnasium's arithmetic).
@@ -372,6 +382,11 @@ def make_env(
                     "A Gymnasium env object cannot be copied into several sub-envs: pass its id, or num_envs=1."
                 )
             vector_env = gym.vector.SyncVectorEnv([lambda: env], autoreset_mode=AutoresetMode.SAME_STEP)
+        elif isinstance(env, str) and is_atari(env):
+            check_env_id(env)
+            vector_class = gym.vector.SyncVectorEnv if vectorization == "sync" else gym.vector.AsyncVectorEnv
+            make_sub_env = functools.partial(make_atari_env, env, training=True, **(env_kwargs or {}))
+            vector_env = vector_class([make_sub_env] * num_envs, autoreset_mode=AutoresetMode.SAME_STEP)
         elif isinstance(env, str):
             check_env_id(env)
             vector_env = gym.make_vec(

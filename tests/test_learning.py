@@ -2,7 +2,7 @@
 
 import pytest
 
-from recipes import ppo
+from recipes import dqn, ppo
 
 pytestmark = pytest.mark.learning
 
@@ -36,3 +36,25 @@ def test_ppo_pendulum_settings_from_readme_learn(output_dir):
     config.network.normalize_obs = True
     summary = ppo.main(config)
     assert summary["eval_return_mean"] >= -250  # a random policy scores about -1200
+
+
+def test_dqn_default_config_solves_cartpole_within_50k_frames(output_dir):
+    summary = dqn.main(quiet(dqn.DQNConfig(), output_dir))
+    assert summary["solved_at_frames"] is not None and summary["solved_at_frames"] <= 50_000
+    assert summary["eval_return_mean"] >= 475
+
+
+@pytest.mark.parametrize(
+    "option",
+    ["double", "dueling", "noisy", "n_steps", "prioritized"],
+)
+def test_each_dqn_option_alone_solves_cartpole_within_100k_frames(option, output_dir):
+    config = quiet(dqn.DQNConfig(), output_dir)
+    config.run.total_frames = 100_000
+    group = {"double": config.loss, "dueling": config.network, "noisy": config.network}.get(
+        option, config.buffer
+    )
+    setattr(group, option, 3 if option == "n_steps" else True)
+    summary = dqn.main(config)
+    assert summary["solved_at_frames"] is not None and summary["solved_at_frames"] <= 100_000
+    assert summary["eval_return_mean"] >= 475

@@ -1,0 +1,85 @@
+"""Shared plumbing of the benchmarks against Stable-Baselines3: fresh-process runs, SB3 evaluation, the table."""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+from typing import Any
+
+
+def evaluate_sb3(model: Any, env_id: str, seed: int, episodes: int = 20) -> float:
+    """Mean return of ``episodes`` deterministic episodes, seeded like our recipes' evaluations."""
+    import gymnasium as gym
+
+    env = gym.make(env_id)
+    returns = []
+    for episode in range(episodes):
+        observation, _ = env.reset(seed=1_000_000 + seed + episode)
+        done, total = False, 0.0
+        while not done:
+            action, _ = model.predict(observation, deterministic=True)
+            observation, reward, terminated, truncated, _ = env.step(action)
+            total += float(reward)
+            done = terminated or truncated
+        returns.append(total)
+    env.close()
+    return float(statistics.mean(returns))
+
+
+def summary_row(summary: dict[str, Any]) -> dict[str, Any]:
+    """The benchmark's view of a recipe's run summary."""
+    return {
+        "wall_time_s": summary["wall_time_s"],
+        "frames": summary["frames"],
+        "fps": summary["fps"],
+        "eval_return_mean": summary["eval_return_mean"],
+        "time_to_475_s": summary["solved_at_s"],
+    }
+
+
+def run_side(module: str, side: str, seed: int) -> dict[str, Any]:
+    """Run one side in a fresh interpreter so imports and thread pools do not leak between runs."""
+    command = [sys.executable, "-m", module, "--child", side, "--seeds", str(seed)]
+    result = subprocess.run(
+        command, check=False, capture_output=True, text=True, env={**os.environ, "PYTHONWARNINGS": "ignore"}
+    )
+    if result.returncode != 0:
+        raise RuntimeError(f"{side} seed {seed} failed:\n{result.stderr[-3000:]}")
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def compare(module: str, sides: list[str], seeds: list[int]) -> None:
+    """Run every side for every seed and print a Markdown table and the headline ratios."""
+    results: dict[str, list[dict]] = {side: [] for side in sides}
+    for seed in seeds:
+        for side in sides:
+            results[side].append(run_side(module, side, seed))
+            row = results[side][-1]
+            print(
+                f"seed {seed} {side:9s} wall {row['wall_time_s']:6.1f} s  fps {row['fps']:7.0f}  "
+                f"return {row['eval_return_mean']:6.1f}  time to 475: {row['time_to_475_s']}",
+                flush=True,
+            )
+
+    print("\n| run | wall-clock s | frames/s | final return (20 det. episodes) | time to reach 475 s |")
+    print("|---|---|---|---|---|")
+    for side, rows in results.items():
+        solved = [r["time_to_475_s"] for r in rows if r["time_to_475_s"] is not None]
+        print(
+            f"| {side} | {statistics.mean(r['wall_time_s'] for r in rows):.1f} | "
+            f"{statistics.mean(r['fps'] for r in rows):.0f} | "
+            f"{statistics.mean(r['eval_return_mean'] for r in rows):.1f} | "
+            f"{f'{statistics.mean(solved):.1f} ({len(solved)}/{len(rows)} seeds)' if solved else 'n/a'} |"
+        )
+    if "sb3" in results and "ours" in results:
+        sb3_time = statistics.mean(r["wall_time_s"] for r in results["sb3"])
+        ours = [r["time_to_475_s"] or r["wall_time_s"] for r in results["ours"]]
+        print(f"\nSB3 wall-clock / our time to 475: {sb3_time / statistics.mean(ours):.1f}x")
+    if "sb3" in results and "ours-zoo" in results:
+        ratio = statistics.mean(r["fps"] for r in results["ours-zoo"]) / statistics.mean(
+            r["fps"] for r in results["sb3"]
+        )
+        print(f"same hyperparameters, frames/s ours / SB3: {ratio:.2f}x")

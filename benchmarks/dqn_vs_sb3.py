@@ -1,0 +1,126 @@
+"""DQN on CartPole-v1: this toolkit against Stable-Baselines3, one after the other on the same machine.
+
+Three runs per seed, each in a fresh process:
+
+* ``sb3``: Stable-Baselines3 DQN with RL Zoo's CartPole-v1 hyperparameters (50k steps, lr 2.3e-3, batch 64,
+  buffer 100k, learning_starts 1000, gamma 0.99, target_update_interval 10, train_freq 256, gradient_steps
+  128, exploration_fraction 0.16, exploration_final_eps 0.04, net [256, 256]), then 20 deterministic
+  evaluation episodes.
+* ``ours-zoo``: ``recipes.dqn`` with the same hyperparameters and budget (one env, 256 steps then 128
+  updates; SB3 syncs the target during collection, i.e. once per 128 updates), no early stop: raw throughput.
+* ``ours``: ``recipes.dqn`` with its defaults, stopping once the deterministic evaluation reaches 475.
+
+The headline ratio is SB3's wall-clock time over the time our default run takes to reach 475.
+
+    pip install -e ".[bench]"
+    python -m benchmarks.dqn_vs_sb3 --seeds 0 1 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+import warnings
+
+from benchmarks.common import compare, evaluate_sb3, summary_row
+
+TOTAL_FRAMES = 50_000
+
+
+def run_sb3(seed: int) -> dict:
+    from stable_baselines3 import DQN
+
+    start = time.perf_counter()
+    model = DQN(
+        "MlpPolicy",
+        "CartPole-v1",
+        learning_rate=2.3e-3,
+        batch_size=64,
+        buffer_size=100_000,
+        learning_starts=1_000,
+        gamma=0.99,
+        target_update_interval=10,
+        train_freq=256,
+        gradient_steps=128,
+        exploration_fraction=0.16,
+        exploration_final_eps=0.04,
+        policy_kwargs={"net_arch": [256, 256]},
+        seed=seed,
+        verbose=0,
+        device="cpu",
+    )
+    model.learn(total_timesteps=TOTAL_FRAMES)
+    train_time = time.perf_counter() - start
+    return {
+        "wall_time_s": train_time,
+        "frames": TOTAL_FRAMES,
+        "fps": TOTAL_FRAMES / train_time,
+        "eval_return_mean": evaluate_sb3(model, "CartPole-v1", seed),
+        "time_to_475_s": None,
+    }
+
+
+def run_ours(seed: int, zoo: bool) -> dict:
+    from recipes.common import RunConfig
+    from recipes.dqn import (
+        BufferConfig,
+        CollectorConfig,
+        DQNConfig,
+        ExplorationConfig,
+        LossConfig,
+        NetworkConfig,
+        OptimConfig,
+        main,
+    )
+
+    output_dir = f"runs/bench-dqn-{'zoo' if zoo else 'default'}-{seed}"
+    if zoo:
+        config = DQNConfig(
+            run=RunConfig(
+                num_envs=1,
+                total_frames=TOTAL_FRAMES,
+                eval_every=TOTAL_FRAMES,
+                seed=seed,
+                stop_at_return=float("inf"),
+            ),
+            collector=CollectorConfig(steps_per_env=256, updates_per_batch=128, learning_starts=1_000),
+            buffer=BufferConfig(buffer_size=100_000, batch_size=64),
+            exploration=ExplorationConfig(final_epsilon=0.04, exploration_fraction=0.16),
+            loss=LossConfig(gamma=0.99, target_update_interval=128),
+            optim=OptimConfig(lr=2.3e-3),
+            network=NetworkConfig(hidden_sizes=(256, 256)),
+        )
+    else:
+        config = DQNConfig()
+        config.run.seed = seed
+    config.run.output_dir, config.run.logger, config.run.video, config.run.progress = (
+        output_dir,
+        "none",
+        False,
+        False,
+    )
+    return summary_row(main(config))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0])
+    parser.add_argument(
+        "--sides", nargs="+", default=["sb3", "ours-zoo", "ours"], choices=["sb3", "ours-zoo", "ours"]
+    )
+    parser.add_argument("--child", choices=["sb3", "ours-zoo", "ours"], help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        warnings.filterwarnings("ignore")
+        seed = args.seeds[0]
+        result = run_sb3(seed) if args.child == "sb3" else run_ours(seed, zoo=args.child == "ours-zoo")
+        print(json.dumps(result))
+        return
+    compare("benchmarks.dqn_vs_sb3", args.sides, args.seeds)
+
+
+if __name__ == "__main__":
+    main()

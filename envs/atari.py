@@ -1,0 +1,172 @@
+"""Atari 2600 games of the Arcade Learning Environment (``ale-py``) with the standard DQN preprocessing.
+
+:func:`make_atari_env` applies the preprocessing of Mnih et al. (2015), "Human-level control through deep
+reinforcement learning", in the form Machado et al. (2018), "Revisiting the Arcade Learning Environment", recommend
+for evaluation: ALE v5's sticky actions (repeat probability 0.25) stay on, and the full game is played.
+
+- up to 30 no-op actions after each reset (random start states);
+- 4 emulator frames per agent step, the observation being the pixel-wise maximum of the last two (Atari sprites
+  flicker between frames);
+- 84x84 grayscale frames, kept as ``uint8``, and the last 4 stacked: observations are ``uint8`` arrays of shape
+  ``(4, 84, 84)``;
+- for training only, the two tricks of Mnih et al. (2015): a lost life ends the episode (the game itself goes on at
+  the next reset), and rewards are clipped to their sign.
+
+Training returns are therefore per life and clipped; evaluation returns are the real game score. ALE ids
+(``"ALE/Pong-v5"``) are registered with Gymnasium when first needed, so importing :mod:`envs` stays cheap.
+"""
+
+from __future__ import annotations
+
+from typing import Any, SupportsFloat
+
+import gymnasium as gym
+import numpy as np
+from gymnasium.wrappers import AtariPreprocessing, FrameStackObservation
+
+from envs.errors import InputError
+
+ATARI_PREFIX = "ALE/"
+NOOP_MAX = 30  # Mnih et al. (2015), Extended Data Table 1: "no-op max"
+FRAME_SKIP = 4  # Mnih et al. (2015): "action repeat"
+SCREEN_SIZE = 84
+FRAME_STACK = 4  # Mnih et al. (2015): "agent history length"
+ATARI_FPS = 60  # the Atari 2600 draws 60 frames per second
+
+
+def is_atari(env_id: str) -> bool:
+    """Return whether ``env_id`` names an Arcade Learning Environment game (``"ALE/..."``).
+
+    Args:
+        env_id: a Gymnasium id.
+
+    Returns:
+        True for ids in the ``ALE`` namespace, such as ``"ALE/Pong-v5"``.
+
+    Examples:
+        >>> is_atari("ALE/Pong-v5"), is_atari("CartPole-v1")
+        (True, False)
+    """
+    return isinstance(env_id, str) and env_id.startswith(ATARI_PREFIX)
+
+
+def register_atari_envs() -> None:
+    """Register the ``ALE/...`` ids with Gymnasium (importing ``ale_py`` does it; later calls cost nothing).
+
+    Raises:
+        InputError: ``ale-py`` is not installed.
+    """
+    try:
+        import ale_py
+    except ImportError:
+        raise InputError(
+            "Atari envs need the ale-py package, which is missing: pip install 'ale-py>=0.10' "
+            "(it ships the game ROMs)."
+        ) from None
+    gym.register_envs(ale_py)
+
+
+class EpisodicLife(gym.Wrapper):
+    """Ends an episode when a life is lost, and resets the game only once it is really over.
+
+    The episodic-life trick of Mnih et al. (2015): the value of a state just before a life is lost is not
+    bootstrapped from the next life. After a lost life, :meth:`reset` goes on with the same game (one no-op step)
+    instead of restarting it, so every life of the game is played. (Gymnasium's
+    ``AtariPreprocessing(terminal_on_life_loss=True)`` restarts the whole game instead, so an agent would only ever
+    play its first life.)
+
+    Args:
+        env: an ALE env, possibly wrapped (by ``AtariPreprocessing``: the no-op step then skips frames too).
+    """
+
+    def __init__(self, env: gym.Env):
+        super().__init__(env)
+        self.lives = 0
+        self.game_over = True
+
+    def step(self, action: Any) -> tuple[Any, SupportsFloat, bool, bool, dict[str, Any]]:
+        observation, reward, terminated, truncated, info = self.env.step(action)
+        self.game_over = terminated or truncated
+        lives = self.env.unwrapped.ale.lives()
+        # Some games show 0 lives for a few frames before the game is over: only a drop to a positive count
+        # is a lost life (as in Stable-Baselines3's EpisodicLifeEnv).
+        if 0 < lives < self.lives:
+            terminated = True
+        self.lives = lives
+        return observation, reward, terminated, truncated, info
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[Any, dict]:
+        if self.game_over or seed is not None:
+            observation, info = self.env.reset(seed=seed, options=options)
+        else:
+            observation, _, terminated, truncated, info = self.env.step(0)  # action 0 is NOOP in every game
+            if terminated or truncated:
+                observation, info = self.env.reset(options=options)
+        self.game_over = False
+        self.lives = self.env.unwrapped.ale.lives()
+        return observation, info
+
+
+class SignReward(gym.RewardWrapper):
+    """Replaces each reward by its sign, -1.0, 0.0 or 1.0 (Mnih et al. 2015), keeping rewards Python floats.
+
+    Args:
+        env: the env whose rewards are clipped.
+    """
+
+    def reward(self, reward: SupportsFloat) -> float:
+        return float(np.sign(reward))
+
+
+def make_atari_env(env_id: str, training: bool, render_mode: str | None = None, **env_kwargs: Any) -> gym.Env:
+    """Build an ALE game with the standard preprocessing of Mnih et al. (2015) and Machado et al. (2018).
+
+    The env is ``gymnasium.make(env_id, frameskip=1, ...)`` wrapped in Gymnasium's ``AtariPreprocessing`` (up to
+    30 no-op actions at reset, 4 frames per step max-pooled over the last two, 84x84 grayscale ``uint8``) and
+    ``FrameStackObservation(4)``. With ``training``, a lost life also ends the episode (:class:`EpisodicLife`) and
+    rewards are clipped to their sign (:class:`SignReward`); without it, episodes are whole games with the game's
+    score as return. Everything else is ALE v5's default, sticky actions (probability 0.25) included.
+
+    Args:
+        env_id: an ALE id such as ``"ALE/Pong-v5"``.
+        training: apply the training-only tricks (episodic life, reward clipping).
+        render_mode: ``None`` or ``"rgb_array"`` (frames of the full-colour screen, one per agent step).
+        **env_kwargs: more keyword arguments for ``gymnasium.make`` (for example ``repeat_action_probability``
+            or ``max_num_frames_per_episode``); not ``frameskip``, which the preprocessing does.
+
+    Returns:
+        A Gymnasium env with ``uint8`` observations of shape ``(4, 84, 84)``.
+
+    Raises:
+        InputError: ``env_id`` is not an ALE id, ``ale-py`` is missing, or ``frameskip`` is given.
+
+    Examples:
+        >>> env = make_atari_env("ALE/Pong-v5", training=True)
+        >>> observation, _ = env.reset(seed=0)
+        >>> observation.shape, observation.dtype
+        ((4, 84, 84), dtype('uint8'))
+    """
+    if not is_atari(env_id):
+        raise InputError(
+            f"{env_id!r} is not an Atari id; Atari ids start with {ATARI_PREFIX!r} ('ALE/Pong-v5')."
+        )
+    if "frameskip" in env_kwargs:
+        raise InputError(
+            f"frameskip cannot be set for Atari envs: the preprocessing repeats each action {FRAME_SKIP} times."
+        )
+    register_atari_envs()
+    env = gym.make(env_id, frameskip=1, render_mode=render_mode, **env_kwargs)
+    env = AtariPreprocessing(
+        env,
+        noop_max=NOOP_MAX,
+        frame_skip=FRAME_SKIP,
+        screen_size=SCREEN_SIZE,
+        terminal_on_life_loss=False,  # EpisodicLife below: this flag would restart the game at each lost life
+        grayscale_obs=True,
+        scale_obs=False,
+    )
+    if training:
+        env = SignReward(EpisodicLife(env))
+    env = FrameStackObservation(env, FRAME_STACK)
+    env.metadata = {**env.metadata, "render_fps": ATARI_FPS // FRAME_SKIP}  # videos play in real time
+    return env

@@ -1,0 +1,213 @@
+"""Atari: preprocessing, training-only tricks, the Nature CNN, agents and a PPO smoke run on ALE/Pong-v5."""
+
+import csv
+import json
+import sys
+import zipfile
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+
+import agents.agent
+from agents import Agent, input_encoder, make_actor, make_critic
+from agents.networks import NatureCNN, observation_encoder
+from envs import InputError, make_env
+from envs.atari import is_atari, make_atari_env
+from envs.vector import check_env_id
+from recipes import ppo
+from recipes.common import RunConfig
+
+PONG = "ALE/Pong-v5"
+FRAMES = gym.spaces.Box(0, 255, (4, 84, 84), np.uint8)
+
+
+def test_observations_are_four_stacked_84x84_uint8_frames():
+    for training in (True, False):
+        env = make_atari_env(PONG, training=training)
+        assert env.observation_space == FRAMES and env.action_space == gym.spaces.Discrete(6)
+        observation, _ = env.reset(seed=0)
+        assert observation.shape == (4, 84, 84) and observation.dtype == np.uint8
+        for _ in range(3):
+            observation, *_ = env.step(env.action_space.sample())
+        assert FRAMES.contains(observation) and observation.any()
+        env.close()
+    env = make_env(PONG, num_envs=2, seed=0)
+    assert env.observation_spec["observation"].dtype == torch.uint8
+    rollout = env.rollout(4)
+    assert rollout["next", "observation"].shape == (2, 4, 4, 84, 84)
+    assert rollout["next", "observation"].dtype == torch.uint8
+    env.close()
+
+
+def paired_run(env_id: str, steps: int, seed: int = 3):
+    """Step a training env and an evaluation env of ``env_id`` with the same seed and actions until the training
+    env's episode ends; both see the same game up to there."""
+    training_env = make_atari_env(env_id, training=True)
+    evaluation_env = make_atari_env(env_id, training=False)
+    training_env.reset(seed=seed)
+    evaluation_env.reset(seed=seed)
+    rng = np.random.default_rng(seed)
+    rewards, flags = [], []
+    for _ in range(steps):
+        action = rng.integers(training_env.action_space.n)
+        observation, reward, terminated, truncated, _ = training_env.step(action)
+        real_observation, real_reward, real_terminated, _, _ = evaluation_env.step(action)
+        np.testing.assert_array_equal(observation, real_observation)
+        rewards.append((reward, real_reward))
+        flags.append((terminated, real_terminated))
+        if terminated or truncated:
+            break
+    return training_env, evaluation_env, np.array(rewards), np.array(flags)
+
+
+def test_rewards_are_clipped_to_their_sign_in_training_only():
+    # Space Invaders scores 5 to 30 points per invader
+    _, _, rewards, _ = paired_run("ALE/SpaceInvaders-v5", steps=400)
+    training_rewards, real_rewards = rewards.T
+    assert real_rewards.max() > 1  # the evaluation env keeps the game's score
+    np.testing.assert_array_equal(training_rewards, np.sign(real_rewards))
+
+
+def test_a_lost_life_ends_the_episode_in_training_only_and_the_game_goes_on():
+    training_env, evaluation_env, _, flags = paired_run("ALE/SpaceInvaders-v5", steps=1000)
+    ale = training_env.unwrapped.ale
+    # a life was lost: the training episode ends, the game does not
+    assert flags[-1].tolist() == [True, False]
+    assert not flags[:-1].any()
+    assert ale.lives() == evaluation_env.unwrapped.ale.lives() == 2 and not ale.game_over()
+    training_env.reset()
+    assert ale.lives() == 2  # the next training episode is the same game's next life, not a new game
+
+
+def test_env_ids_and_options_are_checked():
+    assert is_atari(PONG) and not is_atari("CartPole-v1")
+    check_env_id(PONG)
+    with pytest.raises(InputError, match="Unknown Gymnasium env id"):
+        check_env_id("ALE/NoSuchGame-v5")
+    with pytest.raises(InputError, match="frameskip"):
+        make_atari_env(PONG, training=True, frameskip=4)
+    with pytest.raises(InputError, match="not an Atari id"):
+        make_atari_env("CartPole-v1", training=True)
+
+
+def test_missing_ale_py_is_reported(monkeypatch):
+    monkeypatch.setitem(sys.modules, "ale_py", None)  # makes `import ale_py` fail
+    with pytest.raises(InputError, match="pip install 'ale-py"):
+        check_env_id(PONG)
+
+
+def test_async_vectorization_builds_an_async_vector_env_of_atari_envs(monkeypatch):
+    # A real AsyncVectorEnv spawns processes that each import torch (tens of seconds on a loaded 2-core machine):
+    # check the wiring with a recording stand-in that steps the same sub-envs in this process.
+    calls = []
+
+    def recording_async_vector_env(env_fns, **kwargs):
+        calls.append((len(env_fns), kwargs))
+        return gym.vector.SyncVectorEnv(env_fns, **kwargs)
+
+    monkeypatch.setattr(gym.vector, "AsyncVectorEnv", recording_async_vector_env)
+    env = make_env(PONG, num_envs=2, seed=0, vectorization="async")
+    assert calls == [(2, {"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP})]
+    assert env.rollout(3)["next", "observation"].shape == (2, 3, 4, 84, 84)
+    env.close()
+
+
+def test_nature_cnn_shapes_and_errors():
+    torch.manual_seed(0)
+    cnn = NatureCNN((4, 84, 84))
+    assert cnn.linear[0].in_features == 64 * 7 * 7  # Mnih et al. (2015)
+    assert NatureCNN((3, 64, 64)).linear[0].in_features == 64 * 4 * 4
+    observations = torch.randint(0, 256, (2, 3, 4, 84, 84), dtype=torch.uint8)
+    features = cnn(observations)
+    assert features.shape == (2, 3, 512) and (features >= 0).all()
+    torch.testing.assert_close(cnn(observations[1, 2]), features[1, 2])  # leading dims are only batch dims
+    features.sum().backward()
+    assert all(parameter.grad is not None for parameter in cnn.parameters())
+    image_spec = make_env(PONG, num_envs=1).observation_spec["observation"]
+    encoder, width = observation_encoder(image_spec, normalize=False)
+    assert isinstance(encoder, NatureCNN) and width == 512
+    with pytest.raises(InputError, match="drop --normalize-obs"):
+        observation_encoder(image_spec, normalize=True)
+    with pytest.raises(InputError, match="too small"):
+        NatureCNN((210, 160, 3))  # channels last
+
+
+def test_pong_actor_acts_and_critic_shares_its_cnn():
+    env = make_env(PONG, num_envs=2, seed=0)
+    observation_spec = env.observation_spec["observation"]
+    actor = make_actor(observation_spec, env.action_spec, hidden_sizes=())
+    critic = make_critic(observation_spec, hidden_sizes=(), encoder=input_encoder(actor))
+    assert isinstance(input_encoder(actor), NatureCNN) and critic.module[0] is input_encoder(actor)
+    cnn_parameters = {id(parameter) for parameter in input_encoder(actor).parameters()}
+    assert cnn_parameters <= {id(parameter) for parameter in critic.parameters()}
+    rollout = env.rollout(3, actor)
+    assert rollout["action"].shape == (2, 3) and ((rollout["action"] >= 0) & (rollout["action"] < 6)).all()
+    assert critic(rollout)["state_value"].shape == (2, 3, 1)
+    env.close()
+
+
+def test_pong_agent_round_trip_and_evaluation_env(tmp_path, monkeypatch):
+    torch.manual_seed(0)
+    env = make_atari_env(PONG, training=False)
+    agent = Agent.build(
+        PONG, env.observation_space, env.action_space, "test", policy_kwargs={"hidden_sizes": []}
+    )
+    path = agent.save(tmp_path / "agent.ckpt")
+    with zipfile.ZipFile(path) as archive:
+        manifest = json.loads(archive.read("manifest.json"))
+    assert manifest["metadata"]["observation_space"]["low"] == 0  # pixel bounds saved once
+    loaded = Agent.load(path)
+    assert loaded.observation_space == FRAMES
+    observations = np.stack([env.reset(seed=seed)[0] for seed in range(4)])
+    np.testing.assert_array_equal(loaded.predict(observations), agent.predict(observations))
+    assert env.action_space.contains(int(loaded.predict(observations[0])))
+
+    built = []
+
+    def short_games(env_id, training, **kwargs):  # evaluation envs, cut to 50 agent steps to keep this fast
+        built.append(training)
+        return make_atari_env(env_id, training, max_num_frames_per_episode=200, **kwargs)
+
+    monkeypatch.setattr(agents.agent, "make_atari_env", short_games)
+    result = loaded.evaluate(episodes=2, seed=0, video_path=tmp_path / "pong.mp4")
+    assert built == [False, False]  # whole games, real scores
+    assert (result.lengths <= 50).all() and (tmp_path / "pong.mp4").stat().st_size > 0
+
+
+def ppo_evaluations(output_dir):
+    with (output_dir / "evaluations.csv").open() as file:
+        return list(csv.DictReader(file))
+
+
+def test_ppo_smoke_on_pong(output_dir):
+    run = RunConfig(
+        env_id=PONG,
+        num_envs=2,
+        total_frames=64,
+        eval_every=64,
+        eval_episodes=1,
+        output_dir=output_dir,
+        logger="none",
+        video=False,
+        progress=False,
+    )
+    config = ppo.PPOConfig(
+        run=run,
+        collector=ppo.CollectorConfig(steps_per_env=16),
+        optim=ppo.OptimConfig(minibatch_size=16, num_epochs=1, lr=2.5e-4),
+        network=ppo.NetworkConfig(hidden_sizes=()),
+    )
+    summary = ppo.main(config)
+    assert summary["frames"] == 64 and summary["env_id"] == PONG
+    # one whole game of Pong (the first side to 21 points wins; an untrained agent's lasts 750-900 steps),
+    # scored by the game
+    evaluation = ppo_evaluations(output_dir)
+    assert len(evaluation) == 1 and float(evaluation[0]["length_mean"]) > 600
+    assert summary["eval_return_mean"] in range(-21, 22)
+    agent = Agent.load(output_dir)
+    assert isinstance(input_encoder(agent.policy), NatureCNN)
+
+
+# DQN smoke test on ALE/Pong-v5: added with recipes/dqn.py by its author.

@@ -1,0 +1,285 @@
+"""DQN family: target network syncs, prioritized replay, n-step targets, noisy layers, options, bad input."""
+
+import math
+
+import pytest
+import torch
+from tensordict import TensorDict
+from torchrl.data import (
+    Categorical,
+    LazyTensorStorage,
+    PrioritizedSampler,
+    TensorDictReplayBuffer,
+    Unbounded,
+)
+from torchrl.envs.utils import ExplorationType, set_exploration_type
+from torchrl.modules import reset_noise
+from torchrl.objectives import DQNLoss
+
+from agents import Agent, NStepReturns, make_q_actor, make_target_updater
+from envs import InputError
+from recipes import dqn
+from recipes.common import RunConfig
+
+OBSERVATION_SPEC = Unbounded(shape=(1, 1))
+ACTION_SPEC = Categorical(2, shape=(1,))
+
+
+def transitions(observations, actions, rewards, next_observations, terminated, truncated):
+    """A flat batch of transitions from per-step lists."""
+    terminated = torch.tensor(terminated).view(-1, 1)
+    truncated = torch.tensor(truncated).view(-1, 1)
+    return TensorDict(
+        {
+            "observation": torch.tensor(observations, dtype=torch.float32).view(-1, 1),
+            "action": torch.tensor(actions),
+            "next": {
+                "observation": torch.tensor(next_observations, dtype=torch.float32).view(-1, 1),
+                "reward": torch.tensor(rewards, dtype=torch.float32).view(-1, 1),
+                "terminated": terminated,
+                "truncated": truncated,
+                "done": terminated | truncated,
+            },
+        },
+        batch_size=[len(observations)],
+    )
+
+
+def linear_q_actor():
+    """Q(s) = [s, 2 s]: a one-layer Q-network with fixed weights, so targets can be computed by hand."""
+    policy = make_q_actor(OBSERVATION_SPEC, ACTION_SPEC, hidden_sizes=())
+    linear = next(m for m in policy.modules() if isinstance(m, torch.nn.Linear))
+    with torch.no_grad():
+        linear.weight.copy_(torch.tensor([[1.0], [2.0]]))
+        linear.bias.zero_()
+    return policy[0]
+
+
+def dqn_loss(q_actor, gamma=0.9, **kwargs):
+    loss_module = DQNLoss(q_actor, loss_function="l2", delay_value=True, action_space=ACTION_SPEC, **kwargs)
+    loss_module.make_value_estimator(gamma=gamma)
+    return loss_module
+
+
+def td_targets(loss_module, batch):
+    """The TD targets DQNLoss regresses onto, recovered from the squared TD errors it reports."""
+    loss_module(batch)
+    action_values = loss_module.value_network(batch.clone()).get("action_value")
+    chosen = action_values.gather(-1, batch.get("action").unsqueeze(-1)).squeeze(-1)
+    squared_error = batch.get("td_error").squeeze(-1)
+    # Q(s, a) = s or 2 s is below every target used here, so the target is Q + |TD error|
+    return chosen.detach() + squared_error.sqrt()
+
+
+def test_target_parameters_frozen_between_syncs_and_equal_after_one():
+    q_actor = make_q_actor(OBSERVATION_SPEC, ACTION_SPEC, hidden_sizes=(8,))[0]
+    loss_module = dqn_loss(q_actor)
+    target_updater = make_target_updater(loss_module, update_interval=3)
+    optimizer = torch.optim.SGD(list(loss_module.value_network_params.values(True, True)), lr=0.1)
+    batch = transitions([0.5, -1.0], [0, 1], [1.0, 0.0], [1.0, 0.0], [False, True], [False, False])
+    target = loss_module.target_value_network_params
+    online = loss_module.value_network_params
+    initial_target = target.clone()
+    for step in range(1, 4):
+        optimizer.zero_grad()
+        loss_module(batch.clone())["loss"].backward()
+        optimizer.step()
+        target_updater.step()
+        if step < 3:
+            assert (target == initial_target).all(), "target changed between syncs"
+            assert not (online == target).all(), "the online network should have moved away"
+    assert (online == target).all(), "target should equal the online network right after a sync"
+    assert not (target == initial_target).all()
+    synced = target.clone()
+    for _ in range(2):  # and stays frozen until the next sync
+        optimizer.zero_grad()
+        loss_module(batch.clone())["loss"].backward()
+        optimizer.step()
+        target_updater.step()
+        assert (target == synced).all()
+
+
+def test_importance_weights_scale_the_loss():
+    loss_module = dqn_loss(linear_q_actor())
+    batch = transitions([1.0, 2.0], [0, 1], [5.0, 1.0], [1.0, 1.0], [True, False], [False, False])
+    unweighted = loss_module(batch.clone())["loss"]
+    per_sample = torch.stack([loss_module(batch[i : i + 1].clone())["loss"] for i in range(2)])
+    assert torch.allclose(unweighted, per_sample.mean())
+    # TorchRL reduces with the importance weights as a weighted mean: sum(w * loss) / sum(w)
+    for weights in (torch.tensor([3.0, 0.0]), torch.tensor([0.25, 1.0])):
+        weighted = loss_module(batch.clone().set("priority_weight", weights))["loss"]
+        assert torch.allclose(weighted, (weights * per_sample).sum() / weights.sum())
+        assert not torch.allclose(weighted, unweighted)
+
+
+def test_prioritized_replay_priorities_change_after_an_update():
+    sampler = PrioritizedSampler(16, alpha=1.0, beta=0.5)
+    replay_buffer = TensorDictReplayBuffer(
+        storage=LazyTensorStorage(16), sampler=sampler, batch_size=8, priority_key="td_error"
+    )
+    batch = transitions(
+        list(range(16)), [0] * 16, [float(i) for i in range(16)], [0.0] * 16, [True] * 16, [False] * 16
+    )
+    replay_buffer.extend(batch)
+    before = torch.as_tensor(sampler._sum_tree[torch.arange(16)]).clone()
+    assert torch.allclose(before, before[0]), "new transitions start with equal (maximal) priority"
+    sample = replay_buffer.sample()
+    assert {"priority_weight", "index"} <= set(sample.keys())
+    loss_module = dqn_loss(linear_q_actor())
+    loss_module(sample)
+    sample.set("td_error", sample.get("td_error").sqrt())
+    replay_buffer.update_tensordict_priority(sample)
+    after = torch.as_tensor(sampler._sum_tree[torch.arange(16)])
+    index = sample.get("index")
+    expected = (sample.get("td_error").squeeze(-1) + sampler._eps) ** sampler._alpha
+    assert torch.allclose(after[index], expected.to(after.dtype), rtol=1e-5)
+    assert not torch.allclose(after, before)
+
+
+def test_n_step_targets_match_hand_computed_at_termination_and_truncation():
+    gamma, n = 0.9, 3
+    # one env, 7 steps: an episode terminates at step 2, the next is truncated at step 5 (final obs 50)
+    rewards = [1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0]
+    observations = [1.0, 2.0, 3.0, 10.0, 20.0, 30.0, 100.0]
+    next_observations = [2.0, 3.0, 4.0, 20.0, 30.0, 50.0, 200.0]
+    terminated = [False, False, True, False, False, False, False]
+    truncated = [False, False, False, False, False, True, False]
+    steps = transitions(observations, [0] * 7, rewards, next_observations, terminated, truncated).unsqueeze(0)
+    n_step_returns = NStepReturns(n, gamma)
+    stored = n_step_returns.inv(steps)  # the 4 transitions whose 3-step window is complete
+    assert stored.shape == (1, 4)
+    stored = stored.reshape(-1)
+    targets = td_targets(dqn_loss(linear_q_actor(), gamma=gamma), stored)
+    expected = [
+        1 + gamma * 2 + gamma**2 * 3,  # the window ends in a termination: no bootstrap
+        2 + gamma * 3,  # cut at the termination, never crossing into the next episode
+        3.0,
+        # the window ends in a truncation: bootstrap from the true final observation, max_a Q(50) = 100
+        4 + gamma * 5 + gamma**2 * 6 + gamma**3 * 2 * 50.0,
+    ]
+    assert torch.allclose(targets, torch.tensor(expected), rtol=1e-5)
+    assert stored.get("steps_to_next_obs").tolist() == [3, 2, 1, 3]
+    # the next batch completes the remaining windows, which are cut at the truncation too
+    more = transitions([200.0], [0], [8.0], [300.0], [False], [False]).unsqueeze(0)
+    following = n_step_returns.inv(more).reshape(-1)
+    assert following.get("observation").squeeze(-1).tolist() == [20.0]
+    assert math.isclose(following.get(("next", "reward")).item(), 5 + gamma * 6, rel_tol=1e-6)
+    assert following.get(("next", "truncated")).item() and not following.get(("next", "terminated")).item()
+
+
+def test_one_step_target_bootstraps_on_truncation_only():
+    batch = transitions([1.0, 1.0], [0, 0], [1.0, 1.0], [3.0, 3.0], [True, False], [False, True])
+    targets = td_targets(dqn_loss(linear_q_actor(), gamma=0.5), batch)
+    assert torch.allclose(targets, torch.tensor([1.0, 1.0 + 0.5 * 6.0]))
+
+
+def test_double_dqn_values_the_online_argmax_with_the_target_network():
+    q_actor = linear_q_actor()
+    loss_module = dqn_loss(q_actor, gamma=1.0, double_dqn=True)
+    # make the target network prefer the other action: Q_target(s) = [3 s, s]
+    with torch.no_grad():
+        for key, value in loss_module.target_value_network_params.items(True, True):
+            if key[-1] == "weight":
+                value.copy_(torch.tensor([[3.0], [1.0]]))
+    batch = transitions([0.0], [1], [0.0], [1.0], [False], [False])
+    loss_module(batch)
+    # the online net picks action 1 at s' = 1; the target net values it at 1 (not its own max, 3)
+    assert torch.allclose(batch.get("td_error").squeeze(), torch.tensor(1.0))
+
+
+def test_noisy_network_is_deterministic_in_evaluation_and_noisy_in_training():
+    policy = make_q_actor(Unbounded(shape=(1, 4)), ACTION_SPEC, hidden_sizes=(16,), noisy=True)
+    observation = TensorDict({"observation": torch.randn(5, 4)}, batch_size=[5])
+
+    def q_values(exploration):
+        with set_exploration_type(exploration):
+            return policy(observation.clone()).get("action_value")
+
+    deterministic = q_values(ExplorationType.DETERMINISTIC)
+    noisy = q_values(ExplorationType.RANDOM)
+    policy.apply(reset_noise)
+    assert torch.equal(q_values(ExplorationType.DETERMINISTIC), deterministic)
+    assert not torch.allclose(q_values(ExplorationType.RANDOM), noisy)
+    assert not torch.allclose(noisy, deterministic)
+
+
+def tiny_dqn(output_dir, env_id="CartPole-v1", **options):
+    run = RunConfig(
+        env_id=env_id,
+        num_envs=2,
+        total_frames=256,
+        eval_every=256,
+        eval_episodes=2,
+        output_dir=output_dir,
+        logger="none",
+        video=False,
+        progress=False,
+    )
+    config = dqn.DQNConfig(
+        run=run,
+        collector=dqn.CollectorConfig(steps_per_env=16, updates_per_batch=2, learning_starts=64),
+        buffer=dqn.BufferConfig(batch_size=16),
+        network=dqn.NetworkConfig(hidden_sizes=(16,)),
+    )
+    for key, value in options.items():
+        group, name = key.split("__") if "__" in key else (None, key)
+        setattr(getattr(config, group) if group else config, name, value)
+    return config
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {},
+        {"variant": "rainbow"},
+        {"loss__double": True, "network__dueling": True},
+        {"network__noisy": True, "buffer__n_steps": 4},
+        {"buffer__prioritized": True, "loss__tau": 0.05},
+    ],
+    ids=["dqn", "rainbow", "double-dueling", "noisy-nstep", "prioritized-soft"],
+)
+def test_dqn_options_combine_train_and_reload(options, output_dir):
+    summary = dqn.main(tiny_dqn(output_dir, **options))
+    assert summary["frames"] == 256 and summary["algorithm"] == "dqn"
+    agent = Agent.load(output_dir / "agent.ckpt")
+    config = agent.config
+    assert agent.policy_builder == "q_actor"
+    observations = torch.randn(3, 4)
+    assert agent.predict(observations).shape == (3,)
+    assert (agent.predict(observations) == Agent.load(output_dir / "agent.ckpt").predict(observations)).all()
+    if options.get("variant") == "rainbow":
+        assert config["variant"] == "rainbow"
+        assert agent.policy_kwargs["dueling"] and agent.policy_kwargs["noisy"]
+
+
+def test_noisy_dqn_explores_without_epsilon(output_dir):
+    dqn.main(tiny_dqn(output_dir, network__noisy=True))
+    agent = Agent.load(output_dir / "agent.ckpt")
+    assert agent.policy[1].eps.item() == 0.0
+
+
+def test_epsilon_anneals_to_its_final_value(output_dir):
+    config = tiny_dqn(output_dir)
+    config.exploration.exploration_fraction = 0.5
+    dqn.main(config)
+    assert Agent.load(output_dir / "agent.ckpt").policy[1].eps.item() == pytest.approx(0.04)
+
+
+def test_box_action_space_is_refused_with_the_recipes_that_fit(output_dir):
+    with pytest.raises(InputError, match="Discrete action space.*recipes.ppo"):
+        dqn.main(tiny_dqn(output_dir, env_id="Pendulum-v1"))
+
+
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        ({"buffer__alpha": -1.0}, "--alpha"),
+        ({"buffer__beta": 2.0}, "--beta"),
+        ({"exploration__final_epsilon": 1.5}, "--final-epsilon"),
+        ({"buffer__n_steps": 0}, "--n-steps"),
+        ({"loss__tau": 0.0}, "--tau"),
+    ],
+)
+def test_out_of_range_options_are_refused(options, message, output_dir):
+    with pytest.raises(InputError, match=message):
+        dqn.main(tiny_dqn(output_dir, **options))
