@@ -83,8 +83,9 @@ class ObservationGrid(nn.Module):
 class QTable(TensorDictModuleBase):
     """A table of action values as a TensorDict module: ``"observation"`` -> ``"cell"`` -> ``"action_value"``.
 
-    The encoder turns each observation into its row of the table (the cell index, kept in the tensordict for the
-    update), and the row's entries are the action values. The table starts at zero.
+    The encoder turns each observation into its row of the table (the cell index, kept in the tensordict so
+    that an update can tell which transitions share a state), and the row holds the action values. The table
+    starts at zero: with rewards below zero that is optimistic, which drives exploration on its own.
 
     Args:
         encoder: maps a batch of observations to integer rows: ``nn.Identity()`` for Discrete observations (already
@@ -124,8 +125,8 @@ def make_q_table(
 ) -> TensorDictSequential:
     """Build an epsilon-greedy policy over a table of action values, initialised to zeros.
 
-    The policy runs three TorchRL modules: the table (``"observation"`` -> ``"cell"`` -> ``"action_value"``,
-    an ``nn.Embedding`` with one row per state), a ``QValueModule`` writing the greedy ``"action"`` and its
+    The policy runs three TensorDict modules: the :class:`QTable` (``"observation"`` -> ``"cell"`` ->
+    ``"action_value"``, one row per state), a ``QValueModule`` writing the greedy ``"action"`` and its
     ``"chosen_action_value"``, and an ``EGreedyModule`` that replaces the action by a random one with
     probability ``eps`` under ``ExplorationType.RANDOM`` only (the collector's default), so deterministic
     evaluation and :meth:`Agent.predict` are greedy. ``eps`` is a buffer: training anneals it in place and it is

@@ -1,6 +1,8 @@
 """Gymnasium-native env layer: Gymnasium ids, envs and vector envs as batched TorchRL envs, and torch-native
-batched classic-control envs (registered with Gymnasium as ``rlkit/<id>``)."""
+batched classic-control envs (registered with Gymnasium as ``rlkit/<id>``), and Atari games with the standard
+preprocessing (:mod:`envs.atari`)."""
 
+from envs.atari import is_atari, make_atari_env
 from envs.classic import TORCH_ENVS, ClassicControlEnv
 from envs.classic_gym import TorchClassicEnv, TorchClassicVectorEnv, register_envs
 from envs.errors import InputError
@@ -19,6 +21,8 @@ __all__ = [
     "ObservationNormalizer",
     "TorchClassicEnv",
     "TorchClassicVectorEnv",
+    "is_atari",
+    "make_atari_env",
     "make_env",
     "register_envs",
     "space_to_spec",

@@ -57,8 +57,6 @@ class ExplorationConfig:
 class LearningConfig:
     lr: float = 0.5
     """Step size alpha of Q(s, a) += alpha * (target - Q(s, a))."""
-    anneal_lr: bool = False
-    """Anneal the step size linearly to 0 over the budget (averages out stochastic transitions and rewards)."""
     gamma: float = 0.99
     """Discount factor."""
 
@@ -210,10 +208,6 @@ def main(config: QLearningConfig) -> dict:
     frames = 0
     for batch in collector:
         frames += batch.numel()
-        progress = frames / run_config.total_frames
-        if learning_config.anneal_lr:
-            for group in optimizer.param_groups:
-                group["lr"] = learning_config.lr * max(0.0, 1.0 - progress)
         loss = update(batch)
         epsilon_greedy.eps.fill_(
             initial_epsilon + (final_epsilon - initial_epsilon) * min(1.0, frames / epsilon_frames)
@@ -221,7 +215,6 @@ def main(config: QLearningConfig) -> dict:
         metrics = {
             "train/loss": loss.item() / batch.numel(),
             "train/epsilon": epsilon_greedy.eps.item(),
-            "train/lr": optimizer.param_groups[0]["lr"],
         }
         if run.record_batch(batch, metrics):
             break

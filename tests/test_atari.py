@@ -16,7 +16,7 @@ from agents.networks import NatureCNN, observation_encoder
 from envs import InputError, make_env
 from envs.atari import is_atari, make_atari_env
 from envs.vector import check_env_id
-from recipes import ppo
+from recipes import dqn, ppo
 from recipes.common import RunConfig
 
 PONG = "ALE/Pong-v5"
@@ -176,7 +176,7 @@ def test_pong_agent_round_trip_and_evaluation_env(tmp_path, monkeypatch):
     assert (result.lengths <= 50).all() and (tmp_path / "pong.mp4").stat().st_size > 0
 
 
-def ppo_evaluations(output_dir):
+def read_evaluations(output_dir):
     with (output_dir / "evaluations.csv").open() as file:
         return list(csv.DictReader(file))
 
@@ -203,11 +203,36 @@ def test_ppo_smoke_on_pong(output_dir):
     assert summary["frames"] == 64 and summary["env_id"] == PONG
     # one whole game of Pong (the first side to 21 points wins; an untrained agent's lasts 750-900 steps),
     # scored by the game
-    evaluation = ppo_evaluations(output_dir)
+    evaluation = read_evaluations(output_dir)
     assert len(evaluation) == 1 and float(evaluation[0]["length_mean"]) > 600
     assert summary["eval_return_mean"] in range(-21, 22)
     agent = Agent.load(output_dir)
     assert isinstance(input_encoder(agent.policy), NatureCNN)
 
 
-# DQN smoke test on ALE/Pong-v5: added with recipes/dqn.py by its author.
+def test_dqn_smoke_on_pong(output_dir):
+    run = RunConfig(
+        env_id=PONG,
+        num_envs=2,
+        total_frames=64,
+        eval_every=64,
+        eval_episodes=1,
+        output_dir=output_dir,
+        logger="none",
+        video=False,
+        progress=False,
+    )
+    config = dqn.DQNConfig(
+        run=run,
+        collector=dqn.CollectorConfig(steps_per_env=16, updates_per_batch=2, learning_starts=32),
+        buffer=dqn.BufferConfig(buffer_size=1_000, batch_size=8),
+        network=dqn.NetworkConfig(hidden_sizes=()),
+    )
+    summary = dqn.main(config)
+    assert summary["frames"] == 64 and summary["env_id"] == PONG
+    evaluation = read_evaluations(output_dir)
+    assert len(evaluation) == 1 and float(evaluation[0]["length_mean"]) > 600
+    assert summary["eval_return_mean"] in range(-21, 22)
+    agent = Agent.load(output_dir)
+    assert isinstance(agent.policy[0].module[0].module[0], NatureCNN)
+    assert agent.predict(np.zeros((4, 84, 84), dtype=np.uint8)) in range(6)

@@ -1,0 +1,230 @@
+"""Tabular Q-learning: the update against a hand-computed case, the observation grid, input errors, checkpoints,
+the recipe's smoke run and CLI, and (marked ``learning``) the four reference tasks."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+from tensordict import TensorDict
+from torchrl.data import Bounded, Categorical
+from torchrl.objectives import DQNLoss, ValueEstimators
+
+from agents import Agent
+from agents.agent import EVALUATION_STEP_LIMIT
+from agents.tabular import CELL_KEY, ObservationGrid, egreedy_module, make_q_table, q_value_actor
+from envs import InputError
+from recipes import qlearning
+from recipes.common import RunConfig
+
+
+def test_dqn_loss_and_one_sgd_step_are_the_tabular_update():
+    # The recipe's update: half DQNLoss (squared error, summed, TD(0) target from the current table) with pair
+    # weights, then one SGD step of size lr, is Q(s, a) += lr * (target - Q(s, a)).
+    gamma, lr = 0.9, 0.5
+    policy = make_q_table(Categorical(4, shape=(1,)), Categorical(2, shape=(1,)))
+    q_actor = q_value_actor(policy)
+    table = q_actor.module[0].values
+    with torch.no_grad():
+        table.copy_(torch.tensor([[1.0, 2.0], [3.0, 0.0], [0.5, 4.0], [2.0, 2.0]]))
+    # 0: s0 a1 -> s1, r 1           target 1 + .9 * max Q(s1) = 3.7     Q(s0, a1): 2 -> 2.85
+    # 1: s1 a0 -> s2, r -1, terminated: target -1 (no bootstrap)        Q(s1, a0): 3 -> 1
+    # 2: s2 a1 -> s3, r 0, truncated: target .9 * 2 = 1.8 (bootstraps)   Q(s2, a1): 4 -> 2.9
+    # 3, 4: s3 a0 -> s0, r 1 and r 3: targets 2.8 and 4.8, mean 3.8      Q(s3, a0): 2 -> 2.9 (one step, not two)
+    observation = torch.tensor([0, 1, 2, 3, 3])
+    terminated = torch.tensor([False, True, False, False, False]).unsqueeze(-1)
+    truncated = torch.tensor([False, False, True, False, False]).unsqueeze(-1)
+    transitions = TensorDict(
+        {
+            "observation": observation,
+            CELL_KEY: observation,
+            "action": torch.tensor([1, 0, 1, 0, 0]),
+            "next": {
+                "observation": torch.tensor([1, 2, 3, 0, 0]),
+                "reward": torch.tensor([1.0, -1.0, 0.0, 1.0, 3.0]).unsqueeze(-1),
+                "terminated": terminated,
+                "truncated": truncated,
+                "done": terminated | truncated,
+            },
+        },
+        batch_size=[5],
+    )
+    loss_module = DQNLoss(q_actor, delay_value=False, loss_function="l2", reduction="sum")
+    loss_module.set_keys(priority_weight=qlearning.PAIR_WEIGHT_KEY)
+    loss_module.make_value_estimator(ValueEstimators.TD0, gamma=gamma)
+    optimizer = torch.optim.SGD(loss_module.parameters(), lr=lr)
+
+    pairs = transitions.get(CELL_KEY) * 2 + transitions.get("action")
+    _, pair_index, pair_counts = torch.unique(pairs, return_inverse=True, return_counts=True)
+    transitions.set(qlearning.PAIR_WEIGHT_KEY, 1.0 / pair_counts[pair_index])
+    loss = 0.5 * loss_module(transitions)["loss"]
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+
+    expected = torch.tensor([[1.0, 2.85], [1.0, 0.0], [0.5, 2.9], [2.9, 2.0]])
+    torch.testing.assert_close(table.detach(), expected)
+
+
+def test_observation_grid_cells_at_edges_and_outside_the_box():
+    grid = ObservationGrid(torch.tensor([-1.0, 0.0]), torch.tensor([1.0, 10.0]), grid_size=4)
+    observations = torch.tensor(
+        [
+            [-1.0, 0.0],  # the low corner: cell (0, 0)
+            [1.0, 10.0],  # the high corner belongs to the last bins: (3, 3)
+            [0.0, 5.0],  # a bin's lower edge belongs to it: (2, 2)
+            [0.49, 2.49],  # (2, 0)
+            [-5.0, 20.0],  # outside: clamped to (0, 3)
+            [3.0, -1.0],  # outside: clamped to (3, 0)
+        ]
+    )
+    assert grid(observations).tolist() == [0, 15, 10, 8, 3, 12]
+    assert grid.num_cells == 16
+    assert grid(observations.reshape(2, 3, 2)).tolist() == [[0, 15, 10], [8, 3, 12]]
+
+
+def test_unbounded_box_is_refused_naming_the_dimensions():
+    with pytest.raises(InputError, match=r"unbounded in dimension\(s\) \[0, 1\].*finite box"):
+        ObservationGrid(torch.tensor([-float("inf"), 0.0]), torch.tensor([1.0, float("inf")]), grid_size=4)
+
+
+def tiny_qlearning(output_dir, env_id="FrozenLake-v1", grid_size=None, **run_overrides):
+    options = {
+        "env_id": env_id,
+        "num_envs": 4,
+        "total_frames": 256,
+        "eval_every": 128,
+        "eval_episodes": 2,
+        "output_dir": output_dir,
+        "logger": "none",
+        "video": False,
+        "progress": False,
+    }
+    return qlearning.QLearningConfig(
+        run=RunConfig(**{**options, **run_overrides}), table=qlearning.TableConfig(grid_size=grid_size)
+    )
+
+
+@pytest.mark.parametrize(
+    "env_id, grid_size, message",
+    [
+        ("Pendulum-v1", 8, "use recipes.ppo for Box action spaces"),
+        ("CartPole-v1", 8, r"unbounded in dimension\(s\) \[1, 3\]"),
+        ("MountainCar-v0", None, "pass --grid-size N"),
+        ("Taxi-v4", 8, "drop it for Discrete observations"),
+    ],
+)
+def test_spaces_a_table_cannot_hold_raise_input_errors(env_id, grid_size, message, output_dir):
+    with pytest.raises(InputError, match=message):
+        qlearning.main(tiny_qlearning(output_dir, env_id, grid_size=grid_size))
+
+
+def test_invalid_hyperparameters_raise_input_errors(output_dir):
+    config = tiny_qlearning(output_dir)
+    config.learning.lr = 1.5
+    with pytest.raises(InputError, match=r"--lr must be in \(0, 1\]"):
+        qlearning.main(config)
+    config = tiny_qlearning(output_dir)
+    config.exploration.final_epsilon = 0.9
+    config.exploration.initial_epsilon = 0.5
+    with pytest.raises(InputError, match="--final-epsilon must not exceed --initial-epsilon"):
+        qlearning.main(config)
+    with pytest.raises(InputError, match="--grid-size must be a positive integer"):
+        qlearning.main(tiny_qlearning(output_dir, "MountainCar-v0", grid_size=0))
+
+
+def test_q_table_builder_refuses_box_actions():
+    with pytest.raises(InputError, match="use recipes.ppo"):
+        make_q_table(Categorical(4, shape=(1,)), Bounded(-1.0, 1.0, shape=(1, 1)))
+
+
+def test_q_table_agent_round_trip_and_greedy_predictions(tmp_path):
+    env = gym.make("MountainCar-v0")
+    agent = Agent.build(
+        "MountainCar-v0",
+        env.observation_space,
+        env.action_space,
+        "qlearning",
+        policy_builder="q_table",
+        policy_kwargs={"grid_size": 6, "epsilon": 1.0},
+    )
+    table = q_value_actor(agent.policy).module[0].values
+    with torch.no_grad():
+        table.copy_(torch.randn_like(table))
+    egreedy_module(agent.policy).eps.fill_(0.25)
+    agent.save(tmp_path / "agent.ckpt")
+    loaded = Agent.load(tmp_path / "agent.ckpt")
+
+    assert loaded.policy_builder == "q_table" and loaded.policy_kwargs == {"grid_size": 6, "epsilon": 1.0}
+    assert egreedy_module(loaded.policy).eps.item() == 0.25
+    torch.testing.assert_close(q_value_actor(loaded.policy).module[0].values, table)
+    observations = np.stack([env.observation_space.sample() for _ in range(64)])
+    actions = agent.predict(observations)
+    np.testing.assert_array_equal(loaded.predict(observations), actions)
+    cells = ObservationGrid(
+        torch.tensor(env.observation_space.low), torch.tensor(env.observation_space.high), 6
+    )
+    greedy = table[cells(torch.as_tensor(observations))].argmax(-1)
+    np.testing.assert_array_equal(actions, greedy.numpy())  # deterministic: no epsilon-greedy step
+    egreedy_module(loaded.policy).eps.fill_(1.0)  # sampling: the epsilon-greedy step acts
+    assert (loaded.predict(observations, deterministic=False) != actions).any()
+
+
+def test_evaluation_caps_episodes_of_envs_without_a_time_limit():
+    # A fresh table is greedy for "up", which never leaves CliffWalking's top-left corner.
+    env = gym.make("CliffWalking-v1")
+    agent = Agent.build("CliffWalking-v1", env.observation_space, env.action_space, "qlearning", "q_table")
+    result = agent.evaluate(episodes=2, seed=0)
+    assert result.lengths.tolist() == [EVALUATION_STEP_LIMIT] * 2
+    assert result.mean == -EVALUATION_STEP_LIMIT
+
+
+def test_qlearning_smoke_writes_outputs(output_dir):
+    summary = qlearning.main(tiny_qlearning(output_dir, logger="csv"))
+    assert summary["algorithm"] == "qlearning" and summary["frames"] == 256
+    assert json.loads((output_dir / "summary.json").read_text()) == summary
+    for name in ("evaluations.csv", "learning_curve.png", "agent.ckpt", "best_agent.ckpt", "config.json"):
+        assert (output_dir / name).stat().st_size > 0, name
+    agent = Agent.load(output_dir)
+    assert agent.algorithm == "qlearning" and agent.policy_builder == "q_table"
+    assert egreedy_module(agent.policy).eps.item() < 1.0  # annealed during training, saved with the agent
+    assert q_value_actor(agent.policy).module[0].values.abs().sum() > 0  # the table learned something
+
+
+def test_qlearning_smoke_box_observations_on_the_torch_backend(output_dir):
+    config = tiny_qlearning(output_dir, "MountainCar-v0", grid_size=8, env_backend="torch", num_envs=16)
+    summary = qlearning.main(config)
+    assert summary["frames"] == 256
+    assert Agent.load(output_dir).policy_kwargs["grid_size"] == 8
+
+
+def run_module(*args):
+    return subprocess.run(
+        [sys.executable, "-m", *args],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=Path(__file__).parents[1],
+    )
+
+
+def test_cli_help_and_bad_input():
+    result = run_module("recipes.qlearning", "--help")
+    assert result.returncode == 0
+    for flag in (
+        "--grid-size",
+        "--lr",
+        "--gamma",
+        "--steps-per-env",
+        "--initial-epsilon",
+        "--exploration-fraction",
+    ):
+        assert flag in result.stdout, flag
+    result = run_module("recipes.qlearning", "--env-id", "Pendulum-v1", "--grid-size", "8")
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2 and len(lines) == 1 and "use recipes.ppo" in lines[0]
