@@ -3,6 +3,7 @@
 from agents.agent import POLICY_BUILDERS, Agent, EvaluationResult, write_video
 from agents.networks import find_normalizer, input_encoder, make_actor, make_critic, make_mlp
 from agents.qvalue import DuelingHead, NStepReturns, make_q_actor, make_q_network, make_target_updater
+from agents.tabular import ObservationGrid, QTable, make_q_table
 
 __all__ = [
     "POLICY_BUILDERS",
@@ -10,6 +11,8 @@ __all__ = [
     "DuelingHead",
     "EvaluationResult",
     "NStepReturns",
+    "ObservationGrid",
+    "QTable",
     "find_normalizer",
     "input_encoder",
     "make_actor",
@@ -17,6 +20,7 @@ __all__ = [
     "make_mlp",
     "make_q_actor",
     "make_q_network",
+    "make_q_table",
     "make_target_updater",
     "write_video",
 ]

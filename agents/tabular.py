@@ -50,7 +50,7 @@ class ObservationGrid(nn.Module):
         grid_size: bins per dimension.
 
     Raises:
-        InputError: a bound is infinite, or ``grid_size`` is below 1.
+        InputError: a bound is infinite, a dimension has ``high <= low``, or ``grid_size`` is below 1.
 
     Examples:
         >>> grid = ObservationGrid(torch.tensor([-1.2, -0.07]), torch.tensor([0.6, 0.07]), grid_size=10)
@@ -66,6 +66,11 @@ class ObservationGrid(nn.Module):
         self.grid_size = grid_size
         self.register_buffer("low", torch.as_tensor(low, dtype=torch.float32).clone())
         self.register_buffer("high", torch.as_tensor(high, dtype=torch.float32).clone())
+        if not (self.high > self.low).all():
+            flat = torch.nonzero((self.high <= self.low).flatten()).flatten().tolist()
+            raise InputError(
+                f"The observation box is empty in flattened dimension(s) {flat} (high <= low): no grid fits it."
+            )
         dims = self.low.numel()
         strides = grid_size ** torch.arange(dims - 1, -1, -1, dtype=torch.int64)
         self.register_buffer("strides", strides.reshape(self.low.shape))
@@ -77,7 +82,8 @@ class ObservationGrid(nn.Module):
     def forward(self, observation: torch.Tensor) -> torch.Tensor:
         fraction = (observation - self.low) / (self.high - self.low)
         bins = (fraction * self.grid_size).floor().clamp(0, self.grid_size - 1).long()
-        return (bins * self.strides).flatten(observation.ndim - self.low.ndim).sum(-1)
+        batch_shape = observation.shape[: observation.ndim - self.low.ndim]
+        return (bins * self.strides).reshape(*batch_shape, -1).sum(-1)
 
 
 class QTable(TensorDictModuleBase):
@@ -162,7 +168,9 @@ def make_q_table(
         )
     if isinstance(observation_spec, Categorical):
         if grid_size is not None:
-            raise InputError("--grid-size cuts Box observations into cells; drop it for Discrete observations.")
+            raise InputError(
+                "--grid-size cuts Box observations into cells; drop it for Discrete observations."
+            )
         encoder, num_states = nn.Identity(), observation_spec.space.n
     elif isinstance(observation_spec, (Bounded, Unbounded)) and observation_spec.dtype.is_floating_point:
         if isinstance(observation_spec, Unbounded):
@@ -179,7 +187,7 @@ def make_q_table(
     else:
         raise InputError(
             f"Tabular Q-learning reads Discrete or Box observations, got {type(observation_spec).__name__}; "
-            "use recipes.ppo for other observation spaces."
+            "number the observations 0..n-1 with a Discrete(n) observation space (a gymnasium.ObservationWrapper)."
         )
     num_actions = action_spec.space.n
     if num_states * num_actions > MAX_TABLE_ENTRIES:

@@ -11,9 +11,14 @@ Q(s, a) += lr * (target - Q(s, a)) for each transition. When several transitions
 action, each is weighted by 1 / (their count), so the entry moves by lr towards their mean target instead of
 overshooting (see ``update``).
 
-Expected results on a 2-core CPU, seed 0 (README.md has the commands and timings):
-Taxi-v4 (the defaults) >= 7 mean return within 60k frames; FrozenLake-v1 (4x4, slippery) about 0.7 success rate;
-CliffWalking-v1 the optimal -13; MountainCar-v0 with ``--grid-size`` better than -200.
+The zero-initialised table is optimistic for rewards below zero, which drives exploration on its own. Many envs
+stepped once per update (the default 128) keep the per-update cost of the loss module small per frame.
+
+Results on a 2-core CPU, seed 0, with the settings in README.md (each a learning test):
+Taxi-v4, the defaults: 80k frames, 12-17 s, mean return 7.6 over 100 episodes (the optimal policy: 7.7 on the same
+episodes); FrozenLake-v1 (4x4, slippery), --lr 0.1: 100k frames, about 10 s, 74% success over 1000 episodes;
+CliffWalking-v1, 16 envs: 10k frames, about 5 s, the optimal -13; MountainCar-v0 with --grid-size 20 on the torch
+backend, 4096 envs: 8M frames, about 23 s, about -147 (-200 means the car never reaches the flag).
 
     python -m recipes.qlearning                    # Taxi-v4
     python -m recipes.qlearning --help             # every option
@@ -73,7 +78,9 @@ class QLearningConfig:
     """Tabular Q-learning with epsilon-greedy exploration."""
 
     run: RunConfig = field(
-        default_factory=lambda: RunConfig(env_id="Taxi-v4", num_envs=32, total_frames=100_000, eval_every=10_240)
+        default_factory=lambda: RunConfig(
+            env_id="Taxi-v4", num_envs=128, total_frames=80_000, eval_every=10_240
+        )
     )
     collector: CollectorConfig = field(default_factory=CollectorConfig)
     exploration: ExplorationConfig = field(default_factory=ExplorationConfig)
@@ -87,7 +94,12 @@ def check_qlearning_ranges(config: QLearningConfig) -> None:
     checks = [
         ("--lr", learning.lr, 0 < learning.lr <= 1, "in (0, 1]"),
         ("--gamma", learning.gamma, 0 < learning.gamma <= 1, "in (0, 1]"),
-        ("--initial-epsilon", exploration.initial_epsilon, 0 <= exploration.initial_epsilon <= 1, "in [0, 1]"),
+        (
+            "--initial-epsilon",
+            exploration.initial_epsilon,
+            0 <= exploration.initial_epsilon <= 1,
+            "in [0, 1]",
+        ),
         ("--final-epsilon", exploration.final_epsilon, 0 <= exploration.final_epsilon <= 1, "in [0, 1]"),
         (
             "--exploration-fraction",
@@ -111,8 +123,8 @@ def check_spaces(
     """Raise :class:`InputError` for spaces a Q-table cannot hold (naming the recipe that can) or a missing grid."""
     if not isinstance(action_space, gym.spaces.Discrete):
         raise InputError(
-            f"Tabular Q-learning needs a Discrete action space; {env_id} has {action_space}. "
-            "Use recipes.ppo for Box action spaces."
+            f"Tabular Q-learning needs a Discrete action space, but {env_id} has {action_space}: "
+            "use recipes.ppo for Box action spaces."
         )
     if isinstance(observation_space, gym.spaces.Box):
         check_finite_bounds(observation_space.low, observation_space.high)
@@ -123,8 +135,9 @@ def check_spaces(
             )
     elif not isinstance(observation_space, gym.spaces.Discrete):
         raise InputError(
-            f"Tabular Q-learning reads Discrete or bounded Box observations; {env_id} has {observation_space}. "
-            "Use recipes.dqn or recipes.ppo, whose networks read any vector of observations."
+            f"Tabular Q-learning reads Discrete observations, or bounded Box ones with --grid-size; {env_id} has "
+            f"{observation_space}. Wrap the env in a gymnasium.ObservationWrapper that numbers the observations "
+            "0..n-1 with a Discrete(n) observation space, which this recipe reads."
         )
 
 

@@ -1,6 +1,9 @@
 """DQN family: target network syncs, prioritized replay, n-step targets, noisy layers, options, bad input."""
 
 import math
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -283,3 +286,18 @@ def test_box_action_space_is_refused_with_the_recipes_that_fit(output_dir):
 def test_out_of_range_options_are_refused(options, message, output_dir):
     with pytest.raises(InputError, match=message):
         dqn.main(tiny_dqn(output_dir, **options))
+
+
+def test_cli_refuses_a_box_action_space_in_one_line(tmp_path):
+    result = subprocess.run(
+        [sys.executable, "-m", "recipes.dqn", "--env-id", "Pendulum-v1", "--output-dir", str(tmp_path)],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=Path(__file__).parents[1],
+    )
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: DQN needs a Discrete action space")
+    assert "recipes.ppo" in lines[0]

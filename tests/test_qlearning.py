@@ -2,9 +2,7 @@
 the recipe's smoke run and CLI, and (marked ``learning``) the four reference tasks."""
 
 import json
-import subprocess
 import sys
-from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
@@ -19,7 +17,7 @@ from agents.agent import EVALUATION_STEP_LIMIT
 from agents.tabular import CELL_KEY, ObservationGrid, egreedy_module, make_q_table, q_value_actor
 from envs import InputError
 from recipes import qlearning
-from recipes.common import RunConfig
+from recipes.common import RunConfig, run_cli
 
 
 def test_dqn_loss_and_one_sgd_step_are_the_tabular_update():
@@ -92,7 +90,7 @@ def test_unbounded_box_is_refused_naming_the_dimensions():
         ObservationGrid(torch.tensor([-float("inf"), 0.0]), torch.tensor([1.0, float("inf")]), grid_size=4)
 
 
-def tiny_qlearning(output_dir, env_id="FrozenLake-v1", grid_size=None, **run_overrides):
+def tiny_qlearning(output_dir, env_id="Taxi-v4", grid_size=None, **run_overrides):
     options = {
         "env_id": env_id,
         "num_envs": 4,
@@ -121,6 +119,11 @@ def tiny_qlearning(output_dir, env_id="FrozenLake-v1", grid_size=None, **run_ove
 def test_spaces_a_table_cannot_hold_raise_input_errors(env_id, grid_size, message, output_dir):
     with pytest.raises(InputError, match=message):
         qlearning.main(tiny_qlearning(output_dir, env_id, grid_size=grid_size))
+
+
+def test_multi_discrete_observations_are_refused_with_a_way_out():
+    with pytest.raises(InputError, match=r"numbers the observations 0..n-1 with a Discrete\(n\)"):
+        qlearning.check_spaces("Grid-v0", gym.spaces.MultiDiscrete([3, 4]), gym.spaces.Discrete(2), None)
 
 
 def test_invalid_hyperparameters_raise_input_errors(output_dir):
@@ -202,20 +205,12 @@ def test_qlearning_smoke_box_observations_on_the_torch_backend(output_dir):
     assert Agent.load(output_dir).policy_kwargs["grid_size"] == 8
 
 
-def run_module(*args):
-    return subprocess.run(
-        [sys.executable, "-m", *args],
-        check=False,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=Path(__file__).parents[1],
-    )
-
-
-def test_cli_help_and_bad_input():
-    result = run_module("recipes.qlearning", "--help")
-    assert result.returncode == 0
+def test_cli_help_and_bad_input(monkeypatch, capsys):
+    monkeypatch.setattr(sys, "argv", ["qlearning", "--help"])
+    with pytest.raises(SystemExit) as exit_info:
+        run_cli(qlearning.main, qlearning.QLearningConfig, qlearning.__doc__)
+    assert exit_info.value.code == 0
+    help_text = capsys.readouterr().out
     for flag in (
         "--grid-size",
         "--lr",
@@ -224,7 +219,74 @@ def test_cli_help_and_bad_input():
         "--initial-epsilon",
         "--exploration-fraction",
     ):
-        assert flag in result.stdout, flag
-    result = run_module("recipes.qlearning", "--env-id", "Pendulum-v1", "--grid-size", "8")
-    lines = result.stderr.strip().splitlines()
-    assert result.returncode == 2 and len(lines) == 1 and "use recipes.ppo" in lines[0]
+        assert flag in help_text, flag
+    monkeypatch.setattr(sys, "argv", ["qlearning", "--env-id", "Pendulum-v1", "--grid-size", "8"])
+    with pytest.raises(SystemExit) as exit_info:
+        run_cli(qlearning.main, qlearning.QLearningConfig, qlearning.__doc__)
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert exit_info.value.code == 2 and len(lines) == 1
+    assert (
+        lines[0].startswith("error: Tabular Q-learning needs a Discrete action space")
+        and "recipes.ppo" in lines[0]
+    )
+
+
+# Learning tests: the settings README.md gives for each task, fixed seed 0.
+
+
+def quiet(config, output_dir, **run_overrides):
+    options = {"output_dir": output_dir, "logger": "none", "video": False, "progress": False, **run_overrides}
+    for name, value in options.items():
+        setattr(config.run, name, value)
+    return config
+
+
+@pytest.mark.learning
+def test_default_config_learns_taxi(output_dir):
+    qlearning.main(quiet(qlearning.QLearningConfig(), output_dir))
+    result = Agent.load(output_dir).evaluate(episodes=100, seed=0)
+    assert result.mean >= 7  # the optimal policy scores 7.69 on these episodes; a looping episode costs 2
+
+
+@pytest.mark.learning
+def test_frozen_lake_success_rate(output_dir):
+    config = quiet(
+        qlearning.QLearningConfig(),
+        output_dir,
+        env_id="FrozenLake-v1",
+        total_frames=100_000,
+        eval_every=100_000,
+        stop_at_return=float("inf"),
+    )
+    config.learning.lr = 0.1
+    qlearning.main(config)
+    result = Agent.load(output_dir).evaluate(episodes=1000, seed=0)
+    assert (result.returns > 0).mean() >= 0.6  # slippery 4x4: the best policy succeeds about 74% of the time
+
+
+@pytest.mark.learning
+def test_cliff_walking_finds_the_optimal_path(output_dir):
+    config = quiet(
+        qlearning.QLearningConfig(), output_dir, env_id="CliffWalking-v1", num_envs=16, total_frames=10_000
+    )
+    summary = qlearning.main(config)
+    assert summary["eval_return_mean"] == -13.0  # 13 steps along the cliff edge, every episode
+
+
+@pytest.mark.learning
+def test_mountain_car_on_a_grid(output_dir):
+    config = quiet(
+        qlearning.QLearningConfig(),
+        output_dir,
+        env_id="MountainCar-v0",
+        env_backend="torch",
+        num_envs=4096,
+        total_frames=8_000_000,
+        eval_every=8_000_000,
+    )
+    config.table.grid_size = 20
+    config.learning.lr = 0.1
+    config.exploration.initial_epsilon = config.exploration.final_epsilon = 0.1
+    qlearning.main(config)
+    result = Agent.load(output_dir).evaluate(episodes=100, seed=0)
+    assert result.mean > -200  # -200: the car never reaches the flag; seed 0 scores about -150
