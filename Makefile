@@ -21,6 +21,7 @@ test: install
 bench: install
 	$(PYTHON) -m pip install --quiet -e ".[test,bench]"
 	$(PYTHON) -m benchmarks.ppo_vs_sb3
+	$(PYTHON) -m benchmarks.dqn_vs_sb3
 
 clean:
 	rm -rf runs $(VENV)

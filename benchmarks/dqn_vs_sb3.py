@@ -62,12 +62,11 @@ def run_sb3(seed: int) -> dict:
 
 
 def run_ours(seed: int, zoo: bool) -> dict:
-    from recipes.common import RunConfig
+    from recipes.common import ExplorationConfig, RunConfig
     from recipes.dqn import (
         BufferConfig,
         CollectorConfig,
         DQNConfig,
-        ExplorationConfig,
         LossConfig,
         NetworkConfig,
         OptimConfig,

@@ -113,6 +113,36 @@ class RunConfig:
         return gym.spec(self.env_id).reward_threshold
 
 
+@dataclass
+class ExplorationConfig:
+    """Epsilon-greedy exploration annealed linearly (value-based recipes)."""
+
+    initial_epsilon: float = 1.0
+    """Epsilon-greedy rate at the start."""
+    final_epsilon: float = 0.05
+    """Epsilon-greedy rate after annealing."""
+    exploration_fraction: float = 0.5
+    """Fraction of the budget over which epsilon is annealed linearly."""
+
+    def validate(self) -> None:
+        """Raise :class:`InputError` for rates outside [0, 1] or a schedule that increases."""
+        for flag, value in (
+            ("--initial-epsilon", self.initial_epsilon),
+            ("--final-epsilon", self.final_epsilon),
+        ):
+            if not 0 <= value <= 1:
+                raise InputError(f"{flag} must be in [0, 1], got {value}.")
+        if not 0 < self.exploration_fraction <= 1:
+            raise InputError(f"--exploration-fraction must be in (0, 1], got {self.exploration_fraction}.")
+        if self.final_epsilon > self.initial_epsilon:
+            raise InputError("--final-epsilon must not exceed --initial-epsilon.")
+
+    def epsilon(self, frames: int, total_frames: int) -> float:
+        """The rate after ``frames`` of a ``total_frames`` budget."""
+        progress = min(1.0, frames / max(1.0, self.exploration_fraction * total_frames))
+        return self.initial_epsilon + (self.final_epsilon - self.initial_epsilon) * progress
+
+
 def make_training_env(run: RunConfig, device: torch.device):
     """The batched training env of ``run``: Gymnasium envs on the CPU, or torch envs on ``device``."""
     return make_env(
@@ -407,6 +437,7 @@ def run_cli(main: Callable[[ConfigT], dict[str, Any]], config_type: type[ConfigT
 
 
 __all__ = [
+    "ExplorationConfig",
     "Run",
     "RunConfig",
     "config_to_dict",

@@ -34,7 +34,15 @@ from torchrl.objectives import DQNLoss
 
 from agents import Agent, NStepReturns, find_normalizer, make_target_updater
 from envs import InputError
-from recipes.common import Run, RunConfig, make_training_env, prepare_process, require_positive, run_cli
+from recipes.common import (
+    ExplorationConfig,
+    Run,
+    RunConfig,
+    make_training_env,
+    prepare_process,
+    require_positive,
+    run_cli,
+)
 
 # what a stored transition keeps (fewer keys: cheaper sampling and loss calls)
 TRANSITION_KEYS = ("observation", "action", ("next", "observation"), ("next", "reward")) + tuple(
@@ -66,16 +74,6 @@ class BufferConfig:
     """Prioritization exponent (0: uniform sampling)."""
     beta: float = 0.4
     """Initial importance-sampling exponent, annealed linearly to 1 over the budget."""
-
-
-@dataclass
-class ExplorationConfig:
-    initial_epsilon: float = 1.0
-    """Epsilon-greedy rate at the start."""
-    final_epsilon: float = 0.04
-    """Epsilon-greedy rate after annealing."""
-    exploration_fraction: float = 0.16
-    """Fraction of the budget over which epsilon is annealed linearly."""
 
 
 @dataclass
@@ -125,7 +123,9 @@ class DQNConfig:
     """'rainbow' switches on double, dueling, noisy, prioritized and 3-step returns."""
     collector: CollectorConfig = field(default_factory=CollectorConfig)
     buffer: BufferConfig = field(default_factory=BufferConfig)
-    exploration: ExplorationConfig = field(default_factory=ExplorationConfig)
+    exploration: ExplorationConfig = field(
+        default_factory=lambda: ExplorationConfig(final_epsilon=0.04, exploration_fraction=0.16)
+    )
     loss: LossConfig = field(default_factory=LossConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     network: NetworkConfig = field(default_factory=NetworkConfig)
@@ -157,7 +157,7 @@ class DQNConfig:
 
 def check_dqn_ranges(config: DQNConfig) -> None:
     """Raise :class:`InputError` for hyperparameters outside their meaningful range."""
-    buffer, exploration, loss, optim = config.buffer, config.exploration, config.loss, config.optim
+    buffer, loss, optim = config.buffer, config.loss, config.optim
     checks = [
         ("--lr", optim.lr, optim.lr > 0, "> 0"),
         ("--max-grad-norm", optim.max_grad_norm, optim.max_grad_norm > 0, "> 0"),
@@ -165,19 +165,6 @@ def check_dqn_ranges(config: DQNConfig) -> None:
         ("--tau", loss.tau, 0 < loss.tau <= 1, "in (0, 1]"),
         ("--alpha", buffer.alpha, buffer.alpha >= 0, ">= 0"),
         ("--beta", buffer.beta, 0 <= buffer.beta <= 1, "in [0, 1]"),
-        (
-            "--initial-epsilon",
-            exploration.initial_epsilon,
-            0 <= exploration.initial_epsilon <= 1,
-            "in [0, 1]",
-        ),
-        ("--final-epsilon", exploration.final_epsilon, 0 <= exploration.final_epsilon <= 1, "in [0, 1]"),
-        (
-            "--exploration-fraction",
-            exploration.exploration_fraction,
-            0 < exploration.exploration_fraction <= 1,
-            "in (0, 1]",
-        ),
         (
             "--learning-starts",
             config.collector.learning_starts,
@@ -188,8 +175,7 @@ def check_dqn_ranges(config: DQNConfig) -> None:
     for flag, value, valid, expected in checks:
         if not valid:
             raise InputError(f"{flag} must be {expected}, got {value}.")
-    if exploration.final_epsilon > exploration.initial_epsilon:
-        raise InputError("--final-epsilon must not exceed --initial-epsilon.")
+    config.exploration.validate()
 
 
 def main(config: DQNConfig) -> dict:
@@ -211,8 +197,8 @@ def main(config: DQNConfig) -> dict:
     frames_per_batch = run_config.num_envs * config.collector.steps_per_env
     num_batches = -(-run_config.total_frames // frames_per_batch)
     noisy, n_steps = config.noisy, config.n_steps
-    initial_epsilon = 0.0 if noisy else config.exploration.initial_epsilon
-    final_epsilon = 0.0 if noisy else config.exploration.final_epsilon
+    # noisy layers explore on their own: epsilon stays 0
+    exploration = ExplorationConfig(0.0, 0.0) if noisy else config.exploration
 
     # env
     env = make_training_env(run_config, device)
@@ -230,7 +216,7 @@ def main(config: DQNConfig) -> dict:
         "dueling": config.dueling,
         "noisy": noisy,
         "normalize_obs": config.network.normalize_obs,
-        "epsilon": initial_epsilon,
+        "epsilon": exploration.initial_epsilon,
     }
     agent = Agent.build(
         run_config.env_id,
@@ -255,7 +241,6 @@ def main(config: DQNConfig) -> dict:
     )
     loss_module.make_value_estimator(gamma=loss_config.gamma)
     target_updater = make_target_updater(loss_module, loss_config.target_update_interval, loss_config.tau)
-    epsilon_steps = max(1, int(config.exploration.exploration_fraction * run_config.total_frames))
 
     # collector
     collector = Collector(
@@ -310,9 +295,7 @@ def main(config: DQNConfig) -> dict:
     frames = 0
     for batch in collector:
         frames += batch.numel()
-        epsilon_greedy.eps.fill_(
-            initial_epsilon + (final_epsilon - initial_epsilon) * min(1.0, frames / epsilon_steps)
-        )
+        epsilon_greedy.eps.fill_(exploration.epsilon(frames, run_config.total_frames))
         transitions = batch.select(*TRANSITION_KEYS)
         if n_step_returns is not None:
             transitions = n_step_returns.inv(transitions)

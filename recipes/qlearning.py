@@ -36,7 +36,15 @@ from torchrl.objectives import DQNLoss, ValueEstimators
 from agents import Agent
 from agents.tabular import CELL_KEY, check_finite_bounds, egreedy_module, q_value_actor
 from envs import InputError
-from recipes.common import Run, RunConfig, make_training_env, prepare_process, require_positive, run_cli
+from recipes.common import (
+    ExplorationConfig,
+    Run,
+    RunConfig,
+    make_training_env,
+    prepare_process,
+    require_positive,
+    run_cli,
+)
 
 PAIR_WEIGHT_KEY = "pair_weight"  # per-transition loss weight: 1 / visits of its (state, action) in the batch
 
@@ -46,16 +54,6 @@ class CollectorConfig:
     steps_per_env: int = 1
     """Steps each env takes per collected batch (frames per batch = num_envs * steps_per_env); one update per
     batch."""
-
-
-@dataclass
-class ExplorationConfig:
-    initial_epsilon: float = 1.0
-    """Epsilon-greedy rate at the start."""
-    final_epsilon: float = 0.05
-    """Epsilon-greedy rate after annealing."""
-    exploration_fraction: float = 0.5
-    """Fraction of the budget over which epsilon is annealed linearly."""
 
 
 @dataclass
@@ -90,29 +88,15 @@ class QLearningConfig:
 
 def check_qlearning_ranges(config: QLearningConfig) -> None:
     """Raise :class:`InputError` for hyperparameters outside their meaningful range."""
-    exploration, learning = config.exploration, config.learning
+    learning = config.learning
     checks = [
         ("--lr", learning.lr, 0 < learning.lr <= 1, "in (0, 1]"),
         ("--gamma", learning.gamma, 0 < learning.gamma <= 1, "in (0, 1]"),
-        (
-            "--initial-epsilon",
-            exploration.initial_epsilon,
-            0 <= exploration.initial_epsilon <= 1,
-            "in [0, 1]",
-        ),
-        ("--final-epsilon", exploration.final_epsilon, 0 <= exploration.final_epsilon <= 1, "in [0, 1]"),
-        (
-            "--exploration-fraction",
-            exploration.exploration_fraction,
-            0 < exploration.exploration_fraction <= 1,
-            "in (0, 1]",
-        ),
     ]
     for flag, value, valid, expected in checks:
         if not valid:
             raise InputError(f"{flag} must be {expected}, got {value}.")
-    if exploration.final_epsilon > exploration.initial_epsilon:
-        raise InputError("--final-epsilon must not exceed --initial-epsilon.")
+    config.exploration.validate()
     if config.table.grid_size is not None:
         require_positive(grid_size=config.table.grid_size)
 
@@ -152,8 +136,6 @@ def main(config: QLearningConfig) -> dict:
     device = torch.device(run_config.device)
     frames_per_batch = run_config.num_envs * config.collector.steps_per_env
     num_batches = -(-run_config.total_frames // frames_per_batch)
-    initial_epsilon, final_epsilon = exploration_config.initial_epsilon, exploration_config.final_epsilon
-    epsilon_frames = max(1, int(exploration_config.exploration_fraction * run_config.total_frames))
 
     # env
     env = make_training_env(run_config, device)
@@ -172,7 +154,7 @@ def main(config: QLearningConfig) -> dict:
         env.single_action_space,
         "qlearning",
         policy_builder="q_table",
-        policy_kwargs={"grid_size": config.table.grid_size, "epsilon": initial_epsilon},
+        policy_kwargs={"grid_size": config.table.grid_size, "epsilon": exploration_config.initial_epsilon},
         device=device,
     )
     q_actor, epsilon_greedy = q_value_actor(agent.policy), egreedy_module(agent.policy)
@@ -222,9 +204,7 @@ def main(config: QLearningConfig) -> dict:
     for batch in collector:
         frames += batch.numel()
         loss = update(batch)
-        epsilon_greedy.eps.fill_(
-            initial_epsilon + (final_epsilon - initial_epsilon) * min(1.0, frames / epsilon_frames)
-        )
+        epsilon_greedy.eps.fill_(exploration_config.epsilon(frames, run_config.total_frames))
         metrics = {
             "train/loss": loss.item() / batch.numel(),
             "train/epsilon": epsilon_greedy.eps.item(),
