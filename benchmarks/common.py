@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import statistics
 import subprocess
 import sys
+import warnings
+from collections.abc import Callable
 from typing import Any
+
+SIDES = ["sb3", "ours-zoo", "ours"]
 
 
 def evaluate_sb3(model: Any, env_id: str, seed: int, episodes: int = 20) -> float:
@@ -27,6 +32,11 @@ def evaluate_sb3(model: Any, env_id: str, seed: int, episodes: int = 20) -> floa
         returns.append(total)
     env.close()
     return float(statistics.mean(returns))
+
+
+def quiet(run: Any, output_dir: str) -> None:
+    """Point a recipe's RunConfig at ``output_dir`` with no logger, video or progress bar."""
+    run.output_dir, run.logger, run.video, run.progress = output_dir, "none", False, False
 
 
 def summary_row(summary: dict[str, Any]) -> dict[str, Any]:
@@ -83,3 +93,26 @@ def compare(module: str, sides: list[str], seeds: list[int]) -> None:
             r["fps"] for r in results["sb3"]
         )
         print(f"same hyperparameters, frames/s ours / SB3: {ratio:.2f}x")
+
+
+def benchmark_cli(
+    module: str,
+    description: str,
+    run_sb3: Callable[[int], dict[str, Any]],
+    run_ours: Callable[[int, bool], dict[str, Any]],
+) -> None:
+    """Command line of a benchmark: compare the chosen sides, or (``--child``) run one side and print its row."""
+    parser = argparse.ArgumentParser(
+        description=description, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0])
+    parser.add_argument("--sides", nargs="+", default=SIDES, choices=SIDES)
+    parser.add_argument("--child", choices=SIDES, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        warnings.filterwarnings("ignore")
+        seed = args.seeds[0]
+        result = run_sb3(seed) if args.child == "sb3" else run_ours(seed, args.child == "ours-zoo")
+        print(json.dumps(result))
+        return
+    compare(module, args.sides, args.seeds)

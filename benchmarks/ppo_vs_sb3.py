@@ -16,12 +16,9 @@ The headline ratio is SB3's wall-clock time over the time our default run takes 
 
 from __future__ import annotations
 
-import argparse
-import json
 import time
-import warnings
 
-from benchmarks.common import compare, evaluate_sb3, summary_row
+from benchmarks.common import benchmark_cli, evaluate_sb3, quiet, summary_row
 
 TOTAL_FRAMES = 100_000
 
@@ -82,33 +79,12 @@ def run_ours(seed: int, zoo: bool) -> dict:
     else:
         config = PPOConfig()
         config.run.seed = seed
-    config.run.output_dir, config.run.logger, config.run.video, config.run.progress = (
-        output_dir,
-        "none",
-        False,
-        False,
-    )
+    quiet(config.run, output_dir)
     return summary_row(main(config))
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0])
-    parser.add_argument(
-        "--sides", nargs="+", default=["sb3", "ours-zoo", "ours"], choices=["sb3", "ours-zoo", "ours"]
-    )
-    parser.add_argument("--child", choices=["sb3", "ours-zoo", "ours"], help=argparse.SUPPRESS)
-    args = parser.parse_args()
-    if args.child:
-        warnings.filterwarnings("ignore")
-        seed = args.seeds[0]
-        result = run_sb3(seed) if args.child == "sb3" else run_ours(seed, zoo=args.child == "ours-zoo")
-        print(json.dumps(result))
-        return
-
-    compare("benchmarks.ppo_vs_sb3", args.sides, args.seeds)
+    benchmark_cli("benchmarks.ppo_vs_sb3", __doc__, run_sb3, run_ours)
 
 
 if __name__ == "__main__":

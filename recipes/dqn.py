@@ -196,7 +196,7 @@ def main(config: DQNConfig) -> dict:
     device = torch.device(run_config.device)
     frames_per_batch = run_config.num_envs * config.collector.steps_per_env
     num_batches = -(-run_config.total_frames // frames_per_batch)
-    noisy, n_steps = config.noisy, config.n_steps
+    noisy, n_steps, prioritized = config.noisy, config.n_steps, config.prioritized
     # noisy layers explore on their own: epsilon stays 0
     exploration = ExplorationConfig(0.0, 0.0) if noisy else config.exploration
 
@@ -256,7 +256,7 @@ def main(config: DQNConfig) -> dict:
     )
 
     # buffer: uniform or prioritized sampling; n-step returns are computed as batches come in
-    if config.prioritized:
+    if prioritized:
         sampler = PrioritizedSampler(
             buffer_config.buffer_size, alpha=buffer_config.alpha, beta=buffer_config.beta
         )
@@ -278,6 +278,7 @@ def main(config: DQNConfig) -> dict:
     run = Run("dqn", config, run_config, agent)
 
     max_grad_norm = config.optim.max_grad_norm
+    learning_starts, updates_per_batch = config.collector.learning_starts, config.collector.updates_per_batch
 
     def update(sample):
         with set_exploration_type(ExplorationType.RANDOM):  # noisy layers learn with their noise on
@@ -304,16 +305,16 @@ def main(config: DQNConfig) -> dict:
                 transitions.exclude("gamma", "nonterminal", ("next", "original_reward")).reshape(-1)
             )
         metrics = {"train/epsilon": epsilon_greedy.eps.item()}
-        if frames >= config.collector.learning_starts and len(replay_buffer) >= buffer_config.batch_size:
-            if config.prioritized:
+        if frames >= learning_starts and len(replay_buffer) >= buffer_config.batch_size:
+            if prioritized:
                 sampler.beta = buffer_config.beta + (1.0 - buffer_config.beta) * min(
                     1.0, frames / run_config.total_frames
                 )
             losses, grad_norms = [], []
-            for _ in range(config.collector.updates_per_batch):
+            for _ in range(updates_per_batch):
                 sample = replay_buffer.sample()
                 loss, grad_norm = update(sample)
-                if config.prioritized:
+                if prioritized:
                     # DQNLoss stores squared TD errors; the paper's priority is |TD error|
                     sample.set("td_error", sample.get("td_error").sqrt())
                     replay_buffer.update_tensordict_priority(sample)
