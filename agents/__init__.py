@@ -2,7 +2,14 @@
 
 from agents.agent import POLICY_BUILDERS, Agent, EvaluationResult, write_video
 from agents.networks import find_normalizer, input_encoder, make_actor, make_critic, make_mlp
-from agents.qvalue import DuelingHead, NStepReturns, make_q_actor, make_q_network, make_target_updater
+from agents.qvalue import (
+    DuelingHead,
+    NStepReturns,
+    TensorDQNLoss,
+    make_q_actor,
+    make_q_network,
+    make_target_updater,
+)
 from agents.tabular import ObservationGrid, QTable, make_q_table
 
 __all__ = [
@@ -13,6 +20,7 @@ __all__ = [
     "NStepReturns",
     "ObservationGrid",
     "QTable",
+    "TensorDQNLoss",
     "find_normalizer",
     "input_encoder",
     "make_actor",

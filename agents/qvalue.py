@@ -5,14 +5,18 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
-from tensordict import TensorDictBase
-from tensordict.nn import TensorDictSequential
+from tensordict import TensorDict, TensorDictBase
+from tensordict.nn import TensorDictModuleBase, TensorDictSequential
 from torch import nn
 from torchrl.data import Categorical, TensorSpec
 from torchrl.data.postprocs.postprocs import _multi_step_func
 from torchrl.envs.transforms import MultiStepTransform
+from torchrl.envs.utils import ExplorationType, exploration_type
 from torchrl.modules import MLP, EGreedyModule, NoisyLinear, QValueActor
-from torchrl.objectives import HardUpdate, LossModule, SoftUpdate, TargetNetUpdater
+from torchrl.objectives import DQNLoss, HardUpdate, LossModule, SoftUpdate, TargetNetUpdater
+from torchrl.objectives.utils import distance_loss
+from torchrl.objectives.value import TD0Estimator
+from torchrl.objectives.value.functional import td0_return_estimate
 
 from agents.networks import ACTIVATIONS, observation_encoder
 from envs.errors import InputError
@@ -93,6 +97,32 @@ def make_q_network(
     return nn.Sequential(*layers)
 
 
+class NoiseResampler(TensorDictModuleBase):
+    """Draws fresh NoisyNet noise after every exploratory call of a policy.
+
+    NoisyNet-DQN acts with a new noise sample at every step (Fortunato et al., 2018, arXiv:1706.10295,
+    Algorithm 1); TorchRL's ``NoisyLinear`` only resamples when told to. Placed last in the policy, this
+    module resamples the noise of ``network``'s noisy layers after each call under
+    ``ExplorationType.RANDOM`` (collection, ``predict(deterministic=False)``), so the next action uses new
+    noise. It reads and writes no keys and holds no parameters; loss modules never call it.
+
+    Args:
+        network: the module whose ``NoisyLinear`` layers it resamples.
+    """
+
+    def __init__(self, network: nn.Module):
+        super().__init__()
+        self.in_keys, self.out_keys = [], []
+        # a plain attribute, not a submodule: the layers belong to the Q-network and are saved there
+        self.__dict__["noisy_layers"] = tuple(m for m in network.modules() if isinstance(m, NoisyLinear))
+
+    def forward(self, tensordict: TensorDictBase) -> TensorDictBase:
+        if exploration_type() is ExplorationType.RANDOM:
+            for layer in self.noisy_layers:
+                layer.reset_noise()
+        return tensordict
+
+
 def make_q_actor(
     observation_spec: TensorSpec,
     action_spec: TensorSpec,
@@ -106,7 +136,8 @@ def make_q_actor(
     """Build an epsilon-greedy Q-value policy for a discrete action spec.
 
     The policy is a ``QValueActor`` (writing ``"action_value"``, ``"chosen_action_value"`` and the greedy
-    ``"action"``) followed by an ``EGreedyModule`` whose ``eps`` buffer is saved with the agent. The
+    ``"action"``) followed by an ``EGreedyModule`` whose ``eps`` buffer is saved with the agent, and, for noisy
+    networks, a :class:`NoiseResampler` that draws new noise after every exploratory action. The
     epsilon-greedy step and noisy layers act only under ``ExplorationType.RANDOM`` (collection); evaluation
     and ``Agent.predict(deterministic=True)`` take the greedy action of the noise-free network.
 
@@ -117,8 +148,8 @@ def make_q_actor(
         epsilon: initial exploration rate of the epsilon-greedy module.
 
     Returns:
-        ``TensorDictSequential(QValueActor, EGreedyModule)``; ``policy[0]`` is the Q-value actor a
-        ``DQNLoss`` trains.
+        ``TensorDictSequential(QValueActor, EGreedyModule[, NoiseResampler])``; ``policy[0]`` is the Q-value
+        actor a ``DQNLoss`` trains.
 
     Examples:
         >>> from envs import make_env
@@ -139,7 +170,96 @@ def make_q_actor(
     single_action_spec = action_spec[0] if action_spec.ndim else action_spec
     q_actor = QValueActor(network, in_keys=["observation"], spec=single_action_spec)
     exploration = EGreedyModule(single_action_spec, eps_init=epsilon, eps_end=epsilon)
+    if noisy:
+        return TensorDictSequential(q_actor, exploration, NoiseResampler(network))
     return TensorDictSequential(q_actor, exploration)
+
+
+class TensorDQNLoss(DQNLoss):
+    """TorchRL's ``DQNLoss``, computed on the observation tensors instead of through TensorDict modules.
+
+    ``DQNLoss`` runs the Q-value actor as a TensorDict module for the online values and again, through its
+    TD(0) value estimator, for the target values; each pass copies the input, writes three entries and swaps
+    the parameters in and out. For the small networks of classic-control tasks that bookkeeping costs more
+    than the network itself. This subclass keeps everything else of ``DQNLoss``: construction, the online and
+    target parameters (so ``HardUpdate`` and ``SoftUpdate`` work unchanged), the keys, the discount of the
+    TD(0) estimator (``gamma ** steps_to_next_obs`` for n-step transitions), Double DQN, the loss function,
+    the importance-weighted reduction and the squared TD error written to the priority key. It calls the
+    actor's network directly, once for the online values and once, with the target parameters swapped in,
+    for the bootstrap (plus the online argmax for Double DQN). The tests check that loss, gradients and
+    priorities equal ``DQNLoss``'s.
+
+    Args:
+        value_network: a ``QValueActor`` (as built by :func:`make_q_actor`).
+        **kwargs: as for ``DQNLoss``; ``delay_value`` defaults to True.
+
+    Reads:
+        ``"observation"`` (the actor's in_keys), ``"action"``, ``("next", "observation")``, ``("next", "reward")``,
+        ``("next", "terminated")``, optionally ``"steps_to_next_obs"`` and the priority weight.
+
+    Writes:
+        the squared TD error under the priority key (``"td_error"``) of the input; returns ``TensorDict(loss=...)``.
+    """
+
+    def __init__(self, value_network: QValueActor, **kwargs):
+        if not isinstance(value_network, QValueActor):
+            raise InputError(
+                f"TensorDQNLoss needs a QValueActor, got {type(value_network).__name__}; use DQNLoss for other modules."
+            )
+        super().__init__(value_network, **{"delay_value": True, **kwargs})
+        q_module = value_network[0]
+        self._q_network = q_module.module
+        self._observation_keys = list(q_module.in_keys)
+
+    def _chosen(self, action_values: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
+        if self.action_space == "categorical":
+            if action.ndim != action_values.ndim:
+                action = action.unsqueeze(-1)
+            return action_values.gather(-1, action).squeeze(-1)
+        return (action_values * action.to(action_values.dtype)).sum(-1)
+
+    def forward(self, tensordict: TensorDictBase) -> TensorDictBase:
+        """The DQN loss of a batch of transitions; writes the squared TD errors as priorities."""
+        if not isinstance(self.value_estimator, TD0Estimator):
+            raise InputError(
+                "TensorDQNLoss computes TD(0) targets only; use DQNLoss for other value estimators."
+            )
+        if self.value_estimator.average_rewards:
+            raise InputError(
+                "TensorDQNLoss does not standardise rewards; use DQNLoss for average_rewards=True."
+            )
+        keys = self.tensor_keys
+        observations = [tensordict.get(key) for key in self._observation_keys]
+        next_observations = [tensordict.get(("next", key)) for key in self._observation_keys]
+        chosen_value_B = self._chosen(self._q_network(*observations), tensordict.get(keys.action))
+
+        with torch.no_grad():
+            if self.double_dqn:  # the online network picks the next action, the target network values it
+                next_action_B1 = self._q_network(*next_observations).argmax(-1, keepdim=True)
+            with self.target_value_network_params.to_module(self.value_network):
+                next_values_BA = self._q_network(*next_observations)
+            if self.double_dqn:
+                next_value_B1 = next_values_BA.gather(-1, next_action_B1)
+            else:
+                next_value_B1 = next_values_BA.max(-1, keepdim=True).values
+            reward_B1 = tensordict.get(("next", keys.reward))
+            estimator = self.value_estimator
+            gamma = estimator.gamma.to(reward_B1.device)
+            steps_to_next_obs = tensordict.get(estimator.tensor_keys.steps_to_next_obs, None)
+            if steps_to_next_obs is not None:
+                gamma = gamma ** steps_to_next_obs.view_as(reward_B1)
+            target_value_B = td0_return_estimate(
+                gamma, next_value_B1, reward_B1, tensordict.get(("next", keys.terminated))
+            ).squeeze(-1)
+            tensordict.set(
+                keys.priority, (chosen_value_B - target_value_B).pow(2).unsqueeze(-1), inplace=True
+            )
+
+        loss_B = distance_loss(chosen_value_B, target_value_B, self.loss_function)
+        weights = None
+        if self.use_prioritized_weights in (True, "auto") and keys.priority_weight in tensordict.keys():  # noqa: SIM118 (TensorDict has no __contains__)
+            weights = tensordict.get(keys.priority_weight)
+        return TensorDict(loss=self._reduce_loss(loss_B, tensordict=tensordict, weights=weights))
 
 
 def make_target_updater(loss_module: LossModule, update_interval: int, tau: float = 1.0) -> TargetNetUpdater:

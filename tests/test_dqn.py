@@ -17,9 +17,10 @@ from torchrl.data import (
 )
 from torchrl.envs.utils import ExplorationType, set_exploration_type
 from torchrl.modules import reset_noise
-from torchrl.objectives import DQNLoss
+from torchrl.objectives import DQNLoss, ValueEstimators
 
-from agents import Agent, NStepReturns, make_q_actor, make_target_updater
+from agents import Agent
+from agents.qvalue import NStepReturns, TensorDQNLoss, make_q_actor, make_target_updater
 from envs import InputError
 from recipes import dqn
 from recipes.common import RunConfig
@@ -59,13 +60,93 @@ def linear_q_actor():
 
 
 def dqn_loss(q_actor, gamma=0.9, **kwargs):
-    loss_module = DQNLoss(q_actor, loss_function="l2", delay_value=True, action_space=ACTION_SPEC, **kwargs)
+    """The recipe's loss: DQNLoss's objective computed on tensors."""
+    loss_module = TensorDQNLoss(q_actor, loss_function="l2", action_space=ACTION_SPEC, **kwargs)
     loss_module.make_value_estimator(gamma=gamma)
     return loss_module
 
 
+def random_transitions(size, num_observations, num_actions):
+    done = torch.rand(size, 1) < 0.3
+    return TensorDict(
+        {
+            "observation": torch.randn(size, num_observations),
+            "action": torch.randint(num_actions, (size,)),
+            "steps_to_next_obs": torch.randint(1, 4, (size, 1)),
+            "priority_weight": torch.rand(size),
+            "next": {
+                "observation": torch.randn(size, num_observations),
+                "reward": torch.randn(size, 1),
+                "done": done,
+                "terminated": done & (torch.rand(size, 1) < 0.5),
+                "truncated": torch.zeros(size, 1, dtype=torch.bool),
+            },
+        },
+        batch_size=[size],
+    )
+
+
+@pytest.mark.parametrize("loss_function", ["smooth_l1", "l2"])
+@pytest.mark.parametrize(
+    "options",
+    [
+        {},
+        {"double_dqn": True},
+        {"dueling": True},
+        {"noisy": True},
+        {"double_dqn": True, "dueling": True, "noisy": True},
+    ],
+)
+@pytest.mark.parametrize("batch_keys", [(), ("steps_to_next_obs",), ("priority_weight",)])
+def test_tensor_dqn_loss_equals_torchrl_dqn_loss(options, loss_function, batch_keys):
+    torch.manual_seed(0)
+    network_options = {key: value for key, value in options.items() if key != "double_dqn"}
+    action_spec = Categorical(3, shape=(1,))
+    q_actor = make_q_actor(Unbounded(shape=(1, 4)), action_spec, hidden_sizes=(16,), **network_options)[0]
+    loss_options = {"double_dqn": options.get("double_dqn", False), "loss_function": loss_function}
+    reference = DQNLoss(q_actor, delay_value=True, action_space=action_spec, **loss_options)
+    tensor_loss = TensorDQNLoss(q_actor, action_space=action_spec, **loss_options)
+    with torch.no_grad():  # a target network that differs from the online one
+        for target in reference.target_value_network_params.values(True, True):
+            target.add_(0.1 * torch.randn_like(target))
+        tensor_loss.target_value_network_params.update_(reference.target_value_network_params)
+    batch = random_transitions(64, 4, 3).exclude(*{"steps_to_next_obs", "priority_weight"} - set(batch_keys))
+    results = []
+    for loss_module in (reference, tensor_loss):
+        loss_module.make_value_estimator(gamma=0.9)
+        loss_module.deterministic_sampling_mode = (
+            ExplorationType.RANDOM
+        )  # noisy layers on, same noise for both
+        sample = batch.clone()
+        q_actor.zero_grad()
+        loss = loss_module(sample)["loss"]
+        loss.backward()
+        results.append(
+            (
+                loss.detach(),
+                sample.get("td_error"),
+                [torch.zeros_like(p) if p.grad is None else p.grad.clone() for p in q_actor.parameters()],
+            )
+        )
+    (loss, priorities, gradients), (tensor_loss_value, tensor_priorities, tensor_gradients) = results
+    torch.testing.assert_close(tensor_loss_value, loss)
+    torch.testing.assert_close(tensor_priorities, priorities)
+    for tensor_gradient, gradient in zip(tensor_gradients, gradients, strict=True):
+        torch.testing.assert_close(tensor_gradient, gradient)
+
+
+def test_tensor_dqn_loss_refuses_what_it_does_not_compute():
+    q_actor = make_q_actor(OBSERVATION_SPEC, ACTION_SPEC, hidden_sizes=(8,))[0]
+    with pytest.raises(InputError, match="needs a QValueActor"):
+        TensorDQNLoss(q_actor[0])
+    loss_module = TensorDQNLoss(q_actor, action_space=ACTION_SPEC)
+    loss_module.make_value_estimator(ValueEstimators.TDLambda, gamma=0.9, lmbda=0.9)
+    with pytest.raises(InputError, match="TD\\(0\\) targets only"):
+        loss_module(random_transitions(4, 1, 2))
+
+
 def td_targets(loss_module, batch):
-    """The TD targets DQNLoss regresses onto, recovered from the squared TD errors it reports."""
+    """The TD targets the loss regresses onto, recovered from the squared TD errors it reports."""
     loss_module(batch)
     action_values = loss_module.value_network(batch.clone()).get("action_value")
     chosen = action_values.gather(-1, batch.get("action").unsqueeze(-1)).squeeze(-1)
@@ -204,6 +285,12 @@ def test_noisy_network_is_deterministic_in_evaluation_and_noisy_in_training():
     assert torch.equal(q_values(ExplorationType.DETERMINISTIC), deterministic)
     assert not torch.allclose(q_values(ExplorationType.RANDOM), noisy)
     assert not torch.allclose(noisy, deterministic)
+    # acting draws new noise for every action (NoisyNet Algorithm 1), without an explicit reset
+    assert not torch.allclose(q_values(ExplorationType.RANDOM), q_values(ExplorationType.RANDOM))
+    # the loss trains the Q-value actor alone: calling it does not move the noise
+    with set_exploration_type(ExplorationType.RANDOM):
+        first, second = (policy[0](observation.clone()).get("action_value") for _ in range(2))
+    assert torch.equal(first, second)
 
 
 def tiny_dqn(output_dir, env_id="CartPole-v1", **options):
@@ -255,10 +342,17 @@ def test_dqn_options_combine_train_and_reload(options, output_dir):
         assert agent.policy_kwargs["dueling"] and agent.policy_kwargs["noisy"]
 
 
-def test_noisy_dqn_explores_without_epsilon(output_dir):
+def test_noisy_dqn_explores_without_epsilon_and_learns_its_noise_scale(output_dir):
     dqn.main(tiny_dqn(output_dir, network__noisy=True))
     agent = Agent.load(output_dir / "agent.ckpt")
     assert agent.policy[1].eps.item() == 0.0
+    # the noise is on during updates, so the noise scales move away from their initial value
+    initial = make_q_actor(Unbounded(shape=(1, 4)), ACTION_SPEC, hidden_sizes=(16,), noisy=True)
+    initial_sigmas = {k: v for k, v in initial.named_parameters() if k.endswith("sigma")}
+    trained_sigmas = {k: v for k, v in agent.policy.named_parameters() if k.endswith("sigma")}
+    assert initial_sigmas.keys() == trained_sigmas.keys() and initial_sigmas
+    for key, sigma in trained_sigmas.items():
+        assert not torch.allclose(sigma, initial_sigmas[key]), key
 
 
 def test_epsilon_anneals_to_its_final_value(output_dir):
