@@ -1,6 +1,8 @@
 """Networks built from env specs, and the Agent that predicts, evaluates, saves and loads."""
 
 from agents.agent import POLICY_BUILDERS, Agent, EvaluationResult, write_video
+from agents.gsde import make_gsde_actor, make_gsde_env
+from agents.loss_addons import KLPenalty, LossAddon, addon_losses, build_loss_addons, trainable_parameters
 from agents.networks import find_normalizer, input_encoder, make_actor, make_critic, make_mlp
 from agents.qvalue import (
     DuelingHead,
@@ -10,25 +12,36 @@ from agents.qvalue import (
     make_q_network,
     make_target_updater,
 )
+from agents.rnd import INTRINSIC_REWARD_KEY, RandomNetworkDistillation, make_rnd_networks
 from agents.tabular import ObservationGrid, QTable, make_q_table
 
 __all__ = [
+    "INTRINSIC_REWARD_KEY",
     "POLICY_BUILDERS",
     "Agent",
     "DuelingHead",
     "EvaluationResult",
+    "KLPenalty",
+    "LossAddon",
     "NStepReturns",
     "ObservationGrid",
     "QTable",
+    "RandomNetworkDistillation",
     "TensorDQNLoss",
+    "addon_losses",
+    "build_loss_addons",
     "find_normalizer",
     "input_encoder",
     "make_actor",
     "make_critic",
+    "make_gsde_actor",
+    "make_gsde_env",
     "make_mlp",
     "make_q_actor",
     "make_q_network",
     "make_q_table",
+    "make_rnd_networks",
     "make_target_updater",
+    "trainable_parameters",
     "write_video",
 ]

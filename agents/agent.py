@@ -18,6 +18,7 @@ from torch import nn
 from torchrl.checkpoint import Checkpoint, CheckpointError
 from torchrl.envs.utils import ExplorationType, set_exploration_type
 
+from agents.gsde import make_gsde_actor
 from agents.networks import find_normalizer, make_actor
 from agents.qvalue import make_q_actor
 from agents.tabular import make_q_table
@@ -34,6 +35,7 @@ EVALUATION_STEP_LIMIT = 1_000  # episode cap in evaluate() for ids registered wi
 # keyword arguments and then reads tensors into it: nothing from the file is ever executed.
 POLICY_BUILDERS: dict[str, Callable[..., nn.Module]] = {
     "mlp_actor": make_actor,
+    "gsde_actor": make_gsde_actor,
     "q_actor": make_q_actor,
     "q_table": make_q_table,
 }

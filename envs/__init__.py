@@ -5,6 +5,7 @@ preprocessing (:mod:`envs.atari`)."""
 from envs.atari import is_atari, make_atari_env
 from envs.classic import TORCH_ENVS, ClassicControlEnv
 from envs.classic_gym import TorchClassicEnv, TorchClassicVectorEnv, register_envs
+from envs.deepsea import DeepSeaEnv, register_deepsea_envs
 from envs.errors import InputError
 from envs.normalization import ObservationNormalizer
 from envs.vector import EPISODE_LENGTH_KEY, EPISODE_RETURN_KEY, GymnasiumVectorEnv, make_env, space_to_spec
@@ -16,6 +17,7 @@ __all__ = [
     "EPISODE_RETURN_KEY",
     "TORCH_ENVS",
     "ClassicControlEnv",
+    "DeepSeaEnv",
     "GymnasiumVectorEnv",
     "InputError",
     "ObservationNormalizer",
@@ -24,6 +26,7 @@ __all__ = [
     "is_atari",
     "make_atari_env",
     "make_env",
+    "register_deepsea_envs",
     "register_envs",
     "space_to_spec",
 ]

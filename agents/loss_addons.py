@@ -1,0 +1,146 @@
+"""Extra policy-loss terms for the on-policy recipes, such as a KL penalty towards a reference policy.
+
+A loss add-on is a module, typically a TorchRL ``LossModule``, that takes a training minibatch (a TensorDict with
+``"observation"``, ``"action"``, ...) and returns a TensorDict of scalars: every entry named ``loss_*`` is added to
+the loss the recipe optimises, and every entry is logged as ``train/addon<i>_<name>``. An add-on usually needs the
+actor being trained, which the recipe builds, so recipes take add-on *factories*: callables that receive the actor
+and return the module::
+
+    from functools import partial
+    from agents import Agent, KLPenalty
+    from recipes import ppo
+
+    reference = Agent.load("runs/pretrained/agent.ckpt").policy
+    ppo.main(ppo.PPOConfig(), loss_addons=[partial(KLPenalty, reference_actor=reference, coef=0.1)])
+
+Parameters of an add-on that require gradients (a learned multiplier, say) join the recipe's optimizer; the
+actor's are there already.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Iterable, Sequence
+
+import torch
+from tensordict import TensorDict, TensorDictBase
+from torch import nn
+from torchrl.modules import ProbabilisticActor
+from torchrl.objectives import LossModule
+
+from envs.errors import InputError
+
+LossAddon = Callable[[ProbabilisticActor], nn.Module]
+"""A factory: given the actor being trained, return a module mapping a minibatch to a TensorDict of ``loss_*``
+terms (and other scalars to log)."""
+
+
+def build_loss_addons(factories: Sequence[LossAddon], actor: ProbabilisticActor) -> nn.ModuleList:
+    """Call each factory with the actor and check that it gave a module.
+
+    Raises:
+        InputError: a factory returned something other than a ``torch.nn.Module``.
+    """
+    addons = nn.ModuleList()
+    for factory in factories:
+        addon = factory(actor)
+        if not isinstance(addon, nn.Module):
+            raise InputError(
+                f"A loss add-on factory returned {type(addon).__name__}, not a torch.nn.Module: pass callables "
+                "that take the actor and return a module, e.g. functools.partial(KLPenalty, reference_actor=..., "
+                "coef=...)."
+            )
+        addons.append(addon)
+    return addons
+
+
+def addon_losses(
+    addons: Iterable[nn.Module], minibatch: TensorDictBase
+) -> tuple[torch.Tensor | float, TensorDict]:
+    """Run every add-on on a minibatch.
+
+    Returns:
+        The sum of every add-on's ``loss_*`` terms (0.0 when there are none), and all their outputs, detached, named
+        ``addon<i>_<name>`` for logging.
+
+    Raises:
+        InputError: an add-on returned a ``loss_*`` term that is not a scalar.
+    """
+    total: torch.Tensor | float = 0.0
+    logged = {}
+    for index, addon in enumerate(addons):
+        for name, value in addon(minibatch).items():
+            if name.startswith("loss_"):
+                if value.ndim != 0:
+                    raise InputError(
+                        f"Loss add-on {type(addon).__name__} returned {name} of shape {tuple(value.shape)}; loss "
+                        "terms must be scalars (reduce them, e.g. with .mean())."
+                    )
+                total = total + value
+            logged[f"addon{index}_{name}"] = value.detach()
+    return total, TensorDict(logged)
+
+
+def trainable_parameters(*modules: nn.Module) -> list[nn.Parameter]:
+    """The parameters of ``modules`` that require gradients, each once (modules may share networks)."""
+    seen: set[int] = set()
+    parameters = []
+    for module in modules:
+        for parameter in module.parameters():
+            if parameter.requires_grad and id(parameter) not in seen:
+                seen.add(id(parameter))
+                parameters.append(parameter)
+    return parameters
+
+
+class KLPenalty(LossModule):
+    """Penalise the divergence of the trained policy from a fixed reference policy.
+
+    The penalty is ``coef * KL(pi(.|s) || pi_ref(.|s))``, averaged over the minibatch's observations, with the
+    KL in closed form (categorical and tanh-normal policies). It pulls the policy back towards the reference:
+    fine-tuning a pretrained agent without forgetting it, or regularising towards a prior behaviour.
+
+    Keys: reads the actors' input keys (``"observation"``); writes ``"loss_kl"`` (the weighted penalty) and
+    ``"kl"`` (the mean KL, detached).
+
+    Args:
+        actor: the policy being trained (the recipe passes it).
+        reference_actor: the policy to stay near, with the same action space. It is copied and frozen: the
+            reference never changes, even if the module passed in is trained afterwards.
+        coef: weight of the penalty (>= 0).
+
+    Examples:
+        >>> from functools import partial
+        >>> from envs import make_env
+        >>> from agents import make_actor
+        >>> env = make_env("CartPole-v1", num_envs=4, seed=0)
+        >>> spec = env.observation_spec["observation"]
+        >>> actor, reference = make_actor(spec, env.action_spec), make_actor(spec, env.action_spec)
+        >>> penalty = KLPenalty(actor, reference, coef=0.5)
+        >>> penalty(env.reset())["loss_kl"].backward()  # gradients reach the actor only
+        >>> addon = partial(KLPenalty, reference_actor=reference, coef=0.5)  # for main(config, loss_addons=[addon])
+    """
+
+    def __init__(self, actor: ProbabilisticActor, reference_actor: ProbabilisticActor, coef: float = 1.0):
+        if coef < 0:
+            raise InputError(f"KLPenalty coef must be >= 0, got {coef}.")
+        super().__init__()
+        self.actor = actor
+        self.reference_actor = copy.deepcopy(reference_actor).requires_grad_(False)
+        self.coef = coef
+
+    def forward(self, tensordict: TensorDictBase) -> TensorDict:
+        current = self.actor.get_dist(tensordict.select(*self.actor.in_keys))
+        with torch.no_grad():
+            reference = self.reference_actor.get_dist(tensordict.select(*self.reference_actor.in_keys))
+        try:
+            kl = torch.distributions.kl_divergence(current, reference).mean()
+        except NotImplementedError:
+            raise InputError(
+                f"KLPenalty needs a closed-form KL between {type(current).__name__} and "
+                f"{type(reference).__name__} distributions (torch.distributions.kl_divergence has none)."
+            ) from None
+        return TensorDict({"loss_kl": self.coef * kl, "kl": kl.detach()})
+
+
+__all__ = ["KLPenalty", "LossAddon", "addon_losses", "build_loss_addons", "trainable_parameters"]

@@ -1,0 +1,298 @@
+"""PPO with Random Network Distillation (Burda et al., 2018, "Exploration by Random Network Distillation",
+arXiv:1810.12894).
+
+PPO (``recipes.ppo``) plus an exploration bonus: the intrinsic reward is the error of a predictor network trained
+to reproduce a fixed random network's embedding of each next observation (:class:`agents.RandomNetworkDistillation`).
+As in the paper, the extrinsic and intrinsic rewards have their own critics, discounts and GAE advantages (TorchRL's
+``GAE`` with the intrinsic keys), the policy follows ``ext_coef * A_ext + int_coef * A_int``, and the predictor
+trains on a quarter of each minibatch. Two defaults differ from the paper's Atari settings, because they find
+DeepSea's treasure more reliably (README.md has the numbers): the extrinsic weight is 0.5 instead of 2 (DeepSea
+charges every right move, and that cost outweighs the fading intrinsic reward), and intrinsic returns are episodic.
+With ``--no-intrinsic-episodic`` they run on across episode ends as in the paper; TorchRL's GAE, which works within
+a collected trajectory, then bootstraps them from the intrinsic value of the episode's final observation.
+
+On DeepSea (``rlkit/DeepSea-v0``, a 10 x 10 grid whose only reward needs ten correct moves in a row) the defaults
+reach the treasure (deterministic evaluation return 0.99) within 6k-19k frames (seeds 0-3), under 10 s on a 2-core
+CPU; on ``rlkit/DeepSea14-v0`` within 10k-14k frames (seeds 0-5), where plain PPO with the same settings learns to
+avoid the move cost and does not find it in 40k frames.
+
+    python -m recipes.rnd_ppo                                # rlkit/DeepSea-v0
+    python -m recipes.rnd_ppo --env-id rlkit/DeepSea16-v0
+    python -m recipes.rnd_ppo --help                         # every option
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+from torchrl.collectors import Collector
+from torchrl.data import LazyTensorStorage, SamplerWithoutReplacement, TensorDictReplayBuffer
+from torchrl.modules import ValueOperator
+from torchrl.objectives import ClipPPOLoss, distance_loss
+from torchrl.objectives.value import GAE
+
+from agents import (
+    Agent,
+    RandomNetworkDistillation,
+    find_normalizer,
+    input_encoder,
+    make_critic,
+    make_rnd_networks,
+)
+from agents.loss_addons import LossAddon, addon_losses, build_loss_addons, trainable_parameters
+from agents.rnd import INTRINSIC_REWARD_KEY
+from envs import InputError
+from recipes.common import Run, RunConfig, make_training_env, prepare_process, require_positive, run_cli
+from recipes.ppo import CollectorConfig, LossConfig, NetworkConfig, OptimConfig, check_ppo_ranges
+
+INTRINSIC_VALUE_KEY = "state_value_int"
+INTRINSIC_VALUE_TARGET_KEY = "value_target_int"
+INTRINSIC_TERMINATED_KEY = "terminated_int"  # ("next", ...): the termination flag of the intrinsic returns
+EXTRINSIC_ADVANTAGE_KEY = "advantage_ext"
+INTRINSIC_ADVANTAGE_KEY = "advantage_int"
+
+
+@dataclass
+class IntrinsicConfig:
+    gamma_int: float = 0.99
+    """Discount of the intrinsic returns (Burda et al.: 0.99; --gamma is the extrinsic one)."""
+    intrinsic_episodic: bool = True
+    """End intrinsic returns at termination like extrinsic ones (Burda et al.'s are non-episodic)."""
+    ext_coef: float = 0.5
+    """Weight of the extrinsic advantage in the policy's advantage (Burda et al.: 2, on Atari)."""
+    int_coef: float = 1.0
+    """Weight of the intrinsic advantage (Burda et al.: 1; 0 turns the exploration bonus off)."""
+    rnd_hidden_sizes: tuple[int, ...] = (64, 64)
+    """Hidden layer widths of the RND target network (the predictor has one more layer)."""
+    rnd_embedding_dim: int = 64
+    """Width of the random embedding the predictor learns to reproduce."""
+    rnd_update_fraction: float = 0.25
+    """Fraction of each minibatch that trains the predictor, slowing it down (Burda et al.: 0.25)."""
+
+
+@dataclass
+class RNDPPOConfig:
+    """PPO with a Random Network Distillation exploration bonus."""
+
+    run: RunConfig = field(
+        default_factory=lambda: RunConfig(
+            env_id="rlkit/DeepSea-v0", num_envs=16, total_frames=100_000, eval_every=2_048
+        )
+    )
+    collector: CollectorConfig = field(default_factory=lambda: CollectorConfig(steps_per_env=32))
+    loss: LossConfig = field(default_factory=lambda: LossConfig(entropy_coef=0.01))
+    intrinsic: IntrinsicConfig = field(default_factory=IntrinsicConfig)
+    optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-3, num_epochs=4))
+    network: NetworkConfig = field(default_factory=NetworkConfig)
+
+
+def main(config: RNDPPOConfig, loss_addons: Sequence[LossAddon] = ()) -> dict:
+    """Train PPO with RND as configured and return the run summary (see ``recipes.common``).
+
+    ``loss_addons`` are factories of extra policy-loss terms (:mod:`agents.loss_addons`), as in ``recipes.ppo``.
+    """
+    # config
+    run_config, loss_config, optim_config = config.run, config.loss, config.optim
+    intrinsic_config = config.intrinsic
+    run_config.validate()
+    require_positive(
+        steps_per_env=config.collector.steps_per_env,
+        num_epochs=optim_config.num_epochs,
+        minibatch_size=optim_config.minibatch_size,
+        rnd_embedding_dim=intrinsic_config.rnd_embedding_dim,
+    )
+    check_ppo_ranges(loss_config, optim_config)
+    if not 0 < intrinsic_config.gamma_int <= 1:
+        raise InputError(f"--gamma-int must be in (0, 1], got {intrinsic_config.gamma_int}.")
+    if intrinsic_config.ext_coef < 0 or intrinsic_config.int_coef < 0:
+        raise InputError("--ext-coef and --int-coef must be >= 0.")
+    frames_per_batch = run_config.num_envs * config.collector.steps_per_env
+    if optim_config.minibatch_size > frames_per_batch:
+        raise InputError(
+            f"--minibatch-size {optim_config.minibatch_size} exceeds the {frames_per_batch} frames per batch "
+            "(num_envs * steps_per_env)."
+        )
+    prepare_process(run_config)
+    device = torch.device(run_config.device)
+    num_batches = -(-run_config.total_frames // frames_per_batch)
+    minibatches_per_epoch = max(1, frames_per_batch // optim_config.minibatch_size)
+
+    # env
+    env = make_training_env(run_config, device)
+    observation_spec = env.observation_spec["observation"]
+
+    # modules: the agent owns the actor; both critics share its input encoder; RND has its own networks
+    policy_kwargs = {
+        "hidden_sizes": list(config.network.hidden_sizes),
+        "activation": config.network.activation,
+        "normalize_obs": config.network.normalize_obs,
+    }
+    agent = Agent.build(
+        run_config.env_id,
+        env.single_observation_space,
+        env.single_action_space,
+        "rnd_ppo",
+        policy_kwargs=policy_kwargs,
+        config=None,
+        device=device,
+    )
+    actor = agent.policy
+    critic = make_critic(
+        observation_spec, config.network.hidden_sizes, config.network.activation, encoder=input_encoder(actor)
+    ).to(device)
+    intrinsic_critic = ValueOperator(
+        make_critic(
+            observation_spec,
+            config.network.hidden_sizes,
+            config.network.activation,
+            encoder=input_encoder(actor),
+        ).module,
+        in_keys=["observation"],
+        out_keys=[INTRINSIC_VALUE_KEY],
+    ).to(device)
+    normalizer = find_normalizer(actor)
+    target_network, predictor_network = make_rnd_networks(
+        observation_spec, intrinsic_config.rnd_hidden_sizes, intrinsic_config.rnd_embedding_dim
+    )
+    rnd = RandomNetworkDistillation(
+        target_network,
+        predictor_network,
+        observation_shape=observation_spec.shape[1:],
+        gamma=intrinsic_config.gamma_int,
+        update_fraction=intrinsic_config.rnd_update_fraction,
+    ).to(device)
+
+    # loss + value estimators: the clipped objective reads the combined advantage; one GAE per reward stream
+    loss_module = ClipPPOLoss(
+        actor,
+        critic,
+        clip_epsilon=loss_config.clip_epsilon,
+        entropy_bonus=loss_config.entropy_coef > 0,
+        entropy_coeff=loss_config.entropy_coef,
+        critic_coeff=loss_config.critic_coef,
+        loss_critic_type=loss_config.critic_loss,
+        normalize_advantage=loss_config.normalize_advantage,
+        functional=False,
+    )
+    extrinsic_gae = GAE(
+        gamma=loss_config.gamma,
+        lmbda=loss_config.gae_lambda,
+        value_network=critic,
+        average_gae=False,
+        device=device,
+    )
+    extrinsic_gae.set_keys(advantage=EXTRINSIC_ADVANTAGE_KEY)  # value target: "value_target", for loss_module
+    intrinsic_gae = GAE(
+        gamma=intrinsic_config.gamma_int,
+        lmbda=loss_config.gae_lambda,
+        value_network=intrinsic_critic,
+        average_gae=False,
+        device=device,
+    )
+    intrinsic_gae.set_keys(
+        reward=INTRINSIC_REWARD_KEY,
+        value=INTRINSIC_VALUE_KEY,
+        advantage=INTRINSIC_ADVANTAGE_KEY,
+        value_target=INTRINSIC_VALUE_TARGET_KEY,
+        terminated=INTRINSIC_TERMINATED_KEY,
+    )
+    addons = build_loss_addons(loss_addons, actor).to(device)  # extra loss terms, e.g. a KL penalty
+
+    # collector
+    collector = Collector(
+        env,
+        actor,
+        frames_per_batch=frames_per_batch,
+        total_frames=num_batches * frames_per_batch,
+        env_device=env.device,
+        policy_device=device,
+        storing_device=device,
+        track_traj_ids=False,
+        auto_register_policy_transforms=False,
+    )
+
+    # buffer: the current batch, sampled without replacement into minibatches
+    replay_buffer = TensorDictReplayBuffer(
+        storage=LazyTensorStorage(frames_per_batch, device=device),
+        sampler=SamplerWithoutReplacement(drop_last=True),
+        batch_size=optim_config.minibatch_size,
+    )
+
+    # optimizer: actor, both critics, the RND predictor (the RND target is frozen) and any add-on parameters
+    parameters = trainable_parameters(loss_module, intrinsic_critic, rnd, addons)
+    optimizer = torch.optim.Adam(
+        parameters, lr=optim_config.lr, eps=1e-5, fused=device.type in ("cpu", "cuda")
+    )
+    total_updates = num_batches * optim_config.num_epochs * minibatches_per_epoch
+
+    # logger, evaluation, checkpoints
+    run = Run("rnd_ppo", config, run_config, agent)
+
+    loss_keys = ["loss_objective", "loss_critic"] + (["loss_entropy"] if loss_config.entropy_coef > 0 else [])
+    loss_keys += ["loss_critic_int", "loss_predictor"]
+    logged_keys = [*loss_keys, "entropy", "clip_fraction", "kl_approx"]
+    max_grad_norm, critic_coef = optim_config.max_grad_norm, loss_config.critic_coef
+    critic_loss_type = loss_config.critic_loss
+    ext_coef, int_coef = intrinsic_config.ext_coef, intrinsic_config.int_coef
+    intrinsic_episodic = intrinsic_config.intrinsic_episodic
+
+    def update(minibatch):
+        loss = loss_module(minibatch)  # clipped objective on the combined advantage, extrinsic value, entropy
+        value_int = intrinsic_critic(minibatch.select("observation")).get(INTRINSIC_VALUE_KEY)
+        target_int = minibatch.get(INTRINSIC_VALUE_TARGET_KEY)
+        loss["loss_critic_int"] = critic_coef * distance_loss(target_int, value_int, critic_loss_type).mean()
+        loss["loss_predictor"] = rnd(minibatch)["loss_predictor"]
+        addon_total, addon_metrics = addon_losses(addons, minibatch)
+        total = sum(loss[key] for key in loss_keys) + addon_total
+        optimizer.zero_grad(set_to_none=True)
+        total.backward()
+        grad_norm = torch.nn.utils.clip_grad_norm_(parameters, max_grad_norm)
+        optimizer.step()
+        metrics = loss.select(*logged_keys, strict=False).detach()
+        return metrics.update(addon_metrics), grad_norm
+
+    # loop
+    updates_done = 0
+    for batch in collector:
+        with torch.no_grad():
+            # intrinsic rewards, after folding the batch into RND's observation and return statistics
+            rnd.add_intrinsic_reward(batch)
+            terminated = batch.get(("next", "terminated"))
+            terminated_int = terminated if intrinsic_episodic else torch.zeros_like(terminated)
+            batch.set(("next", INTRINSIC_TERMINATED_KEY), terminated_int)
+            extrinsic_gae(batch)
+            intrinsic_gae(batch)
+            batch.set(
+                "advantage",
+                ext_coef * batch.get(EXTRINSIC_ADVANTAGE_KEY) + int_coef * batch.get(INTRINSIC_ADVANTAGE_KEY),
+            )
+        replay_buffer.extend(batch.reshape(-1))
+        metrics_list = []
+        for _ in range(optim_config.num_epochs):
+            for _ in range(minibatches_per_epoch):
+                progress = updates_done / total_updates
+                if optim_config.anneal_lr:
+                    for group in optimizer.param_groups:
+                        group["lr"] = optim_config.lr * (1.0 - progress)
+                if loss_config.anneal_clip:
+                    loss_module.clip_epsilon.fill_(loss_config.clip_epsilon * (1.0 - progress))
+                losses, grad_norm = update(replay_buffer.sample())
+                metrics_list.append(losses.set("grad_norm", grad_norm))
+                updates_done += 1
+        if normalizer is not None:
+            normalizer.update(batch.get("observation"))
+        metrics = {f"train/{key}": value.item() for key, value in torch.stack(metrics_list).mean().items()}
+        metrics["train/intrinsic_reward"] = batch.get(("next", INTRINSIC_REWARD_KEY)).mean().item()
+        metrics["train/lr"] = optimizer.param_groups[0]["lr"]
+        metrics["train/clip_epsilon"] = loss_module.clip_epsilon.item()
+        if run.record_batch(batch, metrics):
+            break
+    collector.shutdown()
+    env.close()
+    return run.finish()
+
+
+if __name__ == "__main__":
+    run_cli(main, RNDPPOConfig, __doc__)

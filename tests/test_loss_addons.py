@@ -1,0 +1,144 @@
+"""Policy-loss add-ons: the KL penalty towards a reference policy, and how recipes add their terms."""
+
+from functools import partial
+
+import pytest
+import torch
+from tensordict import TensorDict
+from torch import nn
+from torchrl.objectives import ClipPPOLoss
+
+from agents import Agent, KLPenalty, addon_losses, build_loss_addons, make_actor, make_critic
+from envs import InputError, make_env
+from recipes import a2c, ppo, rnd_ppo
+from recipes.common import RunConfig
+
+
+def cartpole_actor(seed=0, prefer_right=False):
+    env = make_env("CartPole-v1", num_envs=1)
+    torch.manual_seed(seed)
+    actor = make_actor(env.observation_spec["observation"], env.action_spec)
+    if prefer_right:  # a reference that pushes right 95% of the time whatever it sees
+        last_layer = [module for module in actor.modules() if isinstance(module, nn.Linear)][-1]
+        with torch.no_grad():
+            last_layer.weight.zero_()
+            last_layer.bias.copy_(torch.tensor([-1.5, 1.5]))
+    return actor
+
+
+def observations(seed=1):
+    return make_env("CartPole-v1", num_envs=8, seed=seed).rollout(40, break_when_any_done=False).reshape(-1)
+
+
+def test_kl_is_zero_against_itself_and_its_gradient_reaches_only_the_trained_actor():
+    actor = cartpole_actor()
+    data = observations()
+    assert KLPenalty(actor, actor, coef=1.0)(data)["kl"].item() == pytest.approx(0.0, abs=1e-6)
+    reference = cartpole_actor(prefer_right=True)
+    penalty = KLPenalty(actor, reference, coef=3.0)
+    output = penalty(data)
+    assert output["loss_kl"].item() == pytest.approx(3.0 * output["kl"].item()) and output["kl"].item() > 0.1
+    output["loss_kl"].backward()
+    assert all(parameter.grad is not None for parameter in actor.parameters())
+    assert all(not parameter.requires_grad for parameter in penalty.reference_actor.parameters())
+    # the reference is a copy: changing the module passed in does not move it
+    with torch.no_grad():
+        for parameter in reference.parameters():
+            parameter.add_(1.0)
+    assert penalty(data)["kl"].item() == pytest.approx(output["kl"].item())
+
+
+def test_kl_penalty_changes_the_ppo_gradient():
+    env = make_env("CartPole-v1", num_envs=4, seed=0)
+    actor = cartpole_actor()
+    critic = make_critic(env.observation_spec["observation"])
+    with torch.no_grad():
+        data = env.rollout(16, actor, break_when_any_done=False).reshape(-1)
+    data["advantage"] = torch.randn(data.shape + (1,), generator=torch.Generator().manual_seed(0))
+    data["value_target"] = torch.zeros(data.shape + (1,))
+    loss_module = ClipPPOLoss(actor, critic, functional=False)
+    addons = build_loss_addons(
+        [partial(KLPenalty, reference_actor=cartpole_actor(prefer_right=True), coef=10.0)], actor
+    )
+
+    def gradient(with_addons):
+        actor.zero_grad()
+        total = loss_module(data)["loss_objective"]
+        if with_addons:
+            total = total + addon_losses(addons, data)[0]
+        total.backward()
+        return torch.cat([parameter.grad.flatten() for parameter in actor.parameters()])
+
+    plain, penalised = gradient(False), gradient(True)
+    assert not torch.allclose(plain, penalised, atol=1e-4)
+
+
+def test_addon_losses_sum_loss_terms_and_log_the_rest():
+    class Constant(nn.Module):
+        def __init__(self, **values):
+            super().__init__()
+            self.values = values
+
+        def forward(self, tensordict):
+            return TensorDict({key: torch.tensor(value) for key, value in self.values.items()})
+
+    total, logged = addon_losses(
+        [Constant(loss_a=1.0, loss_b=2.0, info=5.0), Constant(loss_a=0.5)], TensorDict()
+    )
+    assert total.item() == 3.5
+    assert logged.to_dict() == {
+        "addon0_loss_a": torch.tensor(1.0),
+        "addon0_loss_b": torch.tensor(2.0),
+        "addon0_info": torch.tensor(5.0),
+        "addon1_loss_a": torch.tensor(0.5),
+    }
+    total, logged = addon_losses([], TensorDict())
+    assert total == 0.0 and logged.is_empty()
+    with pytest.raises(InputError, match="scalars"):
+        addon_losses([Constant(loss_a=[1.0, 2.0])], TensorDict())
+    with pytest.raises(InputError, match="not a torch.nn.Module"):
+        build_loss_addons([lambda actor: 0.1], cartpole_actor())
+    with pytest.raises(InputError, match="coef"):
+        KLPenalty(cartpole_actor(), cartpole_actor(), coef=-1.0)
+
+
+def tiny_config(recipe, output_dir):
+    run = RunConfig(
+        env_id="CartPole-v1",
+        num_envs=4,
+        total_frames=1024,
+        eval_every=1024,
+        eval_episodes=2,
+        output_dir=output_dir,
+        logger="csv",
+        video=False,
+        progress=False,
+        stop_at_return=float("inf"),
+    )
+    if recipe is a2c:
+        # one gradient step per batch: 64 of them
+        return a2c.A2CConfig(
+            run=run, collector=a2c.CollectorConfig(steps_per_env=4), optim=a2c.OptimConfig(lr=1e-2)
+        )
+    config_class = ppo.PPOConfig if recipe is ppo else rnd_ppo.RNDPPOConfig
+    return config_class(
+        run=run,
+        collector=ppo.CollectorConfig(steps_per_env=32),
+        optim=ppo.OptimConfig(minibatch_size=64, num_epochs=4, lr=1e-2),
+    )
+
+
+@pytest.mark.parametrize("recipe", [ppo, rnd_ppo, a2c], ids=["ppo", "rnd_ppo", "a2c"])
+def test_a_heavy_kl_penalty_pulls_the_trained_policy_to_the_reference(recipe, output_dir):
+    reference = cartpole_actor(prefer_right=True)
+    data = observations()
+    untrained = KLPenalty(cartpole_actor(), reference)(data)["kl"].item()
+    recipe.main(
+        tiny_config(recipe, output_dir),
+        loss_addons=[partial(KLPenalty, reference_actor=reference, coef=100.0)],
+    )
+    trained = KLPenalty(Agent.load(output_dir).policy, reference)(data)["kl"].item()
+    assert untrained > 0.5  # a fresh policy is near uniform, far from "right 95% of the time"
+    assert trained < 0.03
+    logged = (output_dir / "csv" / "scalars" / "train").glob("addon0_*.csv")
+    assert {path.stem for path in logged} == {"addon0_loss_kl", "addon0_kl"}
