@@ -337,6 +337,14 @@ class ClipActionToBounds(Transform):
         return torch.clamp(action, self.low, self.high)
 
 
+def check_sde_options(use_sde: bool, sample_freq: int) -> None:
+    """Raise :class:`InputError` for ``--sde-sample-freq`` given without ``--use-sde``, which would be ignored."""
+    if sample_freq != -1 and not use_sde:
+        raise InputError(
+            f"--sde-sample-freq {sample_freq} only applies with --use-sde: add --use-sde or drop it."
+        )
+
+
 def make_gsde_env(
     env: EnvBase, actor: ProbabilisticActor, sample_freq: int = -1, rollout_length: int | None = None
 ) -> TransformedEnv:
@@ -380,6 +388,7 @@ __all__ = [
     "GSDENoise",
     "GSDEPolicyNet",
     "StateDependentNormal",
+    "check_sde_options",
     "find_gsde_head",
     "make_gsde_actor",
     "make_gsde_env",

@@ -130,9 +130,12 @@ class KLPenalty(LossModule):
         self.coef = coef
 
     def forward(self, tensordict: TensorDictBase) -> TensorDict:
-        current = self.actor.get_dist(tensordict.select(*self.actor.in_keys))
+        # strict=False: collected batches lack the actors' private "_" inputs (gSDE's noise), which get_dist ignores
+        current = self.actor.get_dist(tensordict.select(*self.actor.in_keys, strict=False))
         with torch.no_grad():
-            reference = self.reference_actor.get_dist(tensordict.select(*self.reference_actor.in_keys))
+            reference = self.reference_actor.get_dist(
+                tensordict.select(*self.reference_actor.in_keys, strict=False)
+            )
         try:
             kl = torch.distributions.kl_divergence(current, reference).mean()
         except NotImplementedError:

@@ -94,6 +94,8 @@ class DeepSeaEnv(gym.Env):
     def step(self, action):
         if self.row >= self.size:
             raise RuntimeError("DeepSea episode is over: call reset() before step().")
+        if not self.action_space.contains(action):
+            raise InputError(f"DeepSea actions are 0 or 1 (Discrete(2)), got {action!r}.")
         right = int(action) == self.action_mapping[self.row, self.column]
         reward = 0.0
         if right and self.column == self.size - 1:

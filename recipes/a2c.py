@@ -35,6 +35,7 @@ from torchrl.objectives import A2CLoss
 from torchrl.objectives.value import GAE, TD1Estimator
 
 from agents import Agent, find_normalizer, input_encoder, make_critic, make_gsde_env
+from agents.gsde import check_sde_options
 from agents.loss_addons import LossAddon, addon_losses, build_loss_addons, trainable_parameters
 from agents.policy_gradient import make_shared_critic
 from envs import InputError
@@ -146,6 +147,7 @@ def main(config: A2CConfig, loss_addons: Sequence[LossAddon] = ()) -> dict:
     run_config.validate()
     require_positive(steps_per_env=config.collector.steps_per_env)
     check_a2c_ranges(loss_config, optim_config)
+    check_sde_options(config.network.use_sde, config.network.sde_sample_freq)
     prepare_process(run_config)
     device = torch.device(run_config.device)
     frames_per_batch = run_config.num_envs * config.collector.steps_per_env

@@ -27,6 +27,7 @@ from torchrl.objectives import ClipPPOLoss
 from torchrl.objectives.value import GAE
 
 from agents import Agent, find_normalizer, input_encoder, make_critic, make_gsde_env
+from agents.gsde import check_sde_options
 from agents.loss_addons import LossAddon, addon_losses, build_loss_addons, trainable_parameters
 from envs import InputError
 from recipes.common import Run, RunConfig, make_training_env, prepare_process, require_positive, run_cli
@@ -136,6 +137,7 @@ def main(config: PPOConfig, loss_addons: Sequence[LossAddon] = ()) -> dict:
             f"--minibatch-size {optim_config.minibatch_size} exceeds the {frames_per_batch} frames per batch "
             "(num_envs * steps_per_env)."
         )
+    check_sde_options(config.network.use_sde, config.network.sde_sample_freq)
     prepare_process(run_config)
     device = torch.device(run_config.device)
     num_batches = -(-run_config.total_frames // frames_per_batch)

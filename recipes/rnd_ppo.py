@@ -39,8 +39,10 @@ from agents import (
     find_normalizer,
     input_encoder,
     make_critic,
+    make_gsde_env,
     make_rnd_networks,
 )
+from agents.gsde import check_sde_options
 from agents.loss_addons import LossAddon, addon_losses, build_loss_addons, trainable_parameters
 from agents.rnd import INTRINSIC_REWARD_KEY
 from envs import InputError
@@ -114,6 +116,7 @@ def main(config: RNDPPOConfig, loss_addons: Sequence[LossAddon] = ()) -> dict:
             f"--minibatch-size {optim_config.minibatch_size} exceeds the {frames_per_batch} frames per batch "
             "(num_envs * steps_per_env)."
         )
+    check_sde_options(config.network.use_sde, config.network.sde_sample_freq)
     prepare_process(run_config)
     device = torch.device(run_config.device)
     num_batches = -(-run_config.total_frames // frames_per_batch)
@@ -134,11 +137,14 @@ def main(config: RNDPPOConfig, loss_addons: Sequence[LossAddon] = ()) -> dict:
         env.single_observation_space,
         env.single_action_space,
         "rnd_ppo",
+        policy_builder="gsde_actor" if config.network.use_sde else "mlp_actor",
         policy_kwargs=policy_kwargs,
         config=None,
         device=device,
     )
     actor = agent.policy
+    if config.network.use_sde:  # gSDE noise kept as env state; actions clipped to the Box on their way in
+        env = make_gsde_env(env, actor, config.network.sde_sample_freq, config.collector.steps_per_env)
     critic = make_critic(
         observation_spec, config.network.hidden_sizes, config.network.activation, encoder=input_encoder(actor)
     ).to(device)

@@ -102,3 +102,7 @@ def test_render_and_bad_arguments():
         DeepSeaEnv(size=1)
     with pytest.raises(InputError, match="rgb_array"):
         DeepSeaEnv(render_mode="human")
+    env.reset(seed=0)
+    for action in (7, -3, 0.9):
+        with pytest.raises(InputError, match="0 or 1"):
+            env.step(action)

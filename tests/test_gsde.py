@@ -345,6 +345,14 @@ def test_shared_critic_on_a_gsde_actor_reads_the_whole_latent_body():
         )
 
 
+@pytest.mark.parametrize("recipe", ["ppo", "a2c"])
+def test_sde_sample_freq_without_use_sde_is_refused(recipe, output_dir):
+    config = tiny_gsde_ppo(output_dir) if recipe == "ppo" else tiny_gsde_a2c(output_dir)
+    config.network.use_sde = False
+    with pytest.raises(InputError, match="--use-sde"):
+        (ppo if recipe == "ppo" else a2c).main(config)
+
+
 def test_a2c_with_sde_rejects_discrete_actions(output_dir):
     config = tiny_gsde_a2c(output_dir)
     config.run.env_id, config.network.normalize_obs = "CartPole-v1", False

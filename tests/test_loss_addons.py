@@ -142,3 +142,20 @@ def test_a_heavy_kl_penalty_pulls_the_trained_policy_to_the_reference(recipe, ou
     assert trained < 0.03
     logged = (output_dir / "csv" / "scalars" / "train").glob("addon0_*.csv")
     assert {path.stem for path in logged} == {"addon0_loss_kl", "addon0_kl"}
+
+
+def test_kl_penalty_works_on_batches_collected_by_a_gsde_actor():
+    # collectors drop the actor's private "_eps_gSDE" input from the batches they return
+    from torchrl.collectors import Collector
+
+    from agents import make_gsde_actor, make_gsde_env
+
+    env = make_env("Pendulum-v1", num_envs=2, seed=0)
+    spec = env.observation_spec["observation"]
+    actor, reference = make_gsde_actor(spec, env.action_spec), make_gsde_actor(spec, env.action_spec)
+    collector = Collector(make_gsde_env(env, actor), actor, frames_per_batch=16, total_frames=16)
+    batch = next(iter(collector)).reshape(-1)
+    collector.shutdown()
+    assert "_eps_gSDE" not in batch.keys()
+    penalty = KLPenalty(actor, reference)(batch)
+    assert penalty["kl"] > 0 and torch.isfinite(penalty["loss_kl"])

@@ -135,6 +135,14 @@ def test_rnd_ppo_smoke_writes_outputs_and_the_agent_reloads(env_id, output_dir):
     assert agent.evaluate(episodes=2, seed=1_000_000).mean == pytest.approx(summary["eval_return_mean"])
 
 
+def test_rnd_ppo_with_sde_builds_a_gsde_policy(output_dir):
+    config = tiny_rnd_ppo(output_dir, env_id="Pendulum-v1")
+    config.network.use_sde, config.network.sde_sample_freq = True, 4
+    summary = rnd_ppo.main(config)
+    assert summary["frames"] == 512
+    assert Agent.load(output_dir).policy_builder == "gsde_actor"
+
+
 def test_rnd_ppo_rejects_bad_options(output_dir):
     config = tiny_rnd_ppo(output_dir)
     config.intrinsic.gamma_int = 1.5
