@@ -156,6 +156,6 @@ def test_kl_penalty_works_on_batches_collected_by_a_gsde_actor():
     collector = Collector(make_gsde_env(env, actor), actor, frames_per_batch=16, total_frames=16)
     batch = next(iter(collector)).reshape(-1)
     collector.shutdown()
-    assert "_eps_gSDE" not in batch.keys()
+    assert "_eps_gSDE" not in batch.keys()  # noqa: SIM118 (TensorDict has no __contains__)
     penalty = KLPenalty(actor, reference)(batch)
     assert penalty["kl"] > 0 and torch.isfinite(penalty["loss_kl"])
