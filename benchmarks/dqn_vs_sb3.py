@@ -81,7 +81,7 @@ def run_ours(seed: int, zoo: bool) -> dict:
                 stop_at_return=float("inf"),
             ),
             collector=CollectorConfig(steps_per_env=256, updates_per_batch=128, learning_starts=1_000),
-            buffer=BufferConfig(buffer_size=100_000, batch_size=64),
+            buffer=BufferConfig(buffer_size=100_000, batch_size=64, n_steps=1),
             exploration=ExplorationConfig(final_epsilon=0.04, exploration_fraction=0.16),
             loss=LossConfig(gamma=0.99, target_update_interval=128),
             optim=OptimConfig(lr=2.3e-3),

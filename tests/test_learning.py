@@ -51,12 +51,13 @@ def test_dqn_default_config_solves_cartpole_within_50k_frames(output_dir):
     ["double", "dueling", "noisy", "n_steps", "prioritized"],
 )
 def test_each_dqn_option_alone_solves_cartpole_within_100k_frames(option, output_dir):
+    """Each option switched on over the defaults; "n_steps" switches the default 3-step returns to one-step."""
     config = quiet(dqn.DQNConfig(), output_dir)
     config.run.total_frames = 100_000
     group = {"double": config.loss, "dueling": config.network, "noisy": config.network}.get(
         option, config.buffer
     )
-    setattr(group, option, 3 if option == "n_steps" else True)
+    setattr(group, option, 1 if option == "n_steps" else True)
     summary = dqn.main(config)
     assert summary["solved_at_frames"] is not None and summary["solved_at_frames"] <= 100_000
     assert summary["eval_return_mean"] >= 475
