@@ -1,6 +1,8 @@
 """Networks built from env specs, and the Agent that predicts, evaluates, saves and loads."""
 
+from agents.actor_critic import TensorDDPGLoss, TensorSACLoss, TensorTD3Loss
 from agents.agent import POLICY_BUILDERS, Agent, EvaluationResult, write_video
+from agents.continuous import make_deterministic_actor, make_exploration_env, make_qvalue_critic
 from agents.gsde import make_gsde_actor, make_gsde_env
 from agents.loss_addons import KLPenalty, LossAddon, addon_losses, build_loss_addons, trainable_parameters
 from agents.networks import find_normalizer, input_encoder, make_actor, make_critic, make_mlp
@@ -27,19 +29,25 @@ __all__ = [
     "ObservationGrid",
     "QTable",
     "RandomNetworkDistillation",
+    "TensorDDPGLoss",
     "TensorDQNLoss",
+    "TensorSACLoss",
+    "TensorTD3Loss",
     "addon_losses",
     "build_loss_addons",
     "find_normalizer",
     "input_encoder",
     "make_actor",
     "make_critic",
+    "make_deterministic_actor",
+    "make_exploration_env",
     "make_gsde_actor",
     "make_gsde_env",
     "make_mlp",
     "make_q_actor",
     "make_q_network",
     "make_q_table",
+    "make_qvalue_critic",
     "make_rnd_networks",
     "make_target_updater",
     "trainable_parameters",

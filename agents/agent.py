@@ -18,6 +18,7 @@ from torch import nn
 from torchrl.checkpoint import Checkpoint, CheckpointError
 from torchrl.envs.utils import ExplorationType, set_exploration_type
 
+from agents.continuous import make_deterministic_actor
 from agents.gsde import make_gsde_actor
 from agents.networks import find_normalizer, make_actor
 from agents.qvalue import make_q_actor
@@ -36,6 +37,7 @@ EVALUATION_STEP_LIMIT = 1_000  # episode cap in evaluate() for ids registered wi
 POLICY_BUILDERS: dict[str, Callable[..., nn.Module]] = {
     "mlp_actor": make_actor,
     "gsde_actor": make_gsde_actor,
+    "deterministic_actor": make_deterministic_actor,
     "q_actor": make_q_actor,
     "q_table": make_q_table,
 }

@@ -100,6 +100,46 @@ class StateDependentNormal(D.Independent):
         return self.base_dist.loc
 
 
+class SquashedStateDependentNormal(D.TransformedDistribution):
+    """A :class:`StateDependentNormal` squashed by ``tanh`` and scaled into ``[low, high]`` (gSDE for SAC, as in
+    Stable-Baselines3's ``SquashedDiagGaussianDistribution``-based gSDE).
+
+    ``rsample()`` returns the squashed gSDE action; ``log_prob`` includes the change of variables (computed from
+    the cached pre-squash value for the action just sampled, so it stays finite at the bounds); the deterministic
+    action is the squashed mean.
+
+    Args:
+        loc, scale, action: as for :class:`StateDependentNormal`.
+        low, high: the Box bounds.
+    """
+
+    def __init__(
+        self,
+        loc: torch.Tensor,
+        scale: torch.Tensor,
+        action: torch.Tensor,
+        low: torch.Tensor,
+        high: torch.Tensor,
+        validate_args=None,
+    ):
+        squash = [
+            D.TanhTransform(cache_size=1),
+            D.AffineTransform((high + low) / 2, (high - low) / 2, cache_size=1),
+        ]
+        super().__init__(StateDependentNormal(loc, scale, action), squash, validate_args=validate_args)
+
+    @property
+    def deterministic_sample(self) -> torch.Tensor:
+        action = self.base_dist.mode
+        for transform in self.transforms:
+            action = transform(action)
+        return action
+
+    @property
+    def mode(self) -> torch.Tensor:
+        return self.deterministic_sample
+
+
 class GSDEHead(nn.Module):
     """The gSDE head of a policy: a linear mean action and TorchRL's ``gSDEModule`` on the latent features.
 
@@ -176,13 +216,14 @@ def make_gsde_actor(
     sigma_init: float = 1.0,
     detach_latent: bool = True,
     encoder: nn.Module | None = None,
+    squash: bool = False,
 ) -> ProbabilisticActor:
     """Build a gSDE policy for a Box action spec (registered as ``POLICY_BUILDERS["gsde_actor"]``).
 
     The network is the observation encoder (:func:`agents.networks.observation_encoder`), an MLP whose last hidden
     layer (activated) gives the latent features ``z``, and a :class:`GSDEHead`. The action distribution is a
-    :class:`StateDependentNormal`; actions are *not* squashed: as in Stable-Baselines3's gSDE PPO they are
-    unbounded samples, clipped to the Box only on their way into the env (:func:`make_gsde_env`, and
+    :class:`StateDependentNormal`; unless ``squash`` is set, actions are *not* squashed: as in Stable-Baselines3's
+    gSDE PPO they are unbounded samples, clipped to the Box only on their way into the env (:func:`make_gsde_env`, and
     :meth:`agents.Agent.predict`), so the stored action is the one whose log-probability was recorded.
 
     Noise matrices are read from ``"_eps_gSDE"`` (kept by the env's :class:`GSDENoise`); without them, random
@@ -198,6 +239,8 @@ def make_gsde_actor(
         sigma_init: initial ``sigma_ij`` (see :class:`GSDEHead`).
         detach_latent: stop the gradient of the exploration scale into the features (see :class:`GSDEHead`).
         encoder: an input module to share with a critic; built when None.
+        squash: squash the action by ``tanh`` into the Box (:class:`SquashedStateDependentNormal`), as SAC needs:
+            its entropy term would otherwise reward ever wider actions that the env clips anyway.
 
     Returns:
         A ``ProbabilisticActor`` reading ``"observation"`` (and ``"_eps_gSDE"`` when present) and writing
@@ -248,11 +291,15 @@ def make_gsde_actor(
         in_keys=["observation", GSDE_NOISE_KEY],
         out_keys=[GSDE_LATENT_KEY, "loc", "scale", GSDE_ACTION_KEY, GSDE_NOISE_KEY],
     )
+    distribution_kwargs = {}
+    if squash:
+        distribution_kwargs = {"low": action_spec.space.low[0], "high": action_spec.space.high[0]}
     return ProbabilisticActor(
         module,
         in_keys={"loc": "loc", "scale": "scale", "action": GSDE_ACTION_KEY},
         spec=action_spec,
-        distribution_class=StateDependentNormal,
+        distribution_class=SquashedStateDependentNormal if squash else StateDependentNormal,
+        distribution_kwargs=distribution_kwargs,
         return_log_prob=True,
     )
 

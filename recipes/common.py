@@ -143,6 +143,28 @@ class ExplorationConfig:
         return self.initial_epsilon + (self.final_epsilon - self.initial_epsilon) * progress
 
 
+# what an off-policy recipe stores of a transition (fewer keys: cheaper sampling and loss calls)
+TRANSITION_KEYS = ("observation", "action", ("next", "observation"), ("next", "reward")) + tuple(
+    ("next", key) for key in ("done", "terminated", "truncated")
+)
+
+
+def check_off_policy_ranges(
+    lr: float, gamma: float, tau: float, updates_per_frame: float, learning_starts: int
+) -> None:
+    """Raise :class:`InputError` for the shared off-policy hyperparameters outside their meaningful range."""
+    checks = [
+        ("--lr", lr, lr > 0, "> 0"),
+        ("--gamma", gamma, 0 < gamma <= 1, "in (0, 1]"),
+        ("--tau", tau, 0 < tau <= 1, "in (0, 1]"),
+        ("--updates-per-frame", updates_per_frame, updates_per_frame > 0, "> 0"),
+        ("--learning-starts", learning_starts, learning_starts >= 0, ">= 0"),
+    ]
+    for flag, value, valid, expected in checks:
+        if not valid:
+            raise InputError(f"{flag} must be {expected}, got {value}.")
+
+
 def make_training_env(run: RunConfig, device: torch.device):
     """The batched training env of ``run``: Gymnasium envs on the CPU, or torch envs on ``device``."""
     return make_env(
@@ -437,9 +459,11 @@ def run_cli(main: Callable[[ConfigT], dict[str, Any]], config_type: type[ConfigT
 
 
 __all__ = [
+    "TRANSITION_KEYS",
     "ExplorationConfig",
     "Run",
     "RunConfig",
+    "check_off_policy_ranges",
     "config_to_dict",
     "make_training_env",
     "prepare_process",

@@ -36,6 +36,7 @@ from torchrl.modules import reset_noise
 from agents import Agent, NStepReturns, TensorDQNLoss, find_normalizer, make_target_updater
 from envs import InputError
 from recipes.common import (
+    TRANSITION_KEYS,
     ExplorationConfig,
     Run,
     RunConfig,
@@ -43,11 +44,6 @@ from recipes.common import (
     prepare_process,
     require_positive,
     run_cli,
-)
-
-# what a stored transition keeps (fewer keys: cheaper sampling and loss calls)
-TRANSITION_KEYS = ("observation", "action", ("next", "observation"), ("next", "reward")) + tuple(
-    ("next", key) for key in ("done", "terminated", "truncated")
 )
 
 

@@ -1,0 +1,262 @@
+"""TorchRL's off-policy actor-critic losses (SAC, TD3, DDPG), computed on plain tensors.
+
+TorchRL's ``SACLoss``, ``TD3Loss`` and ``DDPGLoss`` run every network as a TensorDict module: each call copies
+its input, writes several entries and swaps parameters in and out, and the twin Q networks go through a
+TensorDict-level ``vmap``. For the small networks of classic-control tasks that bookkeeping costs more than the
+networks themselves (about 8 ms of a 9 ms SAC update with 64-unit layers on a CPU). The subclasses here keep
+everything else of the parent loss: construction, the parameters and target parameters it owns (so TorchRL's
+``SoftUpdate`` works unchanged), its keys, its TD(0) estimator's discount, ``loss_function``, the importance-weighted
+reduction and the priority it writes. They read the observation, action, reward and termination tensors once,
+call the actor's network directly, and evaluate the Q ensemble with ``torch.func.functional_call`` vectorised by
+``torch.vmap`` over the stacked parameters. Random draws happen in the parent's order, so with the same seed the
+losses and gradients equal the parent's (tests check this).
+"""
+
+from __future__ import annotations
+
+import torch
+from tensordict import TensorDict, TensorDictBase
+from torch import nn
+from torch.func import functional_call
+from torchrl.modules import ProbabilisticActor, ValueOperator
+from torchrl.objectives import DDPGLoss, SACLoss, TD3Loss
+from torchrl.objectives.sac import compute_rsample_log_prob
+from torchrl.objectives.utils import distance_loss
+from torchrl.objectives.value import TD0Estimator
+from torchrl.objectives.value.functional import td0_return_estimate
+
+from envs.errors import InputError
+
+
+class StackedNetwork:
+    """Calls an ``nn.Module`` with parameters taken from a TensorDict of a TensorDict module's parameters.
+
+    With stacked parameters (leading dim ``K``, as TorchRL's losses keep their Q ensembles) the call is vectorised
+    with ``torch.vmap`` and returns ``[K, *output]``; with unstacked ones it is a plain functional call.
+
+    Args:
+        module: the TensorDict module the parameters belong to (``ValueOperator``, ``TensorDictModule``, ...).
+        prefix: where ``module``'s parameters sit in the TensorDict passed at call time (``("module", "0")`` for
+            the first module of a TensorDict sequence).
+    """
+
+    def __init__(self, module: nn.Module, prefix: tuple[str, ...] = ()):
+        self.network = module.module
+        self.names = {
+            prefix + key: ".".join(key[1:]) for key in TensorDict.from_module(module).keys(True, True)
+        }
+        self._vmapped = torch.vmap(self._call, in_dims=(0, None))
+
+    def _call(self, parameters: dict[str, torch.Tensor], inputs: tuple[torch.Tensor, ...]) -> torch.Tensor:
+        return functional_call(self.network, parameters, inputs)
+
+    def __call__(
+        self, parameters: TensorDictBase, *inputs: torch.Tensor, stacked: bool = True
+    ) -> torch.Tensor:
+        flat = {name: parameters.get(key) for key, name in self.names.items()}
+        return self._vmapped(flat, inputs) if stacked else self._call(flat, inputs)
+
+
+def _check_td0(loss: nn.Module) -> None:
+    if not isinstance(loss.value_estimator, TD0Estimator):
+        raise InputError(
+            f"{type(loss).__name__} computes TD(0) targets only; use its parent for other estimators."
+        )
+
+
+def _td0_target(loss, tensordict: TensorDictBase, next_value_B1: torch.Tensor) -> torch.Tensor:
+    """``r + gamma * (1 - terminated) * V(s')`` with the loss's TD(0) discount (``gamma ** steps_to_next_obs``)."""
+    keys = loss.tensor_keys
+    reward_B1 = tensordict.get(("next", keys.reward))
+    gamma = loss.value_estimator.gamma.to(reward_B1.device)
+    steps_to_next_obs = tensordict.get(loss.value_estimator.tensor_keys.steps_to_next_obs, None)
+    if steps_to_next_obs is not None:
+        gamma = gamma ** steps_to_next_obs.view_as(reward_B1)
+    terminated_B1 = tensordict.get(("next", keys.terminated))
+    return td0_return_estimate(gamma, next_value_B1, reward_B1, terminated_B1).squeeze(-1)
+
+
+class TensorSACLoss(SACLoss):
+    """TorchRL's ``SACLoss`` (version 2: no state-value network), computed on the observation tensors.
+
+    Args:
+        actor_network: a ``ProbabilisticActor`` reading ``"observation"`` (as built by
+            :func:`agents.networks.make_actor` with ``state_dependent_scale=True``).
+        qvalue_network: a ``ValueOperator`` reading ``"observation"`` and ``"action"`` (as built by
+            :func:`agents.continuous.make_qvalue_critic`).
+        **kwargs: as for ``SACLoss``.
+
+    Reads:
+        ``"observation"``, ``"action"``, ``("next", "observation")``, ``("next", "reward")``,
+        ``("next", "terminated")``, optionally ``"steps_to_next_obs"`` and the priority weight.
+
+    Writes:
+        ``|TD error|`` (the larger of the two Q networks') under the priority key of the input; returns
+        ``TensorDict(loss_actor, loss_qvalue, loss_alpha, alpha, entropy)``.
+    """
+
+    def __init__(self, actor_network: ProbabilisticActor, qvalue_network: ValueOperator, **kwargs):
+        if kwargs.get("value_network") is not None:
+            raise InputError("TensorSACLoss implements SAC without a state-value network (SAC v2).")
+        super().__init__(actor_network, qvalue_network, **kwargs)
+        if list(actor_network[0].in_keys) != ["observation"] or list(qvalue_network.in_keys) != [
+            "observation",
+            "action",
+        ]:
+            raise InputError(
+                "TensorSACLoss needs an actor reading 'observation' and a critic reading it and 'action'."
+            )
+        self._actor = StackedNetwork(actor_network[0], prefix=("module", "0"))
+        self._distribution_class = actor_network[-1].distribution_class
+        self._distribution_kwargs = actor_network[-1].distribution_kwargs
+        self._qvalue = StackedNetwork(qvalue_network)
+
+    def _distribution(self, observation: torch.Tensor):
+        loc, scale = self._actor(self.actor_network_params, observation, stacked=False)
+        return self._distribution_class(loc, scale, **self._distribution_kwargs)
+
+    def forward(self, tensordict: TensorDictBase) -> TensorDictBase:
+        """The actor, critic and entropy-coefficient losses of a batch of transitions."""
+        _check_td0(self)
+        keys = self.tensor_keys
+        observation = tensordict.get("observation")
+        alpha = self._alpha
+        weights = self._maybe_get_priority_weight(tensordict)
+
+        # critic: both Q networks regress on r + gamma * (min target Q(s', a') - alpha log pi(a'|s'))
+        with torch.no_grad():
+            next_observation = tensordict.get(("next", "observation"))
+            next_action, next_log_prob_B = compute_rsample_log_prob(self._distribution(next_observation))
+            next_q_KB1 = self._qvalue(self.target_qvalue_network_params, next_observation, next_action)
+            next_value_B1 = (next_q_KB1 - alpha * next_log_prob_B.unsqueeze(-1)).min(0).values
+            target_B = _td0_target(self, tensordict, next_value_B1)
+        q_KB = self._qvalue(self.qvalue_network_params, observation, tensordict.get(keys.action)).squeeze(-1)
+        loss_qvalue = distance_loss(q_KB, target_B.expand_as(q_KB), loss_function=self.loss_function).sum(0)
+        tensordict.set(keys.priority, (q_KB - target_B).abs().detach().max(0).values)
+
+        # actor: alpha log pi(a|s) - min Q(s, a) with a reparameterised a; the critics' parameters are detached
+        action, log_prob_B = compute_rsample_log_prob(self._distribution(observation))
+        new_q_KB = self._qvalue(self._cached_detached_qvalue_params, observation, action).squeeze(-1)
+        loss_actor = alpha * log_prob_B - new_q_KB.min(0).values
+
+        loss_alpha = self._alpha_loss(log_prob_B.detach())
+        return TensorDict(
+            loss_actor=self._reduce_loss(loss_actor, tensordict=tensordict, weights=weights),
+            loss_qvalue=self._reduce_loss(loss_qvalue, tensordict=tensordict, weights=weights),
+            loss_alpha=self._reduce_loss(loss_alpha, tensordict=tensordict, weights=weights),
+            alpha=alpha,
+            entropy=-log_prob_B.detach().mean(),
+        )
+
+
+class TensorTD3Loss(TD3Loss):
+    """TorchRL's ``TD3Loss``, computed on the observation tensors.
+
+    ``value_loss`` and ``actor_loss`` can be called on their own (TD3 updates the actor less often than the
+    critics); ``forward`` returns both, as the parent does.
+
+    Args:
+        actor_network: a deterministic actor reading ``"observation"`` and writing ``"action"`` (``policy[0]`` of
+            :func:`agents.continuous.make_deterministic_actor`).
+        qvalue_network: a ``ValueOperator`` reading ``"observation"`` and ``"action"``.
+        **kwargs: as for ``TD3Loss``.
+    """
+
+    def __init__(self, actor_network: nn.Module, qvalue_network: ValueOperator, **kwargs):
+        super().__init__(actor_network, qvalue_network, **kwargs)
+        self._action = _deterministic_action(actor_network)
+        self._qvalue = StackedNetwork(qvalue_network)
+
+    def value_loss(self, tensordict: TensorDictBase) -> tuple[torch.Tensor, dict]:
+        """Both critics regress on ``r + gamma * min target Q(s', clip(mu'(s') + clipped noise))``."""
+        _check_td0(self)
+        action = tensordict.get(self.tensor_keys.action)
+        noise = (torch.randn_like(action) * self.policy_noise).clamp(-self.noise_clip, self.noise_clip)
+        with torch.no_grad():
+            next_observation = tensordict.get(("next", "observation"))
+            next_action = self._action(self.target_actor_network_params, next_observation)
+            next_action = (next_action + noise).clamp(self.min_action, self.max_action)
+            next_q_KB1 = self._qvalue(self.target_qvalue_network_params, next_observation, next_action)
+            target_B = _td0_target(self, tensordict, next_q_KB1.min(0).values)
+        q_KB = self._qvalue(self.qvalue_network_params, tensordict.get("observation"), action).squeeze(-1)
+        loss_qvalue = distance_loss(q_KB, target_B.expand_as(q_KB), loss_function=self.loss_function).sum(0)
+        weights = self._maybe_get_priority_weight(tensordict)
+        td_error = (q_KB - target_B).pow(2).detach()
+        return self._reduce_loss(loss_qvalue, tensordict=tensordict, weights=weights), {"td_error": td_error}
+
+    def actor_loss(self, tensordict: TensorDictBase) -> tuple[torch.Tensor, dict]:
+        """``-Q_1(s, mu(s))`` with the critics' parameters detached."""
+        observation = tensordict.get("observation")
+        action = self._action(self.actor_network_params, observation)
+        q_KB = self._qvalue(self._cached_detach_qvalue_network_params, observation, action).squeeze(-1)
+        weights = self._maybe_get_priority_weight(tensordict)
+        return self._reduce_loss(-q_KB[0], tensordict=tensordict, weights=weights), {}
+
+    def forward(self, tensordict: TensorDictBase) -> TensorDictBase:
+        """Both losses; writes the larger squared TD error of the two critics as priority."""
+        loss_actor, _ = self.actor_loss(tensordict)
+        loss_qvalue, metadata = self.value_loss(tensordict)
+        tensordict.set(self.tensor_keys.priority, metadata["td_error"].max(0).values)
+        return TensorDict(loss_actor=loss_actor, loss_qvalue=loss_qvalue)
+
+
+class TensorDDPGLoss(DDPGLoss):
+    """TorchRL's ``DDPGLoss``, computed on the observation tensors.
+
+    Args:
+        actor_network: a deterministic actor reading ``"observation"`` and writing ``"action"``.
+        value_network: a ``ValueOperator`` reading ``"observation"`` and ``"action"``.
+        **kwargs: as for ``DDPGLoss``.
+    """
+
+    def __init__(self, actor_network: nn.Module, value_network: ValueOperator, **kwargs):
+        super().__init__(actor_network, value_network, **kwargs)
+        self._action = _deterministic_action(actor_network)
+        self._value = StackedNetwork(value_network)
+
+    def forward(self, tensordict: TensorDictBase) -> TensorDictBase:
+        """The critic's TD(0) loss from the target networks and the actor's ``-Q(s, mu(s))``."""
+        _check_td0(self)
+        observation = tensordict.get("observation")
+        weights = self._maybe_get_priority_weight(tensordict)
+        with torch.no_grad():
+            next_observation = tensordict.get(("next", "observation"))
+            next_action = self._action(self.target_actor_network_params, next_observation)
+            next_value_B1 = self._value(
+                self.target_value_network_params, next_observation, next_action, stacked=False
+            )
+            target_B = _td0_target(self, tensordict, next_value_B1)
+        value_B = self._value(
+            self.value_network_params, observation, tensordict.get("action"), stacked=False
+        ).squeeze(-1)
+        loss_value = distance_loss(value_B, target_B, loss_function=self.loss_function)
+        tensordict.set(self.tensor_keys.priority, (value_B - target_B).pow(2).detach())
+        action = self._action(self.actor_network_params, observation)
+        loss_actor = -self._value(
+            self._cached_detached_value_params, observation, action, stacked=False
+        ).squeeze(-1)
+        return TensorDict(
+            loss_actor=self._reduce_loss(loss_actor, tensordict=tensordict, weights=weights),
+            loss_value=self._reduce_loss(loss_value, tensordict=tensordict, weights=weights),
+        )
+
+
+class _DeterministicAction:
+    """``mu(s)`` of a :func:`agents.continuous.make_deterministic_actor` actor (network, then ``TanhModule``)
+    with the parameters given."""
+
+    def __init__(self, actor: nn.Module):
+        network, squash = actor[0], actor[1]
+        self.network = StackedNetwork(network, prefix=("module", "0"))
+        self.squash = squash
+
+    def __call__(self, parameters: TensorDictBase, observation: torch.Tensor) -> torch.Tensor:
+        preactivation = self.network(parameters, observation, stacked=False)
+        low, high = self.squash.action_low, self.squash.action_high  # read per call: they follow .to(device)
+        return low + (high - low) * (preactivation.tanh() + 1) / 2  # TanhModule's map
+
+
+def _deterministic_action(actor: nn.Module) -> _DeterministicAction:
+    if len(actor) != 2 or list(actor[0].in_keys) != ["observation"]:
+        raise InputError("The tensor losses need a deterministic actor built by make_deterministic_actor.")
+    return _DeterministicAction(actor)

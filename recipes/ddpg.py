@@ -1,0 +1,241 @@
+"""Deep Deterministic Policy Gradient (DDPG; Lillicrap et al., 2016, arXiv:1509.02971).
+
+TorchRL's ``DDPGLoss``: a deterministic tanh-squashed actor trained to maximise ``Q(s, mu(s))``, one Q network
+trained on TD(0) targets from target copies of both networks, which follow by Polyak averaging after every
+update. Exploration adds Gaussian (``--noise gaussian``, as in TD3 and RL Zoo) or Ornstein-Uhlenbeck
+(``--noise ou``, the paper's choice, reset at every episode start) noise to the action in the env, never in
+evaluation. The first ``--learning-starts`` frames are random actions; then every collected batch is followed by
+``--updates-per-frame`` updates per frame from a replay buffer on ``--device``.
+
+Noise scales are relative to the half-width of the Box (Stable-Baselines3's convention): on Pendulum-v1's
+``[-2, 2]``, ``--noise-sigma 0.1`` is a standard deviation of 0.2.
+
+    python -m recipes.ddpg                    # Pendulum-v1, 20k frames, Gaussian noise
+    python -m recipes.ddpg --noise ou         # Ornstein-Uhlenbeck noise
+    python -m recipes.ddpg --help             # every option
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+import torch
+from torchrl.collectors import Collector
+from torchrl.data import LazyTensorStorage, TensorDictReplayBuffer
+from torchrl.objectives import SoftUpdate
+
+from agents import Agent, TensorDDPGLoss, make_exploration_env, make_qvalue_critic
+from agents.continuous import check_box_actions
+from envs import InputError
+from recipes.common import (
+    TRANSITION_KEYS,
+    Run,
+    RunConfig,
+    check_off_policy_ranges,
+    make_training_env,
+    prepare_process,
+    require_positive,
+    run_cli,
+)
+
+
+@dataclass
+class CollectorConfig:
+    steps_per_env: int = 8
+    """Steps each env takes per collected batch (frames per batch = num_envs * steps_per_env)."""
+    updates_per_frame: float = 1.0
+    """Gradient steps per collected frame (the update-to-data ratio)."""
+    learning_starts: int = 1_000
+    """Frames of uniformly random actions collected before the first update."""
+
+
+@dataclass
+class BufferConfig:
+    buffer_size: int = 200_000
+    """Replay buffer capacity in transitions."""
+    batch_size: int = 256
+    """Transitions per gradient step."""
+
+
+@dataclass
+class LossConfig:
+    gamma: float = 0.98
+    """Discount factor (RL Zoo's Pendulum value)."""
+    tau: float = 0.005
+    """Polyak rate of the target networks."""
+    loss_function: Literal["l2", "smooth_l1"] = "l2"
+    """Critic loss: squared error (as in the paper) or Huber."""
+
+
+@dataclass
+class OptimConfig:
+    lr: float = 1e-3
+    """Adam learning rate of the actor and of the critic."""
+
+
+@dataclass
+class NetworkConfig:
+    hidden_sizes: tuple[int, ...] = (400, 300)
+    """Hidden layer widths of the actor and of the Q network (the paper's)."""
+    activation: Literal["relu", "tanh", "elu", "silu"] = "relu"
+    """Activation between hidden layers."""
+    noise: Literal["gaussian", "ou"] = "gaussian"
+    """Exploration noise: independent Gaussian, or temporally correlated Ornstein-Uhlenbeck."""
+    noise_sigma: float = 0.1
+    """Standard deviation of the exploration noise, relative to the Box half-width."""
+    ou_theta: float = 0.15
+    """Ornstein-Uhlenbeck mean-reversion rate."""
+
+
+@dataclass
+class DDPGConfig:
+    """DDPG: deterministic policy gradient with a learned Q function."""
+
+    run: RunConfig = field(
+        default_factory=lambda: RunConfig(
+            env_id="Pendulum-v1",
+            num_envs=1,
+            total_frames=20_000,
+            eval_every=1_000,
+            stop_at_return=float("inf"),
+        )
+    )
+    collector: CollectorConfig = field(default_factory=CollectorConfig)
+    buffer: BufferConfig = field(default_factory=BufferConfig)
+    loss: LossConfig = field(default_factory=LossConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    network: NetworkConfig = field(default_factory=NetworkConfig)
+
+
+def main(config: DDPGConfig) -> dict:
+    """Train DDPG as configured and return the run summary (see ``recipes.common``)."""
+    # config
+    run_config, buffer_config, loss_config, network_config = (
+        config.run,
+        config.buffer,
+        config.loss,
+        config.network,
+    )
+    run_config.validate()
+    require_positive(
+        steps_per_env=config.collector.steps_per_env,
+        buffer_size=buffer_config.buffer_size,
+        batch_size=buffer_config.batch_size,
+    )
+    check_off_policy_ranges(
+        config.optim.lr,
+        loss_config.gamma,
+        loss_config.tau,
+        config.collector.updates_per_frame,
+        config.collector.learning_starts,
+    )
+    if network_config.ou_theta <= 0:
+        raise InputError(f"--ou-theta must be > 0, got {network_config.ou_theta}.")
+    prepare_process(run_config)
+    device = torch.device(run_config.device)
+    frames_per_batch = run_config.num_envs * config.collector.steps_per_env
+    num_batches = -(-run_config.total_frames // frames_per_batch)
+    updates_per_batch = max(1, round(frames_per_batch * config.collector.updates_per_frame))
+
+    # env: Ornstein-Uhlenbeck noise resets on the env's episode-start flag
+    env = make_training_env(run_config, device)
+    try:
+        action_spec = check_box_actions(env.action_spec, "DDPG")
+    except InputError:
+        env.close()
+        raise
+    env = make_exploration_env(env, network_config.noise)
+    observation_spec = env.observation_spec["observation"]
+
+    # modules: the agent owns the noisy policy; the loss trains its deterministic actor and the critic
+    policy_kwargs = {
+        "hidden_sizes": list(network_config.hidden_sizes),
+        "activation": network_config.activation,
+        "noise": network_config.noise,
+        "noise_sigma": network_config.noise_sigma,
+        "ou_theta": network_config.ou_theta,
+    }
+    agent = Agent.build(
+        run_config.env_id,
+        env.single_observation_space,
+        env.single_action_space,
+        "ddpg",
+        policy_builder="deterministic_actor",
+        policy_kwargs=policy_kwargs,
+        device=device,
+    )
+    policy = agent.policy
+    actor = policy[0]
+    critic = make_qvalue_critic(
+        observation_spec, action_spec, network_config.hidden_sizes, network_config.activation
+    ).to(device)
+
+    # loss + value estimator + target updater
+    loss_module = TensorDDPGLoss(
+        actor, critic, loss_function=loss_config.loss_function, delay_actor=True, delay_value=True
+    )
+    loss_module.make_value_estimator(gamma=loss_config.gamma)
+    target_updater = SoftUpdate(loss_module, tau=loss_config.tau)
+
+    # collector: uniformly random actions until learning starts
+    collector = Collector(
+        env,
+        policy,
+        frames_per_batch=frames_per_batch,
+        total_frames=num_batches * frames_per_batch,
+        init_random_frames=config.collector.learning_starts,
+        env_device=env.device,
+        policy_device=device,
+        storing_device=device,
+        track_traj_ids=False,
+        auto_register_policy_transforms=False,
+    )
+
+    # buffer
+    replay_buffer = TensorDictReplayBuffer(
+        storage=LazyTensorStorage(min(buffer_config.buffer_size, run_config.total_frames), device=device),
+        batch_size=buffer_config.batch_size,
+    )
+
+    # optimizer
+    actor_optimizer = torch.optim.Adam(
+        loss_module.actor_network_params.values(True, True), lr=config.optim.lr
+    )
+    critic_optimizer = torch.optim.Adam(
+        loss_module.value_network_params.values(True, True), lr=config.optim.lr
+    )
+
+    # logger, evaluation, checkpoints
+    run = Run("ddpg", config, run_config, agent)
+
+    learning_starts = config.collector.learning_starts
+
+    def update(sample):
+        loss = loss_module(sample)
+        actor_optimizer.zero_grad(set_to_none=True)
+        critic_optimizer.zero_grad(set_to_none=True)
+        (loss["loss_actor"] + loss["loss_value"]).backward()  # each term reaches only its own network
+        actor_optimizer.step()
+        critic_optimizer.step()
+        target_updater.step()
+        return loss.select("loss_actor", "loss_value").detach()
+
+    # loop
+    frames = 0
+    for batch in collector:
+        frames += batch.numel()
+        replay_buffer.extend(batch.select(*TRANSITION_KEYS).reshape(-1))
+        metrics = {}
+        if frames >= learning_starts and len(replay_buffer) >= buffer_config.batch_size:
+            losses = torch.stack([update(replay_buffer.sample()) for _ in range(updates_per_batch)])
+            metrics = {f"train/{key}": value.item() for key, value in losses.mean().items()}
+        if run.record_batch(batch, metrics):
+            break
+    collector.shutdown()
+    env.close()
+    return run.finish()
+
+
+if __name__ == "__main__":
+    run_cli(main, DDPGConfig, __doc__)

@@ -1,0 +1,299 @@
+"""Soft Actor-Critic (Haarnoja et al., 2018, arXiv:1812.05905), continuous and discrete (Christodoulou, 2019,
+arXiv:1910.07207).
+
+TorchRL's ``SACLoss`` (``DiscreteSACLoss`` for Discrete action spaces, chosen from the env): a tanh-normal
+policy scaled to the Box bounds, twin Q networks evaluated as one vectorised ensemble, soft (Polyak) target
+updates, and automatic entropy tuning towards a target entropy of ``-dim(A)`` (discrete: ``0.98 * log(n)`` by
+default). The first ``--learning-starts`` frames are random actions; after that every collected batch of
+``num_envs * steps_per_env`` frames is followed by ``--updates-per-frame`` gradient steps per frame, drawn from a
+replay buffer on ``--device``. Evaluation is deterministic (the policy's mean action, or its most likely action).
+
+Pendulum-v1 with the defaults (RL Zoo's budget, 20k frames, lr 1e-3): see README for the return and the frames
+it takes. Discrete SAC on CartPole-v1: the README's command.
+
+    python -m recipes.sac                                  # Pendulum-v1
+    python -m recipes.sac --use-sde                        # gSDE exploration
+    python -m recipes.sac --env-id CartPole-v1 --help      # discrete SAC; every option
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+import gymnasium as gym
+import torch
+from torchrl.collectors import Collector
+from torchrl.data import LazyTensorStorage, TensorDictReplayBuffer
+from torchrl.objectives import DiscreteSACLoss, SACLoss, SoftUpdate
+
+from agents import Agent, TensorSACLoss, make_qvalue_critic
+from agents.continuous import check_box_actions, default_target_entropy
+from agents.gsde import check_sde_options, make_gsde_env
+from envs import InputError
+from recipes.common import (
+    TRANSITION_KEYS,
+    Run,
+    RunConfig,
+    check_off_policy_ranges,
+    make_training_env,
+    prepare_process,
+    require_positive,
+    run_cli,
+)
+
+
+@dataclass
+class CollectorConfig:
+    steps_per_env: int = 8
+    """Steps each env takes per collected batch (frames per batch = num_envs * steps_per_env)."""
+    updates_per_frame: float = 1.0
+    """Gradient steps per collected frame (the update-to-data ratio)."""
+    learning_starts: int = 1_000
+    """Frames of uniformly random actions collected before the first update."""
+
+
+@dataclass
+class BufferConfig:
+    buffer_size: int = 1_000_000
+    """Replay buffer capacity in transitions."""
+    batch_size: int = 256
+    """Transitions per gradient step."""
+
+
+@dataclass
+class LossConfig:
+    gamma: float = 0.99
+    """Discount factor."""
+    tau: float = 0.005
+    """Polyak rate of the target Q networks (target <- (1 - tau) target + tau online, every update)."""
+    alpha_init: float = 1.0
+    """Initial entropy coefficient."""
+    fixed_alpha: bool = False
+    """Keep the entropy coefficient at --alpha-init instead of tuning it."""
+    target_entropy: float | None = None
+    """Entropy the coefficient is tuned towards; default -dim(A) (Box) or 0.98 log(n) (Discrete)."""
+    loss_function: Literal["l2", "smooth_l1"] = "l2"
+    """Critic loss: squared error (as in the paper and Stable-Baselines3) or Huber."""
+
+
+@dataclass
+class OptimConfig:
+    lr: float = 1e-3
+    """Adam learning rate of the actor, the critics and the entropy coefficient (RL Zoo's Pendulum value)."""
+    max_grad_norm: float = float("inf")
+    """Clip each network's gradient norm to this value (inf: no clipping, as in the paper)."""
+
+
+@dataclass
+class NetworkConfig:
+    hidden_sizes: tuple[int, ...] = (256, 256)
+    """Hidden layer widths of the actor and of each Q network."""
+    activation: Literal["relu", "tanh", "elu", "silu"] = "relu"
+    """Activation between hidden layers."""
+    use_sde: bool = False
+    """Box actions: explore with gSDE (state-dependent noise held for a while, Raffin et al. 2021)."""
+    sde_sample_freq: int = -1
+    """gSDE: resample the exploration noise every this many steps; -1: only at episode and batch starts."""
+
+
+@dataclass
+class SACConfig:
+    """SAC: off-policy maximum-entropy actor-critic."""
+
+    run: RunConfig = field(
+        default_factory=lambda: RunConfig(
+            env_id="Pendulum-v1",
+            num_envs=1,
+            total_frames=20_000,
+            eval_every=1_000,
+            stop_at_return=float("inf"),
+        )
+    )
+    discrete: bool = False
+    """Require a Discrete action space (discrete SAC is chosen automatically for one; this makes it explicit)."""
+    collector: CollectorConfig = field(default_factory=CollectorConfig)
+    buffer: BufferConfig = field(default_factory=BufferConfig)
+    loss: LossConfig = field(default_factory=LossConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    network: NetworkConfig = field(default_factory=NetworkConfig)
+
+
+def main(config: SACConfig) -> dict:
+    """Train SAC as configured and return the run summary (see ``recipes.common``)."""
+    # config
+    run_config, buffer_config, loss_config, optim_config = (
+        config.run,
+        config.buffer,
+        config.loss,
+        config.optim,
+    )
+    run_config.validate()
+    require_positive(
+        steps_per_env=config.collector.steps_per_env,
+        buffer_size=buffer_config.buffer_size,
+        batch_size=buffer_config.batch_size,
+    )
+    check_off_policy_ranges(
+        optim_config.lr,
+        loss_config.gamma,
+        loss_config.tau,
+        config.collector.updates_per_frame,
+        config.collector.learning_starts,
+    )
+    if loss_config.alpha_init <= 0:
+        raise InputError(f"--alpha-init must be > 0, got {loss_config.alpha_init}.")
+    if not optim_config.max_grad_norm > 0:
+        raise InputError(f"--max-grad-norm must be > 0, got {optim_config.max_grad_norm}.")
+    check_sde_options(config.network.use_sde, config.network.sde_sample_freq)
+    prepare_process(run_config)
+    device = torch.device(run_config.device)
+    frames_per_batch = run_config.num_envs * config.collector.steps_per_env
+    num_batches = -(-run_config.total_frames // frames_per_batch)
+    updates_per_batch = max(1, round(frames_per_batch * config.collector.updates_per_frame))
+
+    # env
+    env = make_training_env(run_config, device)
+    discrete = isinstance(env.single_action_space, gym.spaces.Discrete)
+    if config.discrete and not discrete:
+        env.close()
+        raise InputError(
+            f"--discrete asks for a Discrete action space; {run_config.env_id} has {env.single_action_space}."
+        )
+    if discrete and config.network.use_sde:
+        env.close()
+        raise InputError("--use-sde is for Box actions; drop it for discrete SAC.")
+    if not discrete:
+        check_box_actions(env.action_spec, "SAC")
+    action_dim = env.action_spec.shape[-1] if not discrete else env.action_spec.space.n
+    observation_spec = env.observation_spec["observation"]
+
+    # modules: the agent owns the actor; the loss copies the critic into its twin Q networks and their targets
+    policy_kwargs = {
+        "hidden_sizes": list(config.network.hidden_sizes),
+        "activation": config.network.activation,
+    }
+    use_sde = config.network.use_sde
+    if use_sde:  # gSDE, squashed into the Box like the tanh-normal policy
+        policy_kwargs["squash"] = True
+    elif not discrete:
+        policy_kwargs["state_dependent_scale"] = True
+    agent = Agent.build(
+        run_config.env_id,
+        env.single_observation_space,
+        env.single_action_space,
+        "sac",
+        policy_builder="gsde_actor" if use_sde else "mlp_actor",
+        policy_kwargs=policy_kwargs,
+        device=device,
+    )
+    actor = agent.policy
+    if (
+        use_sde
+    ):  # noise matrices kept as env state, resampled at episode starts and every --sde-sample-freq steps
+        env = make_gsde_env(env, actor, config.network.sde_sample_freq, config.collector.steps_per_env)
+    critic = make_qvalue_critic(
+        observation_spec, env.action_spec, config.network.hidden_sizes, config.network.activation
+    ).to(device)
+
+    # loss + value estimator + target updater
+    common = {
+        "num_qvalue_nets": 2,
+        "loss_function": loss_config.loss_function,
+        "alpha_init": loss_config.alpha_init,
+        "fixed_alpha": loss_config.fixed_alpha,
+        "delay_qvalue": True,
+    }
+    if discrete:
+        loss_module = DiscreteSACLoss(
+            actor,
+            critic,
+            action_space=env.action_spec,
+            num_actions=action_dim,
+            target_entropy="auto" if loss_config.target_entropy is None else loss_config.target_entropy,
+            **common,
+        )
+    else:
+        # TensorSACLoss runs the tanh-normal actor's network directly; a gSDE actor goes through SACLoss
+        loss_class = SACLoss if use_sde else TensorSACLoss
+        loss_module = loss_class(
+            actor,
+            critic,
+            action_spec=env.action_spec,
+            target_entropy=default_target_entropy(env.action_spec)
+            if loss_config.target_entropy is None
+            else loss_config.target_entropy,
+            delay_actor=False,
+            **common,
+        )
+    loss_module.make_value_estimator(gamma=loss_config.gamma)
+    target_updater = SoftUpdate(loss_module, tau=loss_config.tau)
+
+    # collector: uniformly random actions until learning starts
+    collector = Collector(
+        env,
+        actor,
+        frames_per_batch=frames_per_batch,
+        total_frames=num_batches * frames_per_batch,
+        init_random_frames=config.collector.learning_starts,
+        env_device=env.device,
+        policy_device=device,
+        storing_device=device,
+        track_traj_ids=False,
+        auto_register_policy_transforms=False,
+    )
+
+    # buffer
+    replay_buffer = TensorDictReplayBuffer(
+        storage=LazyTensorStorage(min(buffer_config.buffer_size, run_config.total_frames), device=device),
+        batch_size=buffer_config.batch_size,
+    )
+
+    # optimizer: one Adam each for the actor, the critics and the entropy coefficient (the paper's setup)
+    actor_parameters = list(loss_module.actor_network_params.values(True, True))
+    critic_parameters = list(loss_module.qvalue_network_params.values(True, True))
+    optimizers = [
+        torch.optim.Adam(actor_parameters, lr=optim_config.lr),
+        torch.optim.Adam(critic_parameters, lr=optim_config.lr),
+    ]
+    if not loss_config.fixed_alpha:
+        optimizers.append(torch.optim.Adam([loss_module.log_alpha], lr=optim_config.lr))
+
+    # logger, evaluation, checkpoints
+    run = Run("sac", config, run_config, agent)
+
+    learning_starts, max_grad_norm = config.collector.learning_starts, optim_config.max_grad_norm
+    clip = max_grad_norm != float("inf")
+
+    def update(sample):
+        loss = loss_module(sample)
+        total = loss["loss_actor"] + loss["loss_qvalue"] + loss["loss_alpha"]
+        for optimizer in optimizers:
+            optimizer.zero_grad(set_to_none=True)
+        total.backward()
+        if clip:
+            torch.nn.utils.clip_grad_norm_(actor_parameters, max_grad_norm)
+            torch.nn.utils.clip_grad_norm_(critic_parameters, max_grad_norm)
+        for optimizer in optimizers:
+            optimizer.step()
+        target_updater.step()
+        return loss.select("loss_actor", "loss_qvalue", "loss_alpha", "alpha", "entropy").detach()
+
+    # loop
+    frames = 0
+    for batch in collector:
+        frames += batch.numel()
+        replay_buffer.extend(batch.select(*TRANSITION_KEYS).reshape(-1))
+        metrics = {}
+        if frames >= learning_starts and len(replay_buffer) >= buffer_config.batch_size:
+            losses = torch.stack([update(replay_buffer.sample()) for _ in range(updates_per_batch)])
+            metrics = {f"train/{key}": value.item() for key, value in losses.mean().items()}
+        if run.record_batch(batch, metrics):
+            break
+    collector.shutdown()
+    env.close()
+    return run.finish()
+
+
+if __name__ == "__main__":
+    run_cli(main, SACConfig, __doc__)

@@ -1,0 +1,261 @@
+"""Twin Delayed DDPG (TD3; Fujimoto, van Hoof and Meger, 2018, arXiv:1802.09477).
+
+TorchRL's ``TD3Loss``: a deterministic tanh-squashed actor, twin Q networks whose smaller target value is
+bootstrapped (clipped double Q), target policy smoothing (clipped Gaussian noise on the target action), and
+delayed updates: the actor and all target networks move once every ``--policy-delay`` critic updates, the
+targets by Polyak averaging. Exploration adds Gaussian noise to the action in the env (never in evaluation).
+The first ``--learning-starts`` frames are random actions; then every collected batch is followed by
+``--updates-per-frame`` critic updates per frame from a replay buffer on ``--device``.
+
+Noise scales are relative to the half-width of the Box (Stable-Baselines3's convention): on Pendulum-v1's
+``[-2, 2]``, ``--noise-sigma 0.1`` is a standard deviation of 0.2.
+
+    python -m recipes.td3                     # Pendulum-v1, 20k frames
+    python -m recipes.td3 --help              # every option
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+import torch
+from torchrl.collectors import Collector
+from torchrl.data import LazyTensorStorage, TensorDictReplayBuffer
+from torchrl.objectives import SoftUpdate
+
+from agents import Agent, TensorTD3Loss, make_qvalue_critic
+from agents.continuous import action_half_range, check_box_actions
+from envs import InputError
+from recipes.common import (
+    TRANSITION_KEYS,
+    Run,
+    RunConfig,
+    check_off_policy_ranges,
+    make_training_env,
+    prepare_process,
+    require_positive,
+    run_cli,
+)
+
+
+@dataclass
+class CollectorConfig:
+    steps_per_env: int = 8
+    """Steps each env takes per collected batch (frames per batch = num_envs * steps_per_env)."""
+    updates_per_frame: float = 1.0
+    """Critic updates per collected frame (the update-to-data ratio)."""
+    learning_starts: int = 1_000
+    """Frames of uniformly random actions collected before the first update."""
+
+
+@dataclass
+class BufferConfig:
+    buffer_size: int = 200_000
+    """Replay buffer capacity in transitions."""
+    batch_size: int = 256
+    """Transitions per gradient step."""
+
+
+@dataclass
+class LossConfig:
+    gamma: float = 0.98
+    """Discount factor (RL Zoo's Pendulum value)."""
+    tau: float = 0.005
+    """Polyak rate of the target networks."""
+    policy_delay: int = 2
+    """Critic updates per actor and target update."""
+    target_noise: float = 0.2
+    """Standard deviation of the target policy smoothing noise, relative to the Box half-width."""
+    target_noise_clip: float = 0.5
+    """Clip of the target policy smoothing noise, relative to the Box half-width."""
+    loss_function: Literal["l2", "smooth_l1"] = "l2"
+    """Critic loss: squared error (as in the paper) or Huber."""
+
+
+@dataclass
+class OptimConfig:
+    lr: float = 1e-3
+    """Adam learning rate of the actor and of the critics."""
+
+
+@dataclass
+class NetworkConfig:
+    hidden_sizes: tuple[int, ...] = (400, 300)
+    """Hidden layer widths of the actor and of each Q network (the paper's)."""
+    activation: Literal["relu", "tanh", "elu", "silu"] = "relu"
+    """Activation between hidden layers."""
+    noise_sigma: float = 0.1
+    """Standard deviation of the Gaussian exploration noise, relative to the Box half-width."""
+
+
+@dataclass
+class TD3Config:
+    """TD3: clipped double-Q DDPG with target policy smoothing and delayed actor updates."""
+
+    run: RunConfig = field(
+        default_factory=lambda: RunConfig(
+            env_id="Pendulum-v1",
+            num_envs=1,
+            total_frames=20_000,
+            eval_every=1_000,
+            stop_at_return=float("inf"),
+        )
+    )
+    collector: CollectorConfig = field(default_factory=CollectorConfig)
+    buffer: BufferConfig = field(default_factory=BufferConfig)
+    loss: LossConfig = field(default_factory=LossConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    network: NetworkConfig = field(default_factory=NetworkConfig)
+
+
+def main(config: TD3Config) -> dict:
+    """Train TD3 as configured and return the run summary (see ``recipes.common``)."""
+    # config
+    run_config, buffer_config, loss_config = config.run, config.buffer, config.loss
+    run_config.validate()
+    require_positive(
+        steps_per_env=config.collector.steps_per_env,
+        buffer_size=buffer_config.buffer_size,
+        batch_size=buffer_config.batch_size,
+        policy_delay=loss_config.policy_delay,
+    )
+    check_off_policy_ranges(
+        config.optim.lr,
+        loss_config.gamma,
+        loss_config.tau,
+        config.collector.updates_per_frame,
+        config.collector.learning_starts,
+    )
+    for flag, value in (
+        ("--target-noise", loss_config.target_noise),
+        ("--target-noise-clip", loss_config.target_noise_clip),
+    ):
+        if value < 0:
+            raise InputError(f"{flag} must be >= 0, got {value}.")
+    prepare_process(run_config)
+    device = torch.device(run_config.device)
+    frames_per_batch = run_config.num_envs * config.collector.steps_per_env
+    num_batches = -(-run_config.total_frames // frames_per_batch)
+    updates_per_batch = max(1, round(frames_per_batch * config.collector.updates_per_frame))
+
+    # env
+    env = make_training_env(run_config, device)
+    try:
+        action_spec = check_box_actions(env.action_spec, "TD3")
+    except InputError:
+        env.close()
+        raise
+    observation_spec = env.observation_spec["observation"]
+    half_range = action_half_range(action_spec)
+
+    # modules: the agent owns the noisy policy; the loss trains its deterministic actor and twin critics
+    policy_kwargs = {
+        "hidden_sizes": list(config.network.hidden_sizes),
+        "activation": config.network.activation,
+        "noise": "gaussian",
+        "noise_sigma": config.network.noise_sigma,
+    }
+    agent = Agent.build(
+        run_config.env_id,
+        env.single_observation_space,
+        env.single_action_space,
+        "td3",
+        policy_builder="deterministic_actor",
+        policy_kwargs=policy_kwargs,
+        device=device,
+    )
+    policy = agent.policy
+    actor = policy[0]
+    critic = make_qvalue_critic(
+        observation_spec, action_spec, config.network.hidden_sizes, config.network.activation
+    ).to(device)
+
+    # loss + value estimator + target updater
+    loss_module = TensorTD3Loss(
+        actor,
+        critic,
+        action_spec=action_spec[0],  # one env's bounds: the target action is clamped to them
+        num_qvalue_nets=2,
+        policy_noise=loss_config.target_noise * half_range,
+        noise_clip=loss_config.target_noise_clip * half_range,
+        loss_function=loss_config.loss_function,
+        delay_actor=True,
+        delay_qvalue=True,
+    )
+    loss_module.make_value_estimator(gamma=loss_config.gamma)
+    target_updater = SoftUpdate(loss_module, tau=loss_config.tau)
+
+    # collector: uniformly random actions until learning starts
+    collector = Collector(
+        env,
+        policy,
+        frames_per_batch=frames_per_batch,
+        total_frames=num_batches * frames_per_batch,
+        init_random_frames=config.collector.learning_starts,
+        env_device=env.device,
+        policy_device=device,
+        storing_device=device,
+        track_traj_ids=False,
+        auto_register_policy_transforms=False,
+    )
+
+    # buffer
+    replay_buffer = TensorDictReplayBuffer(
+        storage=LazyTensorStorage(min(buffer_config.buffer_size, run_config.total_frames), device=device),
+        batch_size=buffer_config.batch_size,
+    )
+
+    # optimizer
+    actor_optimizer = torch.optim.Adam(
+        loss_module.actor_network_params.values(True, True), lr=config.optim.lr
+    )
+    critic_optimizer = torch.optim.Adam(
+        loss_module.qvalue_network_params.values(True, True), lr=config.optim.lr
+    )
+
+    # logger, evaluation, checkpoints
+    run = Run("td3", config, run_config, agent)
+
+    learning_starts, policy_delay = config.collector.learning_starts, loss_config.policy_delay
+
+    def update(sample, update_actor: bool):
+        loss_qvalue, _ = loss_module.value_loss(sample)
+        critic_optimizer.zero_grad(set_to_none=True)
+        loss_qvalue.backward()
+        critic_optimizer.step()
+        if not update_actor:
+            return loss_qvalue.detach(), None
+        loss_actor, _ = loss_module.actor_loss(sample)
+        actor_optimizer.zero_grad(set_to_none=True)
+        loss_actor.backward()
+        actor_optimizer.step()
+        target_updater.step()
+        return loss_qvalue.detach(), loss_actor.detach()
+
+    # loop
+    frames, updates_done = 0, 0
+    for batch in collector:
+        frames += batch.numel()
+        replay_buffer.extend(batch.select(*TRANSITION_KEYS).reshape(-1))
+        metrics = {}
+        if frames >= learning_starts and len(replay_buffer) >= buffer_config.batch_size:
+            critic_losses, actor_losses = [], []
+            for _ in range(updates_per_batch):
+                updates_done += 1
+                loss_qvalue, loss_actor = update(replay_buffer.sample(), updates_done % policy_delay == 0)
+                critic_losses.append(loss_qvalue)
+                if loss_actor is not None:
+                    actor_losses.append(loss_actor)
+            metrics["train/loss_qvalue"] = torch.stack(critic_losses).mean().item()
+            if actor_losses:
+                metrics["train/loss_actor"] = torch.stack(actor_losses).mean().item()
+        if run.record_batch(batch, metrics):
+            break
+    collector.shutdown()
+    env.close()
+    return run.finish()
+
+
+if __name__ == "__main__":
+    run_cli(main, TD3Config, __doc__)

@@ -1,0 +1,361 @@
+"""SAC, DDPG and TD3: losses against TorchRL's, gradient routing, target networks, entropy target, squashing,
+exploration noise, recipes end to end and bad input."""
+
+import gymnasium as gym
+import pytest
+import torch
+from tensordict import TensorDict
+from torchrl.data import Bounded, Categorical, Unbounded
+from torchrl.envs.utils import ExplorationType, set_exploration_type
+from torchrl.objectives import DDPGLoss, SACLoss, SoftUpdate, TD3Loss
+
+from agents import Agent, TensorDDPGLoss, TensorSACLoss, TensorTD3Loss, make_actor, make_qvalue_critic
+from agents.continuous import default_target_entropy, make_deterministic_actor, make_exploration_env
+from agents.gsde import make_gsde_actor
+from envs import InputError, make_env
+from recipes import ddpg, sac, td3
+from recipes.common import RunConfig
+
+OBSERVATION_SPEC = Unbounded(shape=(1, 3))
+# an asymmetric Box: [-1, 3] x [0, 0.5]
+ACTION_SPEC = Bounded(torch.tensor([[-1.0, 0.0]]), torch.tensor([[3.0, 0.5]]), shape=(1, 2))
+BATCH = 32
+
+
+def transitions(seed: int = 0) -> TensorDict:
+    generator = torch.Generator().manual_seed(seed)
+    low, high = ACTION_SPEC.space.low[0], ACTION_SPEC.space.high[0]
+    terminated = torch.rand(BATCH, 1, generator=generator) < 0.3
+    truncated = ~terminated & (torch.rand(BATCH, 1, generator=generator) < 0.3)
+    return TensorDict(
+        {
+            "observation": torch.randn(BATCH, 3, generator=generator),
+            "action": low + (high - low) * torch.rand(BATCH, 2, generator=generator),
+            "next": {
+                "observation": torch.randn(BATCH, 3, generator=generator),
+                "reward": torch.randn(BATCH, 1, generator=generator),
+                "terminated": terminated,
+                "truncated": truncated,
+                "done": terminated | truncated,
+            },
+        },
+        batch_size=[BATCH],
+    )
+
+
+def sac_loss(loss_class=TensorSACLoss):
+    actor = make_actor(OBSERVATION_SPEC, ACTION_SPEC, (16, 16), "relu", state_dependent_scale=True)
+    critic = make_qvalue_critic(OBSERVATION_SPEC, ACTION_SPEC, (16, 16), "relu")
+    loss = loss_class(
+        actor,
+        critic,
+        action_spec=ACTION_SPEC,
+        target_entropy=default_target_entropy(ACTION_SPEC),
+        delay_actor=False,
+        loss_function="l2",
+        alpha_init=0.5,
+    )
+    loss.make_value_estimator(gamma=0.9)
+    return loss
+
+
+def td3_loss(loss_class=TensorTD3Loss):
+    actor = make_deterministic_actor(OBSERVATION_SPEC, ACTION_SPEC, (16, 16))[0]
+    critic = make_qvalue_critic(OBSERVATION_SPEC, ACTION_SPEC, (16, 16))
+    loss = loss_class(
+        actor, critic, action_spec=ACTION_SPEC, loss_function="l2", policy_noise=0.3, noise_clip=0.4
+    )
+    loss.make_value_estimator(gamma=0.9)
+    return loss
+
+
+def ddpg_loss(loss_class=TensorDDPGLoss):
+    actor = make_deterministic_actor(OBSERVATION_SPEC, ACTION_SPEC, (16, 16))[0]
+    critic = make_qvalue_critic(OBSERVATION_SPEC, ACTION_SPEC, (16, 16))
+    loss = loss_class(actor, critic, delay_actor=True, delay_value=True)
+    loss.make_value_estimator(gamma=0.9)
+    return loss
+
+
+def perturb_targets(loss):
+    """Move the target networks' weights away from the online ones (a fresh loss starts with equal copies)."""
+    with torch.no_grad():
+        for name in (
+            "target_actor_network_params",
+            "target_qvalue_network_params",
+            "target_value_network_params",
+        ):
+            params = getattr(loss, name, None) if name in dict(loss.named_children()) else None
+            if params is None:
+                continue
+            for key, value in params.items(True, True):
+                if key[-1] in ("weight", "bias"):
+                    value.add_(0.05 * torch.randn_like(value))
+
+
+LOSSES = {
+    "sac": (sac_loss, SACLoss, ("loss_actor", "loss_qvalue", "loss_alpha")),
+    "td3": (td3_loss, TD3Loss, ("loss_actor", "loss_qvalue")),
+    "ddpg": (ddpg_loss, DDPGLoss, ("loss_actor", "loss_value")),
+}
+
+
+@pytest.mark.parametrize("name", list(LOSSES))
+def test_tensor_losses_equal_torchrl_losses(name):
+    """Same parameters and random draws: the tensor losses give TorchRL's losses, gradients and priorities."""
+    build, parent, keys = LOSSES[name]
+    loss = build()
+    perturb_targets(loss)
+    batch = transitions()
+    torch.manual_seed(1)
+    ours_batch = batch.clone()
+    ours = loss(ours_batch)
+    torch.manual_seed(1)
+    theirs_batch = batch.clone()
+    theirs = parent.forward(loss, theirs_batch)
+    parameters = [p for p in loss.parameters() if p.requires_grad]
+    for key in keys:
+        torch.testing.assert_close(ours[key], theirs[key])
+        ours_grads = torch.autograd.grad(ours[key], parameters, allow_unused=True, retain_graph=True)
+        theirs_grads = torch.autograd.grad(theirs[key], parameters, allow_unused=True, retain_graph=True)
+        for a, b in zip(ours_grads, theirs_grads):
+            assert (a is None) == (b is None)
+            if a is not None:
+                torch.testing.assert_close(a, b)
+    torch.testing.assert_close(ours_batch["td_error"], theirs_batch["td_error"])
+
+
+def parameter_groups(loss):
+    groups = {"actor": list(loss.actor_network_params.values(True, True))}
+    critic = getattr(loss, "qvalue_network_params", None)
+    groups["critic"] = list((critic if critic is not None else loss.value_network_params).values(True, True))
+    if isinstance(loss, SACLoss):
+        groups["alpha"] = [loss.log_alpha]
+    return {name: [p for p in params if p.requires_grad] for name, params in groups.items()}
+
+
+@pytest.mark.parametrize(
+    "name,owner",
+    [
+        ("sac", {"loss_actor": "actor", "loss_qvalue": "critic", "loss_alpha": "alpha"}),
+        ("td3", {"loss_actor": "actor", "loss_qvalue": "critic"}),
+        ("ddpg", {"loss_actor": "actor", "loss_value": "critic"}),
+    ],
+)
+def test_each_loss_term_reaches_only_its_own_parameters(name, owner):
+    loss = LOSSES[name][0]()
+    losses = loss(transitions())
+    groups = parameter_groups(loss)
+    for key, own in owner.items():
+        for group, params in groups.items():
+            grads = torch.autograd.grad(losses[key], params, allow_unused=True, retain_graph=True)
+            reached = any(g is not None and g.abs().sum() > 0 for g in grads)
+            assert reached == (group == own), f"{key} {'missed' if group == own else 'reached'} the {group}"
+
+
+@pytest.mark.parametrize("name", list(LOSSES))
+def test_target_parameters_get_no_gradient_and_move_only_by_the_soft_update(name):
+    loss = LOSSES[name][0]()
+    tau = 0.1
+    target_updater = SoftUpdate(loss, tau=tau)  # copies the online parameters into the targets
+    perturb_targets(loss)
+    targets = [p for key, p in loss.named_buffers() if key.startswith("target_")]
+    assert targets and not any(p.requires_grad for p in targets)
+    before = [p.clone() for p in targets]
+    losses = loss(transitions())
+    total = sum(value for key, value in losses.items() if key.startswith("loss_"))
+    total.backward()
+    assert all(p.grad is None for p in targets)
+    optimizer = torch.optim.SGD([p for p in loss.parameters() if p.requires_grad], lr=0.1)
+    optimizer.step()
+    for p, old in zip(targets, before):
+        torch.testing.assert_close(p, old)  # an optimizer step leaves the targets alone
+    target_updater.step()
+    sources = dict(loss.named_parameters())
+    moved = 0
+    for (key, p), old in zip([(k, p) for k, p in loss.named_buffers() if k.startswith("target_")], before):
+        source = sources.get(key.removeprefix("target_"))
+        if source is None:
+            continue  # a buffer (TanhModule bounds): copied, not trained
+        torch.testing.assert_close(p, (1 - tau) * old + tau * source.detach())
+        moved += 1
+    assert moved > 0
+
+
+def test_target_entropy_is_minus_the_action_dimension():
+    assert default_target_entropy(ACTION_SPEC) == -2.0
+    assert sac_loss().target_entropy.item() == -2.0
+
+
+def test_sac_recipe_tunes_and_logs_the_entropy_coefficient(tmp_path):
+    config = quiet(sac.SACConfig(), tmp_path)
+    config.run.total_frames, config.collector.learning_starts = 300, 100
+    config.network.hidden_sizes = (8,)
+    summary = sac.main(config)
+    assert summary["frames"] >= 300
+    rows = (tmp_path / "csv" / "scalars" / "train" / "alpha.csv").read_text().split()
+    alphas = [float(row.split(",")[1]) for row in rows]
+    assert len(alphas) >= 2 and alphas[-1] != pytest.approx(1.0)  # tuned away from --alpha-init
+
+
+def test_tanh_normal_log_probability_is_finite_for_saturated_actions():
+    actor = make_actor(OBSERVATION_SPEC, ACTION_SPEC, (8,), "relu", state_dependent_scale=True)
+    with torch.no_grad():
+        last = [m for m in actor.modules() if isinstance(m, torch.nn.Linear)][-1]
+        last.weight.zero_()
+        last.bias.copy_(torch.tensor([40.0, -40.0, -5.0, -5.0]))  # loc far outside tanh's range, small scale
+    dist = actor.get_dist(TensorDict({"observation": torch.randn(64, 3)}, [64]))
+    action = dist.rsample()
+    low, high = ACTION_SPEC.space.low[0], ACTION_SPEC.space.high[0]
+    torch.testing.assert_close(action[:, 0], high[0].expand(64))  # saturated at the bounds
+    torch.testing.assert_close(action[:, 1], low[1].expand(64))
+    log_prob = dist.log_prob(action)
+    assert torch.isfinite(log_prob).all()
+    log_prob.sum().backward()
+    assert all(torch.isfinite(p.grad).all() for p in actor.parameters() if p.grad is not None)
+
+
+def policies_for_the_box():
+    sac_actor = make_actor(OBSERVATION_SPEC, ACTION_SPEC, (8,), "relu", state_dependent_scale=True)
+    gsde_actor = make_gsde_actor(OBSERVATION_SPEC, ACTION_SPEC, (8,), "relu", sigma_init=3.0, squash=True)
+    gaussian = make_deterministic_actor(OBSERVATION_SPEC, ACTION_SPEC, (8,), noise_sigma=2.0)
+    return {"sac": sac_actor, "sac-gsde": gsde_actor, "ddpg/td3": gaussian}
+
+
+@pytest.mark.parametrize("name", ["sac", "sac-gsde", "ddpg/td3"])
+def test_actions_stay_inside_an_asymmetric_box(name):
+    policy = policies_for_the_box()[name]
+    with torch.no_grad():
+        for p in policy.parameters():
+            p.mul_(20.0)  # large outputs: saturate the squashing
+    observations = TensorDict({"observation": 5 * torch.randn(2_000, 3)}, [2_000])
+    low, high = ACTION_SPEC.space.low[0], ACTION_SPEC.space.high[0]
+    for exploration in (ExplorationType.RANDOM, ExplorationType.DETERMINISTIC):
+        with torch.no_grad(), set_exploration_type(exploration):
+            action = policy(observations.clone())["action"]
+        assert ((action >= low) & (action <= high)).all(), exploration
+        assert (action[:, 0] > 1.0).any() and (action[:, 0] < 0.0).any()  # both sides of the Box are reached
+
+
+def test_exploration_noise_is_off_in_evaluation_and_on_in_collection():
+    policy = make_deterministic_actor(OBSERVATION_SPEC, ACTION_SPEC, (8,), noise_sigma=0.3)
+    observations = TensorDict({"observation": torch.randn(16, 3)}, [16])
+    with torch.no_grad():
+        mean = policy[0](observations.clone())["action"]
+        with set_exploration_type(ExplorationType.DETERMINISTIC):
+            torch.testing.assert_close(policy(observations.clone())["action"], mean)
+        with set_exploration_type(ExplorationType.RANDOM):
+            noisy = policy(observations.clone())["action"]
+    assert (noisy - mean).abs().mean() > 0.05
+
+
+def test_ornstein_uhlenbeck_noise_is_correlated_and_restarts_with_each_episode():
+    torch.manual_seed(0)
+    env = make_exploration_env(make_env("Pendulum-v1", num_envs=1, seed=0), "ou")
+    policy = make_deterministic_actor(
+        env.observation_spec["observation"], env.action_spec, (8,), noise="ou", noise_sigma=1.0
+    )
+    with torch.no_grad():
+        for p in policy[0].parameters():
+            p.zero_()  # mu(s) = midpoint of the Box = 0: the action is the noise
+        with set_exploration_type(ExplorationType.RANDOM):
+            rollout = env.rollout(400, policy, break_when_any_done=False)
+    noise = rollout["action"][0, :, 0]  # [env, time, action dim]
+    assert noise.abs().max() > 0.01
+    steps = noise.shape[0]
+    # an OU process with theta * dt = 0.0015 per step is strongly autocorrelated; white noise would give ~0
+    # (sigma 1.0 relative: a standard deviation of 2, increments of 0.2 per step)
+    correlation = torch.corrcoef(torch.stack([noise[:-1], noise[1:]]))[0, 1]
+    assert correlation > 0.9
+    # the episode start at step 200 (Pendulum's time limit) restarts the process at 0 + one increment
+    assert rollout["is_init"][0, :, 0].nonzero().flatten().tolist() == [0, 200]
+    assert steps == 400
+    # a restart puts the process back at 0: one increment away, while it had wandered off before
+    assert noise[0].abs() < 0.3 and noise[200].abs() < 0.3 and noise[200].abs() < noise[199].abs() / 3
+    env.close()
+
+
+def quiet(config, output_dir):
+    config.run.output_dir, config.run.video, config.run.progress = output_dir, False, False
+    return config
+
+
+@pytest.mark.parametrize(
+    "name,setup",
+    [
+        ("sac", lambda c: None),
+        ("sac-gsde", lambda c: setattr(c.network, "use_sde", True)),
+        ("sac-discrete", lambda c: (setattr(c.run, "env_id", "CartPole-v1"), setattr(c, "discrete", True))),
+        ("td3", lambda c: None),
+        ("ddpg", lambda c: None),
+        ("ddpg-ou", lambda c: setattr(c.network, "noise", "ou")),
+    ],
+)
+def test_recipes_train_save_and_the_agent_loads_and_evaluates(name, setup, tmp_path):
+    module = {"sac": sac, "td3": td3, "ddpg": ddpg}[name.split("-")[0]]
+    config_class = {"sac": sac.SACConfig, "td3": td3.TD3Config, "ddpg": ddpg.DDPGConfig}[name.split("-")[0]]
+    config = quiet(config_class(), tmp_path)
+    config.run.logger, config.run.total_frames, config.run.eval_every = "none", 400, 200
+    config.run.num_envs = 2
+    config.collector.learning_starts = 100
+    config.network.hidden_sizes = (16,)
+    setup(config)
+    summary = module.main(config)
+    assert summary["frames"] >= 400 and len(summary) > 0
+    agent = Agent.load(tmp_path / "agent.ckpt")
+    result = agent.evaluate(episodes=2, seed=0)
+    assert result.returns.shape == (2,)
+    env = gym.make(config.run.env_id)
+    observation, _ = env.reset(seed=0)
+    action = agent.predict(observation, deterministic=True)
+    assert env.action_space.contains(action)
+    assert (agent.predict(observation, deterministic=True) == action).all()
+    if name != "ddpg-ou":  # OU noise needs the env's episode-start flag; predict has none
+        stochastic = agent.predict(observation, deterministic=False)
+        assert env.action_space.contains(stochastic)
+
+
+@pytest.mark.parametrize(
+    "recipe,config_class,env_id,message",
+    [
+        (td3, td3.TD3Config, "CartPole-v1", "TD3 needs a Box"),
+        (ddpg, ddpg.DDPGConfig, "CartPole-v1", "DDPG needs a Box"),
+    ],
+)
+def test_deterministic_recipes_refuse_discrete_actions(recipe, config_class, env_id, message, tmp_path):
+    config = quiet(config_class(), tmp_path)
+    config.run.env_id = env_id
+    with pytest.raises(InputError, match=message):
+        recipe.main(config)
+
+
+@pytest.mark.parametrize(
+    "change,message",
+    [
+        (lambda c: setattr(c, "discrete", True), "--discrete asks for a Discrete action space"),
+        (lambda c: setattr(c.loss, "tau", 0.0), "--tau must be in"),
+        (lambda c: setattr(c.loss, "alpha_init", -1.0), "--alpha-init must be > 0"),
+        (lambda c: setattr(c.collector, "updates_per_frame", 0.0), "--updates-per-frame must be > 0"),
+        (lambda c: setattr(c.network, "sde_sample_freq", 4), "only applies with --use-sde"),
+        (
+            lambda c: setattr(c.run, "env_id", "CartPole-v1") or setattr(c.network, "use_sde", True),
+            "--use-sde is for Box",
+        ),
+    ],
+)
+def test_sac_bad_input(change, message, tmp_path):
+    config = quiet(sac.SACConfig(), tmp_path)
+    change(config)
+    with pytest.raises(InputError, match=message):
+        sac.main(config)
+
+
+def test_deterministic_actor_bad_input():
+    with pytest.raises(InputError, match="Box"):
+        make_deterministic_actor(OBSERVATION_SPEC, Categorical(3, shape=(1,)))
+    with pytest.raises(InputError, match="Unknown exploration noise"):
+        make_deterministic_actor(OBSERVATION_SPEC, ACTION_SPEC, noise="pink")
+    with pytest.raises(InputError, match="--target-noise must be >= 0"):
+        config = td3.TD3Config(run=RunConfig(env_id="Pendulum-v1"))
+        config.loss.target_noise = -0.1
+        td3.main(config)
