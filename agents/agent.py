@@ -17,6 +17,7 @@ from tensordict import TensorDict
 from torch import nn
 from torchrl.checkpoint import Checkpoint, CheckpointError
 from torchrl.envs.utils import ExplorationType, set_exploration_type
+from torchrl.modules import OrnsteinUhlenbeckProcessModule
 
 from agents.continuous import make_deterministic_actor
 from agents.gsde import make_gsde_actor
@@ -221,6 +222,13 @@ class Agent(nn.Module):
             An action valid in the Gymnasium env (an ``int``-like NumPy scalar for Discrete spaces), or a
             batch of them.
         """
+        if not deterministic and any(
+            isinstance(m, OrnsteinUhlenbeckProcessModule) for m in self.policy.modules()
+        ):
+            raise InputError(
+                "This agent explores with Ornstein-Uhlenbeck noise, which is per-episode state of a training env: "
+                "predict(obs, deterministic=False) cannot apply it. Use deterministic=True."
+            )
         tensor, single = self._observation_tensor(observation)
         with torch.no_grad(), set_exploration_type(_exploration(deterministic)):
             actions = self._act(tensor)

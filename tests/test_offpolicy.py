@@ -310,7 +310,10 @@ def test_recipes_train_save_and_the_agent_loads_and_evaluates(name, setup, tmp_p
     action = agent.predict(observation, deterministic=True)
     assert env.action_space.contains(action)
     assert (agent.predict(observation, deterministic=True) == action).all()
-    if name != "ddpg-ou":  # OU noise needs the env's episode-start flag; predict has none
+    if name == "ddpg-ou":  # OU noise needs the env's episode-start flag; predict has none
+        with pytest.raises(InputError, match="Ornstein-Uhlenbeck"):
+            agent.predict(observation, deterministic=False)
+    else:
         stochastic = agent.predict(observation, deterministic=False)
         assert env.action_space.contains(stochastic)
 

@@ -1,0 +1,64 @@
+"""SAC on Pendulum-v1: this toolkit against Stable-Baselines3, one after the other on the same machine.
+
+Three runs per seed, each in a fresh process:
+
+* ``sb3``: Stable-Baselines3 SAC, 20k steps, lr 1e-3 (RL Zoo's Pendulum budget and rate), SB3's defaults
+  otherwise (net [256, 256], batch 256, buffer 1M, learning_starts 100, tau 0.005, gamma 0.99, one gradient step
+  per env step, automatic entropy tuning), then 20 deterministic evaluation episodes.
+* ``ours-zoo``: ``recipes.sac`` with the same hyperparameters and budget (one env, one step then one update), no
+  early stop: raw throughput.
+* ``ours``: ``recipes.sac`` with its defaults, stopping once the deterministic evaluation reaches -200.
+
+The headline ratio is SB3's wall-clock time over the time our default run takes to reach -200.
+
+    pip install -e ".[bench]"
+    python -m benchmarks.sac_vs_sb3 --seeds 0 1 2
+"""
+
+from __future__ import annotations
+
+import time
+
+from benchmarks.common import benchmark_cli, evaluate_sb3, quiet, summary_row
+
+TOTAL_FRAMES = 20_000
+TARGET = -200.0
+
+
+def run_sb3(seed: int) -> dict:
+    from stable_baselines3 import SAC
+
+    start = time.perf_counter()
+    model = SAC("MlpPolicy", "Pendulum-v1", learning_rate=1e-3, seed=seed, verbose=0, device="cpu")
+    model.learn(total_timesteps=TOTAL_FRAMES)
+    train_time = time.perf_counter() - start
+    return {
+        "wall_time_s": train_time,
+        "frames": TOTAL_FRAMES,
+        "fps": TOTAL_FRAMES / train_time,
+        "eval_return_mean": evaluate_sb3(model, "Pendulum-v1", seed),
+        "time_to_target_s": None,
+    }
+
+
+def run_ours(seed: int, zoo: bool) -> dict:
+    from recipes.sac import SACConfig, main
+
+    config = SACConfig()
+    config.run.seed = seed
+    if zoo:
+        config.run.eval_every = TOTAL_FRAMES
+        config.collector.steps_per_env, config.collector.learning_starts = 1, 100
+        config.network.hidden_sizes = (256, 256)
+    else:
+        config.run.stop_at_return = TARGET
+    quiet(config.run, f"runs/bench-sac-{'zoo' if zoo else 'default'}-{seed}")
+    return summary_row(main(config))
+
+
+def main() -> None:
+    benchmark_cli("benchmarks.sac_vs_sb3", __doc__, run_sb3, run_ours, target=str(TARGET))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,31 @@
+"""Learning tests of the off-policy actor-critic recipes: each learns its task with a fixed seed and budget."""
+
+import pytest
+
+from recipes import ddpg, sac, td3
+
+pytestmark = pytest.mark.learning
+
+
+def quiet(config, output_dir):
+    config.run.output_dir, config.run.logger, config.run.video, config.run.progress = (
+        output_dir,
+        "none",
+        False,
+        False,
+    )
+    return config
+
+
+@pytest.mark.parametrize(
+    "recipe,config_class",
+    [(sac, sac.SACConfig), (td3, td3.TD3Config), (ddpg, ddpg.DDPGConfig)],
+    ids=["sac", "td3", "ddpg"],
+)
+def test_default_config_learns_pendulum_within_10k_frames(recipe, config_class, output_dir):
+    """The defaults, cut to 10k frames and stopped at the first evaluation >= -200 (a random policy scores about
+    -1200)."""
+    config = quiet(config_class(), output_dir)
+    config.run.total_frames, config.run.stop_at_return = 10_000, -200.0
+    summary = recipe.main(config)
+    assert summary["eval_return_mean"] >= -400
