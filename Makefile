@@ -22,6 +22,8 @@ bench: install
 	$(PYTHON) -m pip install --quiet -e ".[test,bench]"
 	$(PYTHON) -m benchmarks.ppo_vs_sb3
 	$(PYTHON) -m benchmarks.dqn_vs_sb3
+	$(PYTHON) -m benchmarks.sac_vs_sb3
+	$(PYTHON) -m benchmarks.td3_vs_sb3
 
 clean:
 	rm -rf runs $(VENV)

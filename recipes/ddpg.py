@@ -99,7 +99,6 @@ class DDPGConfig:
             num_envs=1,
             total_frames=20_000,
             eval_every=1_000,
-            stop_at_return=float("inf"),
         )
     )
     collector: CollectorConfig = field(default_factory=CollectorConfig)

@@ -3,8 +3,7 @@ arXiv:1910.07207).
 
 TorchRL's ``SACLoss`` (``DiscreteSACLoss`` for Discrete action spaces, chosen from the env): a tanh-normal
 policy scaled to the Box bounds, twin Q networks evaluated as one vectorised ensemble, soft (Polyak) target
-updates, and automatic entropy tuning towards a target entropy of ``-dim(A)`` (discrete: ``0.98 * log(n)`` by
-default). The first ``--learning-starts`` frames are random actions; after that every collected batch of
+updates, and automatic entropy tuning towards a target entropy of ``-dim(A)`` (discrete: ``0.2 log(n)``). The first ``--learning-starts`` frames are random actions; after that every collected batch of
 ``num_envs * steps_per_env`` frames is followed by ``--updates-per-frame`` gradient steps per frame, drawn from a
 replay buffer on ``--device``. Evaluation is deterministic (the policy's mean action, or its most likely action).
 
@@ -18,6 +17,7 @@ it takes. Discrete SAC on CartPole-v1: the README's command.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -41,6 +41,8 @@ from recipes.common import (
     require_positive,
     run_cli,
 )
+
+DISCRETE_ENTROPY_WEIGHT = 0.2  # discrete SAC's target entropy, as a fraction of the uniform policy's log(n)
 
 
 @dataclass
@@ -72,7 +74,7 @@ class LossConfig:
     fixed_alpha: bool = False
     """Keep the entropy coefficient at --alpha-init instead of tuning it."""
     target_entropy: float | None = None
-    """Entropy the coefficient is tuned towards; default -dim(A) (Box) or 0.98 log(n) (Discrete)."""
+    """Entropy the coefficient is tuned towards; default -dim(A) (Box) or 0.2 log(n) (Discrete, n actions)."""
     loss_function: Literal["l2", "smooth_l1"] = "l2"
     """Critic loss: squared error (as in the paper and Stable-Baselines3) or Huber."""
 
@@ -108,7 +110,6 @@ class SACConfig:
             num_envs=1,
             total_frames=20_000,
             eval_every=1_000,
-            stop_at_return=float("inf"),
         )
     )
     discrete: bool = False
@@ -211,7 +212,10 @@ def main(config: SACConfig) -> dict:
             critic,
             action_space=env.action_spec,
             num_actions=action_dim,
-            target_entropy="auto" if loss_config.target_entropy is None else loss_config.target_entropy,
+            # 0.2 log(n): the weight of TorchRL's CartPole example; the paper's 0.98 keeps two actions near uniform
+            target_entropy=DISCRETE_ENTROPY_WEIGHT * math.log(action_dim)
+            if loss_config.target_entropy is None
+            else loss_config.target_entropy,
             **common,
         )
     else:

@@ -100,7 +100,6 @@ class TD3Config:
             num_envs=1,
             total_frames=20_000,
             eval_every=1_000,
-            stop_at_return=float("inf"),
         )
     )
     collector: CollectorConfig = field(default_factory=CollectorConfig)

@@ -29,3 +29,22 @@ def test_default_config_learns_pendulum_within_10k_frames(recipe, config_class, 
     config.run.total_frames, config.run.stop_at_return = 10_000, -200.0
     summary = recipe.main(config)
     assert summary["eval_return_mean"] >= -400
+
+
+def test_discrete_sac_learns_cartpole(output_dir):
+    """README's discrete SAC settings (gamma 0.95, lr 1e-3, a quarter update per frame) on 6k frames: every seed and
+    setting tried climbed above 230 within 4k frames (a random policy scores about 22), while holding 475 is not
+    reliable across seeds (see README)."""
+    config = quiet(sac.SACConfig(), output_dir)
+    config.run.env_id, config.run.total_frames, config.run.eval_every = "CartPole-v1", 6_000, 2_000
+    config.optim.lr, config.loss.gamma, config.collector.updates_per_frame = 1e-3, 0.95, 0.25
+    summary = sac.main(config)
+    assert summary["best_eval_return_mean"] >= 200
+
+
+def test_sac_with_gsde_learns_pendulum_within_10k_frames(output_dir):
+    config = quiet(sac.SACConfig(), output_dir)
+    config.run.total_frames, config.run.stop_at_return = 10_000, -200.0
+    config.network.use_sde = True
+    summary = sac.main(config)
+    assert summary["eval_return_mean"] >= -400
