@@ -232,9 +232,8 @@ def main(config: DQNConfig) -> dict:
         action_space=env.action_spec,
     )
     loss_module.make_value_estimator(gamma=loss_config.gamma)
-    if (
-        noisy
-    ):  # loss modules run their networks in deterministic mode unless told otherwise: keep the noise on
+    if noisy:
+        # loss modules run their networks in deterministic mode unless told otherwise: keep the noise on
         loss_module.deterministic_sampling_mode = ExplorationType.RANDOM
     target_updater = make_target_updater(loss_module, loss_config.target_update_interval, loss_config.tau)
 

@@ -82,7 +82,10 @@ class LossConfig:
 @dataclass
 class OptimConfig:
     lr: float = 1e-3
-    """Adam learning rate of the actor, the critics and the entropy coefficient (RL Zoo's Pendulum value)."""
+    """Adam learning rate of the critics and the entropy coefficient, and of the actor unless --actor-lr is given
+    (RL Zoo's Pendulum value)."""
+    actor_lr: float | None = None
+    """Adam learning rate of the actor; default: --lr."""
     max_grad_norm: float = float("inf")
     """Clip each network's gradient norm to this value (inf: no clipping, as in the paper)."""
 
@@ -143,6 +146,8 @@ def main(config: SACConfig) -> dict:
         config.collector.updates_per_frame,
         config.collector.learning_starts,
     )
+    if optim_config.actor_lr is not None and optim_config.actor_lr <= 0:
+        raise InputError(f"--actor-lr must be > 0, got {optim_config.actor_lr}.")
     if loss_config.alpha_init <= 0:
         raise InputError(f"--alpha-init must be > 0, got {loss_config.alpha_init}.")
     if not optim_config.max_grad_norm > 0:
@@ -166,7 +171,11 @@ def main(config: SACConfig) -> dict:
         env.close()
         raise InputError("--use-sde is for Box actions; drop it for discrete SAC.")
     if not discrete:
-        check_box_actions(env.action_spec, "SAC")
+        try:
+            check_box_actions(env.action_spec, "SAC")
+        except InputError:
+            env.close()
+            raise
     action_dim = env.action_spec.shape[-1] if not discrete else env.action_spec.space.n
     observation_spec = env.observation_spec["observation"]
 
@@ -190,9 +199,8 @@ def main(config: SACConfig) -> dict:
         device=device,
     )
     actor = agent.policy
-    if (
-        use_sde
-    ):  # noise matrices kept as env state, resampled at episode starts and every --sde-sample-freq steps
+    if use_sde:
+        # noise matrices kept as env state, resampled at episode starts and every --sde-sample-freq steps
         env = make_gsde_env(env, actor, config.network.sde_sample_freq, config.collector.steps_per_env)
     critic = make_qvalue_critic(
         observation_spec, env.action_spec, config.network.hidden_sizes, config.network.activation
@@ -258,7 +266,7 @@ def main(config: SACConfig) -> dict:
     actor_parameters = list(loss_module.actor_network_params.values(True, True))
     critic_parameters = list(loss_module.qvalue_network_params.values(True, True))
     optimizers = [
-        torch.optim.Adam(actor_parameters, lr=optim_config.lr),
+        torch.optim.Adam(actor_parameters, lr=optim_config.actor_lr or optim_config.lr),
         torch.optim.Adam(critic_parameters, lr=optim_config.lr),
     ]
     if not loss_config.fixed_alpha:
