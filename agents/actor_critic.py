@@ -2,14 +2,15 @@
 
 TorchRL's ``SACLoss``, ``TD3Loss`` and ``DDPGLoss`` run every network as a TensorDict module: each call copies
 its input, writes several entries and swaps parameters in and out, and the twin Q networks go through a
-TensorDict-level ``vmap``. For the small networks of classic-control tasks that bookkeeping costs more than the
-networks themselves (about 8 ms of a 9 ms SAC update with 64-unit layers on a CPU). The subclasses here keep
-everything else of the parent loss: construction, the parameters and target parameters it owns (so TorchRL's
-``SoftUpdate`` works unchanged), its keys, its TD(0) estimator's discount, ``loss_function``, the importance-weighted
-reduction and the priority it writes. They read the observation, action, reward and termination tensors once,
-call the actor's network directly, and evaluate the Q ensemble with ``torch.func.functional_call`` vectorised by
-``torch.vmap`` over the stacked parameters. Random draws happen in the parent's order, so with the same seed the
-losses and gradients equal the parent's (tests check this).
+TensorDict-level ``vmap``. For the small networks of classic-control tasks that bookkeeping is a large share of an
+update: with 64-unit layers, batch 256 and one CPU thread, a SAC update (forward, backward, three Adam steps, soft
+update) costs 7.6 ms through ``SACLoss`` and 6.2 ms through :class:`TensorSACLoss`; TD3 4.5 and 3.1 ms. The
+subclasses here keep everything else of the parent loss: construction, the parameters and target parameters it owns
+(so TorchRL's ``SoftUpdate`` works unchanged), its keys, its TD(0) estimator's discount, ``loss_function``, the
+importance-weighted reduction and the priority it writes. They read the observation, action, reward and termination
+tensors once, call the actor's network directly, and evaluate the Q ensemble with ``torch.func.functional_call``
+vectorised by ``torch.vmap`` over the stacked parameters. Random draws happen in the parent's order, so with the same
+seed the losses and gradients equal the parent's (tests check this).
 """
 
 from __future__ import annotations

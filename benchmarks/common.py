@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import csv
 import json
 import os
 import statistics
@@ -48,6 +49,16 @@ def summary_row(summary: dict[str, Any]) -> dict[str, Any]:
         "eval_return_mean": summary["eval_return_mean"],
         "time_to_target_s": summary["solved_at_s"],
     }
+
+
+def time_to_return(output_dir: str, target: float) -> float | None:
+    """Wall-clock seconds at the first evaluation of a run whose mean return reached ``target`` (None if none did),
+    read from the run's evaluations.csv: the time to a target of a run that went on to spend its whole budget."""
+    with open(os.path.join(output_dir, "evaluations.csv")) as file:
+        for row in csv.DictReader(file):
+            if float(row["return_mean"]) >= target:
+                return float(row["wall_time_s"])
+    return None
 
 
 def run_side(module: str, side: str, seed: int) -> dict[str, Any]:
