@@ -362,3 +362,28 @@ def test_deterministic_actor_bad_input():
         config = td3.TD3Config(run=RunConfig(env_id="Pendulum-v1"))
         config.loss.target_noise = -0.1
         td3.main(config)
+
+
+def actor_parameters_after(tmp_path, name, **optim):
+    config = quiet(sac.SACConfig(), tmp_path / name)
+    config.run.logger, config.run.total_frames, config.run.eval_every = "none", 400, 400
+    config.collector.learning_starts = 100 if optim else 1_000  # without optim settings: no update at all
+    config.network.hidden_sizes = (8,)
+    for key, value in optim.items():
+        setattr(config.optim, key, value)
+    sac.main(config)
+    return [p.detach() for p in Agent.load(tmp_path / name / "agent.ckpt").policy.parameters()]
+
+
+def test_sac_actor_lr_sets_the_actor_rate_alone(tmp_path):
+    initial = actor_parameters_after(tmp_path, "no-updates")
+    frozen = actor_parameters_after(tmp_path, "tiny-actor-lr", actor_lr=1e-30)
+    trained = actor_parameters_after(tmp_path, "default", actor_lr=None)
+    assert all(
+        torch.equal(a, b) for a, b in zip(initial, frozen)
+    )  # same seed, same init; the actor did not move
+    assert not all(torch.equal(a, b) for a, b in zip(initial, trained))
+    with pytest.raises(InputError, match="--actor-lr must be > 0"):
+        config = quiet(sac.SACConfig(), tmp_path)
+        config.optim.actor_lr = -1.0
+        sac.main(config)
