@@ -35,6 +35,9 @@ import numpy as np
 import torch
 import tyro
 from tensordict import TensorDictBase
+from torch import nn
+from torchrl.collectors import Collector
+from torchrl.envs import EnvBase
 from tqdm import tqdm
 
 from agents.agent import Agent
@@ -149,20 +152,61 @@ TRANSITION_KEYS = ("observation", "action", ("next", "observation"), ("next", "r
 )
 
 
-def check_off_policy_ranges(
-    lr: float, gamma: float, tau: float, updates_per_frame: float, learning_starts: int
-) -> None:
+@dataclass
+class OffPolicyCollectorConfig:
+    """Collection of the off-policy actor-critic recipes (SAC, TD3, DDPG)."""
+
+    steps_per_env: int = 8
+    """Steps each env takes per collected batch (frames per batch = num_envs * steps_per_env)."""
+    updates_per_frame: float = 1.0
+    """Gradient steps (TD3: critic updates) per collected frame, the update-to-data ratio."""
+    learning_starts: int = 1_000
+    """Frames of uniformly random actions collected before the first update."""
+
+    def updates_per_batch(self, frames_per_batch: int) -> int:
+        """Gradient steps after each batch of ``frames_per_batch`` frames (at least one)."""
+        return max(1, round(frames_per_batch * self.updates_per_frame))
+
+
+def check_off_policy_ranges(lr: float, gamma: float, tau: float, collector: OffPolicyCollectorConfig) -> None:
     """Raise :class:`InputError` for the shared off-policy hyperparameters outside their meaningful range."""
+    require_positive(steps_per_env=collector.steps_per_env)
     checks = [
         ("--lr", lr, lr > 0, "> 0"),
         ("--gamma", gamma, 0 < gamma <= 1, "in (0, 1]"),
         ("--tau", tau, 0 < tau <= 1, "in (0, 1]"),
-        ("--updates-per-frame", updates_per_frame, updates_per_frame > 0, "> 0"),
-        ("--learning-starts", learning_starts, learning_starts >= 0, ">= 0"),
+        ("--updates-per-frame", collector.updates_per_frame, collector.updates_per_frame > 0, "> 0"),
+        ("--learning-starts", collector.learning_starts, collector.learning_starts >= 0, ">= 0"),
     ]
     for flag, value, valid, expected in checks:
         if not valid:
             raise InputError(f"{flag} must be {expected}, got {value}.")
+
+
+def make_off_policy_collector(
+    env: EnvBase,
+    policy: nn.Module,
+    frames_per_batch: int,
+    total_frames: int,
+    learning_starts: int,
+    device: torch.device,
+) -> Collector:
+    """The collector of an off-policy recipe: uniformly random actions for the first ``learning_starts`` frames,
+    then ``policy``; batches of ``frames_per_batch`` on ``device`` until ``total_frames`` (rounded up to whole
+    batches)."""
+    num_batches = -(-total_frames // frames_per_batch)
+    return Collector(
+        env,
+        policy,
+        frames_per_batch=frames_per_batch,
+        total_frames=num_batches * frames_per_batch,
+        init_random_frames=learning_starts,
+        env_device=env.device,
+        policy_device=device,
+        storing_device=device,
+        track_traj_ids=False,
+        auto_register_policy_transforms=False,
+    )
 
 
 def make_training_env(run: RunConfig, device: torch.device):
@@ -461,10 +505,12 @@ def run_cli(main: Callable[[ConfigT], dict[str, Any]], config_type: type[ConfigT
 __all__ = [
     "TRANSITION_KEYS",
     "ExplorationConfig",
+    "OffPolicyCollectorConfig",
     "Run",
     "RunConfig",
     "check_off_policy_ranges",
     "config_to_dict",
+    "make_off_policy_collector",
     "make_training_env",
     "prepare_process",
     "require_positive",

@@ -21,7 +21,6 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 import torch
-from torchrl.collectors import Collector
 from torchrl.data import LazyTensorStorage, TensorDictReplayBuffer
 from torchrl.objectives import SoftUpdate
 
@@ -30,24 +29,16 @@ from agents.continuous import check_box_actions
 from envs import InputError
 from recipes.common import (
     TRANSITION_KEYS,
+    OffPolicyCollectorConfig,
     Run,
     RunConfig,
     check_off_policy_ranges,
+    make_off_policy_collector,
     make_training_env,
     prepare_process,
     require_positive,
     run_cli,
 )
-
-
-@dataclass
-class CollectorConfig:
-    steps_per_env: int = 8
-    """Steps each env takes per collected batch (frames per batch = num_envs * steps_per_env)."""
-    updates_per_frame: float = 1.0
-    """Gradient steps per collected frame (the update-to-data ratio)."""
-    learning_starts: int = 1_000
-    """Frames of uniformly random actions collected before the first update."""
 
 
 @dataclass
@@ -101,7 +92,7 @@ class DDPGConfig:
             eval_every=1_000,
         )
     )
-    collector: CollectorConfig = field(default_factory=CollectorConfig)
+    collector: OffPolicyCollectorConfig = field(default_factory=OffPolicyCollectorConfig)
     buffer: BufferConfig = field(default_factory=BufferConfig)
     loss: LossConfig = field(default_factory=LossConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
@@ -119,24 +110,16 @@ def main(config: DDPGConfig) -> dict:
     )
     run_config.validate()
     require_positive(
-        steps_per_env=config.collector.steps_per_env,
         buffer_size=buffer_config.buffer_size,
         batch_size=buffer_config.batch_size,
     )
-    check_off_policy_ranges(
-        config.optim.lr,
-        loss_config.gamma,
-        loss_config.tau,
-        config.collector.updates_per_frame,
-        config.collector.learning_starts,
-    )
+    check_off_policy_ranges(config.optim.lr, loss_config.gamma, loss_config.tau, config.collector)
     if network_config.ou_theta <= 0:
         raise InputError(f"--ou-theta must be > 0, got {network_config.ou_theta}.")
     prepare_process(run_config)
     device = torch.device(run_config.device)
     frames_per_batch = run_config.num_envs * config.collector.steps_per_env
-    num_batches = -(-run_config.total_frames // frames_per_batch)
-    updates_per_batch = max(1, round(frames_per_batch * config.collector.updates_per_frame))
+    updates_per_batch = config.collector.updates_per_batch(frames_per_batch)
 
     # env: Ornstein-Uhlenbeck noise resets on the env's episode-start flag
     env = make_training_env(run_config, device)
@@ -179,17 +162,8 @@ def main(config: DDPGConfig) -> dict:
     target_updater = SoftUpdate(loss_module, tau=loss_config.tau)
 
     # collector: uniformly random actions until learning starts
-    collector = Collector(
-        env,
-        policy,
-        frames_per_batch=frames_per_batch,
-        total_frames=num_batches * frames_per_batch,
-        init_random_frames=config.collector.learning_starts,
-        env_device=env.device,
-        policy_device=device,
-        storing_device=device,
-        track_traj_ids=False,
-        auto_register_policy_transforms=False,
+    collector = make_off_policy_collector(
+        env, policy, frames_per_batch, run_config.total_frames, config.collector.learning_starts, device
     )
 
     # buffer

@@ -23,7 +23,6 @@ from typing import Literal
 
 import gymnasium as gym
 import torch
-from torchrl.collectors import Collector
 from torchrl.data import LazyTensorStorage, TensorDictReplayBuffer
 from torchrl.objectives import DiscreteSACLoss, SACLoss, SoftUpdate
 
@@ -33,9 +32,11 @@ from agents.gsde import check_sde_options, make_gsde_env
 from envs import InputError
 from recipes.common import (
     TRANSITION_KEYS,
+    OffPolicyCollectorConfig,
     Run,
     RunConfig,
     check_off_policy_ranges,
+    make_off_policy_collector,
     make_training_env,
     prepare_process,
     require_positive,
@@ -43,16 +44,6 @@ from recipes.common import (
 )
 
 DISCRETE_ENTROPY_WEIGHT = 0.2  # discrete SAC's target entropy, as a fraction of the uniform policy's log(n)
-
-
-@dataclass
-class CollectorConfig:
-    steps_per_env: int = 8
-    """Steps each env takes per collected batch (frames per batch = num_envs * steps_per_env)."""
-    updates_per_frame: float = 1.0
-    """Gradient steps per collected frame (the update-to-data ratio)."""
-    learning_starts: int = 1_000
-    """Frames of uniformly random actions collected before the first update."""
 
 
 @dataclass
@@ -117,7 +108,7 @@ class SACConfig:
     )
     discrete: bool = False
     """Require a Discrete action space (discrete SAC is chosen automatically for one; this makes it explicit)."""
-    collector: CollectorConfig = field(default_factory=CollectorConfig)
+    collector: OffPolicyCollectorConfig = field(default_factory=OffPolicyCollectorConfig)
     buffer: BufferConfig = field(default_factory=BufferConfig)
     loss: LossConfig = field(default_factory=LossConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
@@ -135,17 +126,10 @@ def main(config: SACConfig) -> dict:
     )
     run_config.validate()
     require_positive(
-        steps_per_env=config.collector.steps_per_env,
         buffer_size=buffer_config.buffer_size,
         batch_size=buffer_config.batch_size,
     )
-    check_off_policy_ranges(
-        optim_config.lr,
-        loss_config.gamma,
-        loss_config.tau,
-        config.collector.updates_per_frame,
-        config.collector.learning_starts,
-    )
+    check_off_policy_ranges(optim_config.lr, loss_config.gamma, loss_config.tau, config.collector)
     if optim_config.actor_lr is not None and optim_config.actor_lr <= 0:
         raise InputError(f"--actor-lr must be > 0, got {optim_config.actor_lr}.")
     if loss_config.alpha_init <= 0:
@@ -156,8 +140,7 @@ def main(config: SACConfig) -> dict:
     prepare_process(run_config)
     device = torch.device(run_config.device)
     frames_per_batch = run_config.num_envs * config.collector.steps_per_env
-    num_batches = -(-run_config.total_frames // frames_per_batch)
-    updates_per_batch = max(1, round(frames_per_batch * config.collector.updates_per_frame))
+    updates_per_batch = config.collector.updates_per_batch(frames_per_batch)
 
     # env
     env = make_training_env(run_config, device)
@@ -243,17 +226,8 @@ def main(config: SACConfig) -> dict:
     target_updater = SoftUpdate(loss_module, tau=loss_config.tau)
 
     # collector: uniformly random actions until learning starts
-    collector = Collector(
-        env,
-        actor,
-        frames_per_batch=frames_per_batch,
-        total_frames=num_batches * frames_per_batch,
-        init_random_frames=config.collector.learning_starts,
-        env_device=env.device,
-        policy_device=device,
-        storing_device=device,
-        track_traj_ids=False,
-        auto_register_policy_transforms=False,
+    collector = make_off_policy_collector(
+        env, actor, frames_per_batch, run_config.total_frames, config.collector.learning_starts, device
     )
 
     # buffer

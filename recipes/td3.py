@@ -20,7 +20,6 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 import torch
-from torchrl.collectors import Collector
 from torchrl.data import LazyTensorStorage, TensorDictReplayBuffer
 from torchrl.objectives import SoftUpdate
 
@@ -29,24 +28,16 @@ from agents.continuous import action_half_range, check_box_actions
 from envs import InputError
 from recipes.common import (
     TRANSITION_KEYS,
+    OffPolicyCollectorConfig,
     Run,
     RunConfig,
     check_off_policy_ranges,
+    make_off_policy_collector,
     make_training_env,
     prepare_process,
     require_positive,
     run_cli,
 )
-
-
-@dataclass
-class CollectorConfig:
-    steps_per_env: int = 8
-    """Steps each env takes per collected batch (frames per batch = num_envs * steps_per_env)."""
-    updates_per_frame: float = 1.0
-    """Critic updates per collected frame (the update-to-data ratio)."""
-    learning_starts: int = 1_000
-    """Frames of uniformly random actions collected before the first update."""
 
 
 @dataclass
@@ -102,7 +93,7 @@ class TD3Config:
             eval_every=1_000,
         )
     )
-    collector: CollectorConfig = field(default_factory=CollectorConfig)
+    collector: OffPolicyCollectorConfig = field(default_factory=OffPolicyCollectorConfig)
     buffer: BufferConfig = field(default_factory=BufferConfig)
     loss: LossConfig = field(default_factory=LossConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
@@ -115,18 +106,11 @@ def main(config: TD3Config) -> dict:
     run_config, buffer_config, loss_config = config.run, config.buffer, config.loss
     run_config.validate()
     require_positive(
-        steps_per_env=config.collector.steps_per_env,
         buffer_size=buffer_config.buffer_size,
         batch_size=buffer_config.batch_size,
         policy_delay=loss_config.policy_delay,
     )
-    check_off_policy_ranges(
-        config.optim.lr,
-        loss_config.gamma,
-        loss_config.tau,
-        config.collector.updates_per_frame,
-        config.collector.learning_starts,
-    )
+    check_off_policy_ranges(config.optim.lr, loss_config.gamma, loss_config.tau, config.collector)
     for flag, value in (
         ("--target-noise", loss_config.target_noise),
         ("--target-noise-clip", loss_config.target_noise_clip),
@@ -136,8 +120,7 @@ def main(config: TD3Config) -> dict:
     prepare_process(run_config)
     device = torch.device(run_config.device)
     frames_per_batch = run_config.num_envs * config.collector.steps_per_env
-    num_batches = -(-run_config.total_frames // frames_per_batch)
-    updates_per_batch = max(1, round(frames_per_batch * config.collector.updates_per_frame))
+    updates_per_batch = config.collector.updates_per_batch(frames_per_batch)
 
     # env
     env = make_training_env(run_config, device)
@@ -187,17 +170,8 @@ def main(config: TD3Config) -> dict:
     target_updater = SoftUpdate(loss_module, tau=loss_config.tau)
 
     # collector: uniformly random actions until learning starts
-    collector = Collector(
-        env,
-        policy,
-        frames_per_batch=frames_per_batch,
-        total_frames=num_batches * frames_per_batch,
-        init_random_frames=config.collector.learning_starts,
-        env_device=env.device,
-        policy_device=device,
-        storing_device=device,
-        track_traj_ids=False,
-        auto_register_policy_transforms=False,
+    collector = make_off_policy_collector(
+        env, policy, frames_per_batch, run_config.total_frames, config.collector.learning_starts, device
     )
 
     # buffer
