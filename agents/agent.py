@@ -20,6 +20,7 @@ from torchrl.envs.utils import ExplorationType, set_exploration_type
 from torchrl.modules import OrnsteinUhlenbeckProcessModule
 
 from agents.continuous import make_deterministic_actor
+from agents.es import make_es_policy
 from agents.gsde import make_gsde_actor
 from agents.networks import find_normalizer, make_actor
 from agents.qvalue import make_q_actor
@@ -39,6 +40,7 @@ POLICY_BUILDERS: dict[str, Callable[..., nn.Module]] = {
     "mlp_actor": make_actor,
     "gsde_actor": make_gsde_actor,
     "deterministic_actor": make_deterministic_actor,
+    "es_policy": make_es_policy,
     "q_actor": make_q_actor,
     "q_table": make_q_table,
 }

@@ -209,11 +209,12 @@ def make_off_policy_collector(
     )
 
 
-def make_training_env(run: RunConfig, device: torch.device):
-    """The batched training env of ``run``: Gymnasium envs on the CPU, or torch envs on ``device``."""
+def make_training_env(run: RunConfig, device: torch.device, num_envs: int | None = None):
+    """The batched training env of ``run`` (``num_envs`` envs, default ``run.num_envs``): Gymnasium envs on the
+    CPU, or torch envs on ``device``."""
     return make_env(
         run.env_id,
-        run.num_envs,
+        num_envs or run.num_envs,
         device=device if run.env_backend == "torch" else "cpu",
         seed=run.seed,
         vectorization=run.vectorization,

@@ -26,7 +26,7 @@ import torch
 from torchrl.data import LazyTensorStorage, TensorDictReplayBuffer
 from torchrl.objectives import DiscreteSACLoss, SACLoss, SoftUpdate
 
-from agents import Agent, TensorSACLoss, make_qvalue_critic
+from agents import Agent, NStepReturns, TensorSACLoss, make_qvalue_critic
 from agents.continuous import check_box_actions, default_target_entropy
 from agents.gsde import check_sde_options, make_gsde_env
 from envs import InputError
@@ -52,6 +52,8 @@ class BufferConfig:
     """Replay buffer capacity in transitions."""
     batch_size: int = 256
     """Transitions per gradient step."""
+    n_steps: int = 1
+    """Look-ahead of the critics' targets: n-step returns cut at episode ends (1: one-step TD)."""
 
 
 @dataclass
@@ -128,6 +130,7 @@ def main(config: SACConfig) -> dict:
     require_positive(
         buffer_size=buffer_config.buffer_size,
         batch_size=buffer_config.batch_size,
+        n_steps=buffer_config.n_steps,
     )
     check_off_policy_ranges(optim_config.lr, loss_config.gamma, loss_config.tau, config.collector)
     if optim_config.actor_lr is not None and optim_config.actor_lr <= 0:
@@ -235,6 +238,9 @@ def main(config: SACConfig) -> dict:
         storage=LazyTensorStorage(min(buffer_config.buffer_size, run_config.total_frames), device=device),
         batch_size=buffer_config.batch_size,
     )
+    n_step_returns = (
+        NStepReturns(buffer_config.n_steps, loss_config.gamma) if buffer_config.n_steps > 1 else None
+    )
 
     # optimizer: one Adam each for the actor, the critics and the entropy coefficient (the paper's setup)
     actor_parameters = list(loss_module.actor_network_params.values(True, True))
@@ -270,7 +276,13 @@ def main(config: SACConfig) -> dict:
     frames = 0
     for batch in collector:
         frames += batch.numel()
-        replay_buffer.extend(batch.select(*TRANSITION_KEYS).reshape(-1))
+        transitions = batch.select(*TRANSITION_KEYS)
+        if n_step_returns is not None:
+            transitions = n_step_returns.inv(transitions)
+        if transitions is not None:
+            replay_buffer.extend(
+                transitions.exclude("gamma", "nonterminal", ("next", "original_reward")).reshape(-1)
+            )
         metrics = {}
         if frames >= learning_starts and len(replay_buffer) >= buffer_config.batch_size:
             losses = torch.stack([update(replay_buffer.sample()) for _ in range(updates_per_batch)])

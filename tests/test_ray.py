@@ -1,0 +1,96 @@
+"""Scale-out on a local Ray cluster: ES learns with its population on two workers, a killed worker is restarted
+or reported (never a hang), and a missing Ray install is a clear error."""
+
+import os
+import signal
+import sys
+import time
+
+import pytest
+import torch
+
+from agents.es import make_es_policy
+from envs import InputError, make_env
+from recipes import es
+from recipes.distributed import RayPopulationEvaluator, require_ray
+
+pytestmark = pytest.mark.xdist_group("ray")  # one local cluster per test process, tests in one worker
+
+ray = pytest.importorskip("ray")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def ray_cluster():
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    yield
+    ray.shutdown()
+
+
+def cartpole_evaluator(max_restarts, timeout_s=120.0):
+    return RayPopulationEvaluator(
+        2,
+        None,
+        timeout_s,
+        env_id="CartPole-v1",
+        num_envs=8,
+        backend="torch",
+        seed=0,
+        policy_kwargs={"hidden_sizes": [8]},
+        steps_per_env=50,
+        max_steps=500,
+        max_restarts=max_restarts,
+    )
+
+
+def population(size):
+    env = make_env("CartPole-v1", num_envs=1)
+    policy = make_es_policy(env.observation_spec["observation"], env.action_spec, hidden_sizes=(8,))
+    env.close()
+    theta = torch.nn.utils.parameters_to_vector(policy.parameters())
+    return theta + 0.1 * torch.randn(size, theta.numel())
+
+
+@pytest.mark.learning
+def test_es_on_two_ray_workers_solves_cartpole(output_dir):
+    config = es.ESConfig()
+    config.run.output_dir, config.run.logger, config.run.video, config.run.progress = (
+        output_dir,
+        "none",
+        False,
+        False,
+    )
+    config.run.env_backend, config.run.total_frames = "torch", 300_000
+    config.workers.workers, config.workers.num_workers = "ray", 2
+    summary = es.main(config)
+    assert summary["solved_at_frames"] is not None and summary["eval_return_mean"] >= 475
+
+
+def test_killed_ray_worker_is_restarted_and_its_share_rerun():
+    evaluator = cartpole_evaluator(max_restarts=1)
+    members = population(8)
+    _, returns, lengths = evaluator.evaluate(members)
+    assert returns.shape == (8,) and (lengths > 0).all()
+    os.kill(evaluator.worker_pids()[1], signal.SIGKILL)
+    start = time.monotonic()
+    _, returns, lengths = evaluator.evaluate(members)
+    assert returns.shape == (8,) and (lengths > 0).all()
+    assert time.monotonic() - start < 120
+    evaluator.close()
+
+
+def test_killed_ray_worker_without_restarts_is_a_clear_error():
+    evaluator = cartpole_evaluator(max_restarts=0)
+    members = population(8)
+    evaluator.evaluate(members)
+    os.kill(evaluator.worker_pids()[0], signal.SIGKILL)
+    start = time.monotonic()
+    with pytest.raises(RuntimeError, match="Ray worker 0 died"):
+        evaluator.evaluate(members)
+    assert time.monotonic() - start < 120
+    evaluator.close()
+
+
+def test_missing_ray_is_a_clear_error(monkeypatch):
+    monkeypatch.setitem(sys.modules, "ray", None)  # import ray now raises ImportError
+    with pytest.raises(InputError, match=r"pip install -e '\.\[ray\]'"):
+        require_ray()
