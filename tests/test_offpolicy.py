@@ -285,6 +285,7 @@ def quiet(config, output_dir):
     [
         ("sac", lambda c: None),
         ("sac-gsde", lambda c: setattr(c.network, "use_sde", True)),
+        ("sac-nstep", lambda c: setattr(c.buffer, "n_steps", 3)),
         ("sac-discrete", lambda c: (setattr(c.run, "env_id", "CartPole-v1"), setattr(c, "discrete", True))),
         ("td3", lambda c: None),
         ("ddpg", lambda c: None),
@@ -337,6 +338,7 @@ def test_deterministic_recipes_refuse_discrete_actions(recipe, config_class, env
     [
         (lambda c: setattr(c, "discrete", True), "--discrete asks for a Discrete action space"),
         (lambda c: setattr(c.loss, "tau", 0.0), "--tau must be in"),
+        (lambda c: setattr(c.buffer, "n_steps", 0), "--n-steps must be a positive integer"),
         (lambda c: setattr(c.loss, "alpha_init", -1.0), "--alpha-init must be > 0"),
         (lambda c: setattr(c.collector, "updates_per_frame", 0.0), "--updates-per-frame must be > 0"),
         (lambda c: setattr(c.network, "sde_sample_freq", 4), "only applies with --use-sde"),
