@@ -29,7 +29,6 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 import torch
-from torchrl.collectors import Collector
 from torchrl.modules import ValueOperator
 from torchrl.objectives import A2CLoss
 from torchrl.objectives.value import GAE, TD1Estimator
@@ -39,7 +38,16 @@ from agents.gsde import check_sde_options
 from agents.loss_addons import LossAddon, addon_losses, build_loss_addons, trainable_parameters
 from agents.policy_gradient import make_shared_critic
 from envs import InputError
-from recipes.common import Run, RunConfig, make_training_env, prepare_process, require_positive, run_cli
+from recipes.common import (
+    Run,
+    RunConfig,
+    make_collector,
+    make_training_env,
+    prepare_process,
+    require_positive,
+    run_cli,
+    single_collector_only,
+)
 
 # RMSprop as in Stable-Baselines3's A2C (smoothing constant and epsilon of the squared-gradient average)
 RMSPROP_ALPHA, RMSPROP_EPS = 0.99, 1e-5
@@ -148,6 +156,8 @@ def main(config: A2CConfig, loss_addons: Sequence[LossAddon] = ()) -> dict:
     require_positive(steps_per_env=config.collector.steps_per_env)
     check_a2c_ranges(loss_config, optim_config)
     check_sde_options(config.network.use_sde, config.network.sde_sample_freq)
+    if config.network.use_sde:
+        single_collector_only(run_config, "--use-sde")
     prepare_process(run_config)
     device = torch.device(run_config.device)
     frames_per_batch = run_config.num_envs * config.collector.steps_per_env
@@ -201,16 +211,13 @@ def main(config: A2CConfig, loss_addons: Sequence[LossAddon] = ()) -> dict:
     addons = build_loss_addons(loss_addons, actor).to(device)  # extra loss terms, e.g. a KL penalty
 
     # collector
-    collector = Collector(
+    collector = make_collector(
+        run_config,
         env,
         actor,
-        frames_per_batch=frames_per_batch,
-        total_frames=num_batches * frames_per_batch,
-        env_device=env.device,
-        policy_device=device,
-        storing_device=device,
-        track_traj_ids=False,
-        auto_register_policy_transforms=False,
+        device,
+        frames_per_batch,
+        num_batches * frames_per_batch,
     )
 
     # optimizer

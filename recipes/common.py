@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import functools
 import json
 import math
 import random
@@ -90,6 +91,14 @@ class RunConfig:
     """Show a progress bar."""
     threads: int = 1
     """Torch CPU threads; 1 is fastest and steadiest for small networks on a few cores; 0 keeps torch's default."""
+    collector_backend: Literal["single", "multiprocess", "ray"] = "single"
+    """Where the envs step: in this process ('single'), in --num-workers processes (TorchRL's multi-process
+    collector) or on --num-workers Ray actors ('ray'; ES: its population). --num-envs is split over the workers."""
+    num_workers: int = 2
+    """Collector workers for --collector-backend multiprocess or ray."""
+    ray_address: str | None = None
+    """Address of a running Ray cluster to join (e.g. 'ray://head:10001' or 'head:6379'); default: start a local
+    one."""
 
     def validate(self) -> None:
         """Raise :class:`InputError` for out-of-range values."""
@@ -103,6 +112,12 @@ class RunConfig:
         )
         if self.stop_at_return is not None and math.isnan(self.stop_at_return):
             raise InputError("--stop-at-return must be a number, got nan.")
+        if self.collector_backend != "single":
+            require_positive(num_workers=self.num_workers)
+            if self.num_envs % self.num_workers:
+                raise InputError(
+                    f"--num-envs {self.num_envs} must split evenly over --num-workers {self.num_workers}."
+                )
         check_device(self.device)
         check_env_id(self.env_id)
         if self.env_backend == "torch":
@@ -183,29 +198,96 @@ def check_off_policy_ranges(lr: float, gamma: float, tau: float, collector: OffP
             raise InputError(f"{flag} must be {expected}, got {value}.")
 
 
+def make_collector(
+    run: RunConfig,
+    env: EnvBase,
+    policy: nn.Module,
+    device: torch.device,
+    frames_per_batch: int,
+    total_frames: int,
+    **options: Any,
+):
+    """The collector of ``run.collector_backend``: TorchRL's ``Collector`` stepping ``env`` here, or one over
+    ``run.num_workers`` processes or Ray actors, each building its share of the envs (worker ``i`` seeded
+    ``seed + WORKER_SEED_STRIDE * i``) and iterated like the single one (see :class:`WorkerCollector`).
+
+    Args:
+        run: the run's options (env id, backend, seed, workers).
+        env: the training env (stepped by the single-process collector; its spec is what workers rebuild).
+        policy: the policy that acts.
+        device: device of the policy and of the batches.
+        frames_per_batch: frames per batch, over all envs.
+        total_frames: the collection budget.
+        options: further collector arguments (``init_random_frames``, ``trajs_per_batch``, ``traj_format``).
+    """
+    if run.collector_backend == "single":
+        return Collector(
+            env,
+            policy,
+            frames_per_batch=frames_per_batch,
+            total_frames=total_frames,
+            env_device=env.device,
+            policy_device=device,
+            storing_device=device,
+            track_traj_ids="trajs_per_batch" in options,  # episodes are stitched by trajectory id
+            auto_register_policy_transforms=False,
+            **options,
+        )
+    from recipes.distributed import WORKER_SEED_STRIDE, make_worker_collector
+
+    env_factories = [
+        functools.partial(
+            make_env,
+            run.env_id,
+            run.num_envs // run.num_workers,
+            device=env.device,
+            seed=run.seed + WORKER_SEED_STRIDE * index,
+            vectorization=run.vectorization,
+            backend=run.env_backend,
+        )
+        for index in range(run.num_workers)
+    ]
+    return make_worker_collector(
+        run.collector_backend,
+        env_factories,
+        policy,
+        frames_per_batch=frames_per_batch,
+        total_frames=total_frames,
+        device=device,
+        ray_address=run.ray_address,
+        **options,
+    )
+
+
+def single_collector_only(run: RunConfig, feature: str) -> None:
+    """Raise :class:`InputError` when ``feature`` (which keeps per-env state outside the env) meets workers."""
+    if run.collector_backend != "single":
+        raise InputError(
+            f"{feature} keeps exploration state beside the training env and runs with --collector-backend single "
+            f"only; drop --collector-backend {run.collector_backend} or {feature}."
+        )
+
+
 def make_off_policy_collector(
+    run: RunConfig,
     env: EnvBase,
     policy: nn.Module,
     frames_per_batch: int,
-    total_frames: int,
     learning_starts: int,
     device: torch.device,
-) -> Collector:
+):
     """The collector of an off-policy recipe: uniformly random actions for the first ``learning_starts`` frames,
-    then ``policy``; batches of ``frames_per_batch`` on ``device`` until ``total_frames`` (rounded up to whole
+    then ``policy``; batches of ``frames_per_batch`` on ``device`` until ``run.total_frames`` (rounded up to whole
     batches)."""
-    num_batches = -(-total_frames // frames_per_batch)
-    return Collector(
+    num_batches = -(-run.total_frames // frames_per_batch)
+    return make_collector(
+        run,
         env,
         policy,
-        frames_per_batch=frames_per_batch,
-        total_frames=num_batches * frames_per_batch,
+        device,
+        frames_per_batch,
+        num_batches * frames_per_batch,
         init_random_frames=learning_starts,
-        env_device=env.device,
-        policy_device=device,
-        storing_device=device,
-        track_traj_ids=False,
-        auto_register_policy_transforms=False,
     )
 
 
@@ -511,9 +593,11 @@ __all__ = [
     "RunConfig",
     "check_off_policy_ranges",
     "config_to_dict",
+    "make_collector",
     "make_off_policy_collector",
     "make_training_env",
     "prepare_process",
     "require_positive",
     "run_cli",
+    "single_collector_only",
 ]

@@ -38,6 +38,7 @@ from recipes.common import (
     prepare_process,
     require_positive,
     run_cli,
+    single_collector_only,
 )
 
 
@@ -114,6 +115,8 @@ def main(config: DDPGConfig) -> dict:
         batch_size=buffer_config.batch_size,
     )
     check_off_policy_ranges(config.optim.lr, loss_config.gamma, loss_config.tau, config.collector)
+    if config.network.noise == "ou":
+        single_collector_only(run_config, "--noise ou")
     if network_config.ou_theta <= 0:
         raise InputError(f"--ou-theta must be > 0, got {network_config.ou_theta}.")
     prepare_process(run_config)
@@ -163,7 +166,7 @@ def main(config: DDPGConfig) -> dict:
 
     # collector: uniformly random actions until learning starts
     collector = make_off_policy_collector(
-        env, policy, frames_per_batch, run_config.total_frames, config.collector.learning_starts, device
+        run_config, env, policy, frames_per_batch, config.collector.learning_starts, device
     )
 
     # buffer

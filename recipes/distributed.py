@@ -1,4 +1,4 @@
-"""Scale-out on Ray: joining or starting a cluster, and Evolution Strategies' population on Ray workers.
+"""Scale-out: TorchRL's multi-process and Ray collectors, and Evolution Strategies' population on Ray workers.
 
 Ray is an optional dependency (``pip install -e .[ray]``), imported only when a run asks for it.
 """
@@ -6,15 +6,21 @@ Ray is an optional dependency (``pip install -e .[ray]``), imported only when a 
 from __future__ import annotations
 
 import os
-from typing import Any
+import time
+from collections.abc import Callable, Iterator
+from typing import Any, Literal
 
 import torch
-from tensordict import TensorDictBase
+from tensordict import TensorDict, TensorDictBase
+from torch import nn
+from torchrl.collectors import Collector
+from torchrl.envs import EnvBase
 
 from agents.es import PopulationEvaluator, make_es_policy
 from envs.errors import InputError
 from envs.vector import EPISODE_LENGTH_KEY, EPISODE_RETURN_KEY, make_env
 
+RAY_CPU_WAIT_S = 15.0  # how long to wait for enough free CPUs on the Ray cluster before giving up
 WORKER_SEED_STRIDE = 10_000  # worker i seeds its envs with seed + i * WORKER_SEED_STRIDE
 # what a worker sends back of its episodes' steps: enough for logging and observation statistics
 EPISODE_KEYS = ("observation", ("next", "done"), ("next", EPISODE_RETURN_KEY), ("next", EPISODE_LENGTH_KEY))
@@ -31,15 +37,131 @@ def require_ray():
     return ray
 
 
-def init_ray(address: str | None):
-    """Connect to the Ray cluster at ``address``, or start a local one when None; returns the ``ray`` module."""
+def init_ray(address: str | None, num_workers: int):
+    """Connect to the Ray cluster at ``address``, or start a local one when None, and check that it has a CPU for
+    each of ``num_workers`` workers (Ray would otherwise wait for them forever); returns the ``ray`` module."""
     ray = require_ray()
     if not ray.is_initialized():
         try:
             ray.init(address=address, include_dashboard=False, log_to_driver=False, configure_logging=False)
         except ConnectionError as error:
             raise InputError(f"Could not join the Ray cluster at --ray-address {address}: {error}") from None
+    deadline = time.monotonic() + RAY_CPU_WAIT_S  # CPUs of actors just stopped are released asynchronously
+    while (cpus := ray.available_resources().get("CPU", 0)) < num_workers and time.monotonic() < deadline:
+        time.sleep(0.5)
+    if cpus < num_workers:
+        raise InputError(
+            f"--num-workers {num_workers} needs one CPU per Ray worker; the Ray cluster has {cpus:g} free. "
+            "Use fewer workers or a larger cluster (--ray-address)."
+        )
     return ray
+
+
+class WorkerCollector:
+    """A multi-worker TorchRL collector used like the single-process one.
+
+    Batches come as ``[num_envs, time]`` (the workers' ``[workers, envs, time]`` merged; flat episode batches
+    pass unchanged) with the keys of the single-process collector (trajectory ids only for episode batches).
+    Every batch is collected with the policy's current weights (parameters and buffers: normaliser statistics,
+    exploration rates): shared memory with worker processes, sent to Ray workers before each batch. A worker that dies stops the run with a
+    ``RuntimeError`` naming the backend (TorchRL raises within seconds; the run never hangs on a dead worker).
+    """
+
+    def __init__(self, collector, backend: str, policy: nn.Module, keep_traj_ids: bool = False):
+        self.collector = collector
+        self.backend = backend
+        self.keep_traj_ids = keep_traj_ids
+        # TorchRL's process backend moves the policy's tensors into shared memory: in-place updates (optimizer
+        # steps, normaliser statistics, epsilon) reach the workers without a call, and a call would wait forever
+        # for the acknowledgement of a dead worker
+        shared = all(tensor.is_shared() for tensor in TensorDict.from_module(policy).values(True, True))
+        self.push_weights = backend == "ray" or not shared
+
+    def __iter__(self) -> Iterator[TensorDictBase]:
+        ray_errors = _ray_errors() if self.backend == "ray" else ()
+        try:
+            if self.push_weights:
+                self.collector.update_policy_weights_()
+            for batch in self.collector:
+                if not self.keep_traj_ids:  # the single-process collector of a recipe does not track them
+                    batch = batch.exclude("collector")
+                yield batch.reshape(-1, batch.shape[-1]) if batch.ndim == 3 else batch
+                if self.push_weights:
+                    self.collector.update_policy_weights_()
+        except ray_errors as error:
+            raise RuntimeError(f"A Ray collector worker died: {error}") from None
+
+    def shutdown(self) -> None:
+        self.collector.shutdown()
+
+
+def _ray_errors() -> tuple[type[Exception], ...]:
+    import ray
+
+    return (ray.exceptions.RayActorError,)
+
+
+def make_worker_collector(
+    backend: Literal["multiprocess", "ray"],
+    env_factories: list[Callable[[], EnvBase]],
+    policy: nn.Module,
+    *,
+    frames_per_batch: int,
+    total_frames: int,
+    device: torch.device,
+    ray_address: str | None = None,
+    **options: Any,
+) -> WorkerCollector:
+    """TorchRL's collector over one env per worker: worker processes (``"multiprocess"``) or Ray actors with one
+    CPU each (``"ray"``, on the cluster at ``ray_address`` or a local one), synchronous, so that every batch is
+    collected with the latest weights.
+
+    Args:
+        backend: ``"multiprocess"`` or ``"ray"``.
+        env_factories: one picklable env constructor per worker.
+        policy: the policy being trained (its weights are sent to the workers).
+        frames_per_batch: frames of each batch, summed over the workers.
+        total_frames: the collection budget.
+        device: device of the policy and of the batches.
+        ray_address: the Ray cluster to join (``"ray"`` only).
+        options: further collector arguments (``init_random_frames``, ``trajs_per_batch``, ...).
+    """
+    common = {
+        "frames_per_batch": frames_per_batch,
+        "total_frames": total_frames,
+        "policy_device": device,
+        "storing_device": device,
+        "num_collectors": len(env_factories),
+        "sync": True,
+    }
+    if backend == "multiprocess":
+        collector = Collector(
+            env_factories,
+            policy,
+            backend="process",
+            auto_register_policy_transforms=False,
+            **common,
+            **options,
+        )
+    else:
+        if "trajs_per_batch" in options:
+            raise InputError(
+                "TorchRL's Ray collector cannot assemble complete episodes (REINFORCE, VPG) from its workers: "
+                "use --collector-backend multiprocess or single."
+            )
+        init_ray(ray_address, len(env_factories))
+        collector = Collector(
+            env_factories,
+            policy,
+            backend="ray",
+            backend_options={
+                "remote_configs": {"num_cpus": 1},
+                "collector_kwargs": {"auto_register_policy_transforms": False, "track_traj_ids": False},
+            },
+            **common,
+            **options,
+        )
+    return WorkerCollector(collector, backend, policy, keep_traj_ids="trajs_per_batch" in options)
 
 
 class PopulationWorker:
@@ -103,7 +225,7 @@ class RayPopulationEvaluator:
         max_steps: int,
         max_restarts: int = 1,
     ):
-        self.ray = init_ray(address)
+        self.ray = init_ray(address, num_workers)
         self.timeout_s = timeout_s
         worker_class = self.ray.remote(num_cpus=1, max_restarts=max_restarts, max_task_retries=max_restarts)(
             PopulationWorker
@@ -158,4 +280,11 @@ class RayPopulationEvaluator:
         self.workers = []
 
 
-__all__ = ["PopulationWorker", "RayPopulationEvaluator", "init_ray", "require_ray"]
+__all__ = [
+    "PopulationWorker",
+    "RayPopulationEvaluator",
+    "WorkerCollector",
+    "init_ray",
+    "make_worker_collector",
+    "require_ray",
+]

@@ -28,7 +28,6 @@ from typing import Literal
 
 import gymnasium as gym
 import torch
-from torchrl.collectors import Collector
 from torchrl.data import LazyTensorStorage, PrioritizedSampler, RandomSampler, TensorDictReplayBuffer
 from torchrl.envs.utils import ExplorationType
 from torchrl.modules import reset_noise
@@ -40,6 +39,7 @@ from recipes.common import (
     ExplorationConfig,
     Run,
     RunConfig,
+    make_collector,
     make_training_env,
     prepare_process,
     require_positive,
@@ -238,16 +238,13 @@ def main(config: DQNConfig) -> dict:
     target_updater = make_target_updater(loss_module, loss_config.target_update_interval, loss_config.tau)
 
     # collector
-    collector = Collector(
+    collector = make_collector(
+        run_config,
         env,
         policy,
-        frames_per_batch=frames_per_batch,
-        total_frames=num_batches * frames_per_batch,
-        env_device=env.device,
-        policy_device=device,
-        storing_device=device,
-        track_traj_ids=False,
-        auto_register_policy_transforms=False,
+        device,
+        frames_per_batch,
+        num_batches * frames_per_batch,
     )
 
     # buffer: uniform or prioritized sampling; n-step returns are computed as batches come in

@@ -9,7 +9,7 @@ and moves ``theta`` along ``sum_i (rank+_i - rank-_i) eps_i / P`` with Adam and 
 
 The whole population acts in one batched call per step: the policy network runs under ``P`` parameter sets
 with ``torch.func.functional_call`` inside ``torch.vmap`` (:class:`agents.es.PopulationNetwork`), env ``i``
-stepping with member ``i``, through TorchRL's collector. With ``--workers ray`` the population is split across
+stepping with member ``i``, through TorchRL's collector. With ``--collector-backend ray`` the population is split across
 Ray workers instead (see README). A frame is an env step inside an evaluated episode; each generation's
 episodes are collected in polls of ``--steps-per-env`` steps, so up to that many steps past an episode's end
 are simulated and not counted. Episodes longer than the env's time limit (1000 steps for an id without one)
@@ -69,14 +69,9 @@ class NetworkConfig:
 
 @dataclass
 class WorkerConfig:
-    workers: Literal["local", "ray"] = "local"
-    """Where the population is evaluated: this process ('local', one batched env) or Ray workers ('ray')."""
-    num_workers: int = 2
-    """Ray workers; each evaluates an equal share of the population (--workers ray)."""
-    ray_address: str | None = None
-    """Address of a running Ray cluster to join (--workers ray); default: start a local one."""
     worker_timeout_s: float = 600.0
-    """Longest wait for a Ray worker's share of a generation before the run stops with an error."""
+    """Longest wait for a Ray worker's share of a generation before the run stops with an error
+    (--collector-backend ray)."""
     worker_restarts: int = 1
     """Times Ray may restart each worker that dies (its share of the generation is rerun)."""
 
@@ -100,9 +95,7 @@ class ESConfig:
 def check_es_ranges(config: ESConfig) -> None:
     """Raise :class:`InputError` for hyperparameters outside their meaningful range."""
     require_positive(
-        episodes_per_member=config.search.episodes_per_member,
-        steps_per_env=config.search.steps_per_env,
-        num_workers=config.workers.num_workers,
+        episodes_per_member=config.search.episodes_per_member, steps_per_env=config.search.steps_per_env
     )
     if config.run.num_envs % 2:
         raise InputError(
@@ -116,10 +109,10 @@ def check_es_ranges(config: ESConfig) -> None:
     for flag, value, valid, expected in checks:
         if not valid:
             raise InputError(f"{flag} must be {expected}, got {value}.")
-    if config.workers.workers == "ray" and config.run.num_envs % config.workers.num_workers:
+    if config.run.collector_backend == "multiprocess":
         raise InputError(
-            f"--num-envs {config.run.num_envs} (the population) must split evenly over --num-workers "
-            f"{config.workers.num_workers}."
+            "ES runs its population in one batched env (--collector-backend single) or on Ray workers "
+            "(--collector-backend ray); multiprocess is not offered."
         )
     if config.workers.worker_timeout_s <= 0 or config.workers.worker_restarts < 0:
         raise InputError("--worker-timeout-s must be > 0 and --worker-restarts >= 0.")
@@ -163,12 +156,12 @@ def main(config: ESConfig) -> dict:
     policy = agent.policy
     normalizer = find_normalizer(policy)
     parameters = list(policy.parameters())
-    remote = config.workers.workers == "ray"
+    remote = run_config.collector_backend == "ray"
     if remote:  # each worker builds its own env and policy
         env.close()
         evaluator = RayPopulationEvaluator(
-            config.workers.num_workers,
-            config.workers.ray_address,
+            run_config.num_workers,
+            run_config.ray_address,
             config.workers.worker_timeout_s,
             env_id=run_config.env_id,
             num_envs=num_envs,

@@ -21,7 +21,6 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 import torch
-from torchrl.collectors import Collector
 from torchrl.data import LazyTensorStorage, SamplerWithoutReplacement, TensorDictReplayBuffer
 from torchrl.objectives import ClipPPOLoss
 from torchrl.objectives.value import GAE
@@ -30,7 +29,16 @@ from agents import Agent, find_normalizer, input_encoder, make_critic, make_gsde
 from agents.gsde import check_sde_options
 from agents.loss_addons import LossAddon, addon_losses, build_loss_addons, trainable_parameters
 from envs import InputError
-from recipes.common import Run, RunConfig, make_training_env, prepare_process, require_positive, run_cli
+from recipes.common import (
+    Run,
+    RunConfig,
+    make_collector,
+    make_training_env,
+    prepare_process,
+    require_positive,
+    run_cli,
+    single_collector_only,
+)
 
 
 @dataclass
@@ -138,6 +146,8 @@ def main(config: PPOConfig, loss_addons: Sequence[LossAddon] = ()) -> dict:
             "(num_envs * steps_per_env)."
         )
     check_sde_options(config.network.use_sde, config.network.sde_sample_freq)
+    if config.network.use_sde:
+        single_collector_only(run_config, "--use-sde")
     prepare_process(run_config)
     device = torch.device(run_config.device)
     num_batches = -(-run_config.total_frames // frames_per_batch)
@@ -193,16 +203,13 @@ def main(config: PPOConfig, loss_addons: Sequence[LossAddon] = ()) -> dict:
     addons = build_loss_addons(loss_addons, actor).to(device)  # extra loss terms, e.g. a KL penalty
 
     # collector
-    collector = Collector(
+    collector = make_collector(
+        run_config,
         env,
         actor,
-        frames_per_batch=frames_per_batch,
-        total_frames=num_batches * frames_per_batch,
-        env_device=env.device,
-        policy_device=device,
-        storing_device=device,
-        track_traj_ids=False,
-        auto_register_policy_transforms=False,
+        device,
+        frames_per_batch,
+        num_batches * frames_per_batch,
     )
 
     # buffer: the current batch, sampled without replacement into minibatches

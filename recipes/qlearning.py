@@ -30,7 +30,6 @@ from dataclasses import dataclass, field
 
 import gymnasium as gym
 import torch
-from torchrl.collectors import Collector
 from torchrl.objectives import DQNLoss, ValueEstimators
 
 from agents import Agent
@@ -40,6 +39,7 @@ from recipes.common import (
     ExplorationConfig,
     Run,
     RunConfig,
+    make_collector,
     make_training_env,
     prepare_process,
     require_positive,
@@ -166,16 +166,13 @@ def main(config: QLearningConfig) -> dict:
     loss_module.make_value_estimator(ValueEstimators.TD0, gamma=learning_config.gamma)
 
     # collector
-    collector = Collector(
+    collector = make_collector(
+        run_config,
         env,
         agent.policy,
-        frames_per_batch=frames_per_batch,
-        total_frames=num_batches * frames_per_batch,
-        env_device=env.device,
-        policy_device=device,
-        storing_device=device,
-        track_traj_ids=False,
-        auto_register_policy_transforms=False,
+        device,
+        frames_per_batch,
+        num_batches * frames_per_batch,
     )
 
     # optimizer: plain SGD on half the squared error is the tabular update, Q += lr * (target - Q)

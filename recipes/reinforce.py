@@ -32,13 +32,20 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 import torch
-from torchrl.collectors import Collector
 from torchrl.objectives import A2CLoss
 
 from agents import Agent, find_normalizer
 from agents.policy_gradient import ReturnBaseline, returns_to_go
 from envs import InputError
-from recipes.common import Run, RunConfig, make_training_env, prepare_process, require_positive, run_cli
+from recipes.common import (
+    Run,
+    RunConfig,
+    make_collector,
+    make_training_env,
+    prepare_process,
+    require_positive,
+    run_cli,
+)
 
 
 @dataclass
@@ -146,18 +153,15 @@ def main(config: ReinforceConfig) -> dict:
     )
 
     # collector: batches of complete episodes, concatenated along time (("next", "done") ends each one)
-    collector = Collector(
+    collector = make_collector(
+        run_config,
         env,
         actor,
-        frames_per_batch=frames_per_poll,
-        total_frames=-(-run_config.total_frames // frames_per_poll) * frames_per_poll,
+        device,
+        frames_per_poll,
+        -(-run_config.total_frames // frames_per_poll) * frames_per_poll,
         trajs_per_batch=config.collector.episodes_per_update,
         traj_format="cat",
-        track_traj_ids=True,  # the collector stitches episodes by trajectory id
-        env_device=env.device,
-        policy_device=device,
-        storing_device=device,
-        auto_register_policy_transforms=False,
     )
 
     # optimizer

@@ -27,7 +27,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
-from torchrl.collectors import Collector
 from torchrl.data import LazyTensorStorage, SamplerWithoutReplacement, TensorDictReplayBuffer
 from torchrl.modules import ValueOperator
 from torchrl.objectives import ClipPPOLoss, distance_loss
@@ -46,7 +45,16 @@ from agents.gsde import check_sde_options
 from agents.loss_addons import LossAddon, addon_losses, build_loss_addons, trainable_parameters
 from agents.rnd import INTRINSIC_REWARD_KEY
 from envs import InputError
-from recipes.common import Run, RunConfig, make_training_env, prepare_process, require_positive, run_cli
+from recipes.common import (
+    Run,
+    RunConfig,
+    make_collector,
+    make_training_env,
+    prepare_process,
+    require_positive,
+    run_cli,
+    single_collector_only,
+)
 from recipes.ppo import CollectorConfig, LossConfig, NetworkConfig, OptimConfig, check_ppo_ranges
 
 INTRINSIC_VALUE_KEY = "state_value_int"
@@ -117,6 +125,8 @@ def main(config: RNDPPOConfig, loss_addons: Sequence[LossAddon] = ()) -> dict:
             "(num_envs * steps_per_env)."
         )
     check_sde_options(config.network.use_sde, config.network.sde_sample_freq)
+    if config.network.use_sde:
+        single_collector_only(run_config, "--use-sde")
     prepare_process(run_config)
     device = torch.device(run_config.device)
     num_batches = -(-run_config.total_frames // frames_per_batch)
@@ -207,16 +217,13 @@ def main(config: RNDPPOConfig, loss_addons: Sequence[LossAddon] = ()) -> dict:
     addons = build_loss_addons(loss_addons, actor).to(device)  # extra loss terms, e.g. a KL penalty
 
     # collector
-    collector = Collector(
+    collector = make_collector(
+        run_config,
         env,
         actor,
-        frames_per_batch=frames_per_batch,
-        total_frames=num_batches * frames_per_batch,
-        env_device=env.device,
-        policy_device=device,
-        storing_device=device,
-        track_traj_ids=False,
-        auto_register_policy_transforms=False,
+        device,
+        frames_per_batch,
+        num_batches * frames_per_batch,
     )
 
     # buffer: the current batch, sampled without replacement into minibatches

@@ -41,6 +41,7 @@ from recipes.common import (
     prepare_process,
     require_positive,
     run_cli,
+    single_collector_only,
 )
 
 DISCRETE_ENTROPY_WEIGHT = 0.2  # discrete SAC's target entropy, as a fraction of the uniform policy's log(n)
@@ -140,6 +141,8 @@ def main(config: SACConfig) -> dict:
     if not optim_config.max_grad_norm > 0:
         raise InputError(f"--max-grad-norm must be > 0, got {optim_config.max_grad_norm}.")
     check_sde_options(config.network.use_sde, config.network.sde_sample_freq)
+    if config.network.use_sde:
+        single_collector_only(run_config, "--use-sde")
     prepare_process(run_config)
     device = torch.device(run_config.device)
     frames_per_batch = run_config.num_envs * config.collector.steps_per_env
@@ -230,7 +233,7 @@ def main(config: SACConfig) -> dict:
 
     # collector: uniformly random actions until learning starts
     collector = make_off_policy_collector(
-        env, actor, frames_per_batch, run_config.total_frames, config.collector.learning_starts, device
+        run_config, env, actor, frames_per_batch, config.collector.learning_starts, device
     )
 
     # buffer

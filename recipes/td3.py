@@ -171,7 +171,7 @@ def main(config: TD3Config) -> dict:
 
     # collector: uniformly random actions until learning starts
     collector = make_off_policy_collector(
-        env, policy, frames_per_batch, run_config.total_frames, config.collector.learning_starts, device
+        run_config, env, policy, frames_per_batch, config.collector.learning_starts, device
     )
 
     # buffer

@@ -197,7 +197,9 @@ def test_es_generations_move_theta_and_are_reproducible(output_dir, tmp_path):
         ({"optim.lr": -1.0}, "--lr must be > 0"),
         ({"optim.weight_decay": -0.1}, "--weight-decay must be >= 0"),
         ({"search.episodes_per_member": 0}, "--episodes-per-member must be a positive integer"),
-        ({"workers.workers": "ray", "workers.num_workers": 3}, "split evenly over --num-workers 3"),
+        ({"run.collector_backend": "ray", "run.num_workers": 3}, "must split evenly over --num-workers 3"),
+        ({"run.collector_backend": "multiprocess"}, "multiprocess is not offered"),
+        ({"workers.worker_restarts": -1}, "--worker-restarts >= 0"),
     ],
 )
 def test_es_bad_input(change, message, output_dir):

@@ -10,8 +10,10 @@ import pytest
 import torch
 
 from agents.es import make_es_policy
+from agents.networks import make_actor
 from envs import InputError, make_env
-from recipes import es
+from recipes import es, ppo
+from recipes.common import RunConfig, make_collector
 from recipes.distributed import RayPopulationEvaluator, require_ray
 
 pytestmark = pytest.mark.xdist_group("ray")  # one local cluster per test process, tests in one worker
@@ -60,9 +62,41 @@ def test_es_on_two_ray_workers_solves_cartpole(output_dir):
         False,
     )
     config.run.env_backend, config.run.total_frames = "torch", 300_000
-    config.workers.workers, config.workers.num_workers = "ray", 2
+    config.run.collector_backend, config.run.num_workers = "ray", 2
     summary = es.main(config)
     assert summary["solved_at_frames"] is not None and summary["eval_return_mean"] >= 475
+
+
+@pytest.mark.learning
+def test_ppo_on_two_ray_collector_workers_solves_cartpole(output_dir):
+    config = ppo.PPOConfig()
+    config.run.output_dir, config.run.logger, config.run.video, config.run.progress = (
+        output_dir,
+        "none",
+        False,
+        False,
+    )
+    config.run.collector_backend, config.run.num_workers = "ray", 2
+    summary = ppo.main(config)
+    assert summary["solved_at_frames"] is not None and summary["eval_return_mean"] >= 475
+
+
+def test_killed_ray_collector_worker_stops_the_run_with_an_error():
+    run = RunConfig(num_envs=4, collector_backend="ray", num_workers=2)
+    env = make_env("CartPole-v1", 4, seed=0)
+    actor = make_actor(env.observation_spec["observation"], env.action_spec)
+    collector = make_collector(run, env, actor, torch.device("cpu"), 32, 32 * 1000)
+    iterator = iter(collector)
+    next(iterator)
+    worker = collector.collector.remote_collectors[0]
+    os.kill(ray.get(worker.__ray_call__.remote(lambda self: os.getpid())), signal.SIGKILL)
+    start = time.monotonic()
+    with pytest.raises(RuntimeError, match="A Ray collector worker died"):
+        for _ in iterator:
+            pass
+    assert time.monotonic() - start < 60
+    collector.shutdown()
+    env.close()
 
 
 def test_killed_ray_worker_is_restarted_and_its_share_rerun():

@@ -1,0 +1,165 @@
+"""Multi-process collection: the same batches as single-process collection, fresh weights on every batch,
+distinct seeds per worker, a dead worker reported, and recipes that run on it (or say why they cannot)."""
+
+import os
+import signal
+import time
+
+import pytest
+import torch
+
+from agents.networks import make_actor
+from envs import InputError, make_env
+from recipes import a2c, ddpg, dqn, ppo, reinforce, sac
+from recipes.common import RunConfig, make_collector
+
+
+def first_batch(backend, num_envs=4, steps=8):
+    run = RunConfig(num_envs=num_envs, collector_backend=backend, num_workers=2)
+    env = make_env("CartPole-v1", num_envs, seed=0)
+    actor = make_actor(env.observation_spec["observation"], env.action_spec)
+    collector = make_collector(run, env, actor, torch.device("cpu"), num_envs * steps, 10 * num_envs * steps)
+    batch = next(iter(collector))
+    collector.shutdown()
+    env.close()
+    return batch
+
+
+def test_multiprocess_batches_have_the_keys_and_shapes_of_single_process_batches():
+    single, multi = first_batch("single"), first_batch("multiprocess")
+    assert multi.shape == single.shape == (4, 8)
+    assert set(multi.keys(True, True)) == set(single.keys(True, True))
+    for key in single.keys(True, True):
+        assert multi.get(key).shape == single.get(key).shape, key
+        assert multi.get(key).dtype == single.get(key).dtype, key
+
+
+def test_multiprocess_workers_are_seeded_apart():
+    batch = first_batch("multiprocess")
+    first_observations = batch.get("observation")[:, 0]
+    assert not torch.equal(first_observations[:2], first_observations[2:])  # worker 0's envs vs worker 1's
+
+
+def constant_action_actor(env, action):
+    actor = make_actor(env.observation_spec["observation"], env.action_spec, hidden_sizes=(4,))
+    set_constant_action(actor, action)
+    return actor
+
+
+def set_constant_action(actor, action):
+    last = [m for m in actor.modules() if isinstance(m, torch.nn.Linear)][-1]
+    with torch.no_grad():
+        last.weight.zero_()
+        last.bias.copy_(torch.tensor([20.0, -20.0] if action == 0 else [-20.0, 20.0]))
+
+
+@pytest.mark.parametrize(
+    "backend", ["multiprocess", pytest.param("ray", marks=pytest.mark.xdist_group("ray"))]
+)
+def test_workers_act_with_the_weights_of_the_latest_update(backend):
+    if backend == "ray":
+        pytest.importorskip("ray")
+    run = RunConfig(num_envs=4, collector_backend=backend, num_workers=2)
+    env = make_env("CartPole-v1", 4, seed=0)
+    actor = constant_action_actor(env, 0)
+    collector = make_collector(run, env, actor, torch.device("cpu"), 32, 32 * 10)
+    actions = []
+    for index, batch in enumerate(collector):
+        actions.append(batch.get("action").float().mean().item())
+        set_constant_action(actor, (index + 1) % 2)  # an in-place update, as an optimizer step makes
+        if index == 2:
+            break
+    collector.shutdown()
+    env.close()
+    assert actions == [0.0, 1.0, 0.0]
+
+
+def test_killed_worker_process_stops_the_run_with_an_error():
+    run = RunConfig(num_envs=4, collector_backend="multiprocess", num_workers=2)
+    env = make_env("CartPole-v1", 4, seed=0)
+    actor = make_actor(env.observation_spec["observation"], env.action_spec)
+    collector = make_collector(run, env, actor, torch.device("cpu"), 32, 32 * 1000)
+    iterator = iter(collector)
+    next(iterator)
+    worker = collector.collector.procs[0]
+    os.kill(worker.pid, signal.SIGKILL)
+    start = time.monotonic()
+    with pytest.raises(RuntimeError, match="failed"):
+        for _ in iterator:
+            pass
+    assert time.monotonic() - start < 60
+    collector.shutdown()
+    env.close()
+
+
+def quiet(config, output_dir, **run):
+    config.run.output_dir, config.run.logger, config.run.video, config.run.progress = (
+        output_dir,
+        "none",
+        False,
+        False,
+    )
+    config.run.collector_backend, config.run.num_workers = "multiprocess", 2
+    for key, value in run.items():
+        setattr(config.run, key, value)
+    return config
+
+
+@pytest.mark.parametrize(
+    "recipe,config_class,env_id",
+    [
+        (dqn, dqn.DQNConfig, "CartPole-v1"),
+        (sac, sac.SACConfig, "Pendulum-v1"),
+        (reinforce, reinforce.ReinforceConfig, "CartPole-v1"),
+    ],
+    ids=["dqn", "sac", "reinforce"],
+)
+def test_recipes_train_on_worker_processes(recipe, config_class, env_id, output_dir):
+    config = quiet(
+        config_class(), output_dir, env_id=env_id, total_frames=600, eval_every=600, eval_episodes=2
+    )
+    config.run.num_envs = 2
+    if hasattr(config.collector, "learning_starts"):
+        config.collector.learning_starts = 200
+    summary = recipe.main(config)
+    # REINFORCE counts the steps of the complete episodes it trained on, not those still running at the end
+    assert summary["frames"] >= (300 if recipe is reinforce else 600)
+
+
+@pytest.mark.parametrize(
+    "recipe,config_class,change,message",
+    [
+        (
+            ppo,
+            ppo.PPOConfig,
+            lambda c: setattr(c.run, "num_envs", 3),
+            "must split evenly over --num-workers 2",
+        ),
+        (ppo, ppo.PPOConfig, lambda c: setattr(c.run, "num_workers", 0), "--num-workers must be a positive"),
+        (
+            a2c,
+            a2c.A2CConfig,
+            lambda c: (setattr(c.run, "env_id", "Pendulum-v1"), setattr(c.network, "use_sde", True)),
+            "--use-sde keeps exploration state",
+        ),
+        (
+            ddpg,
+            ddpg.DDPGConfig,
+            lambda c: (setattr(c.network, "noise", "ou"), setattr(c.run, "num_envs", 2)),
+            "--noise ou keeps exploration state",
+        ),
+        (
+            reinforce,
+            reinforce.ReinforceConfig,
+            lambda c: setattr(c.run, "collector_backend", "ray"),
+            "cannot assemble complete episodes",
+        ),
+    ],
+)
+def test_worker_collection_bad_input(recipe, config_class, change, message, output_dir):
+    if "complete episodes" in message:
+        pytest.importorskip("ray")
+    config = quiet(config_class(), output_dir)
+    change(config)
+    with pytest.raises(InputError, match=message):
+        recipe.main(config)
