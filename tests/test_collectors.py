@@ -56,9 +56,9 @@ def set_constant_action(actor, action):
 @pytest.mark.parametrize(
     "backend", ["multiprocess", pytest.param("ray", marks=pytest.mark.xdist_group("ray"))]
 )
-def test_workers_act_with_the_weights_of_the_latest_update(backend):
+def test_workers_act_with_the_weights_of_the_latest_update(backend, request):
     if backend == "ray":
-        pytest.importorskip("ray")
+        request.getfixturevalue("ray_cluster")
     run = RunConfig(num_envs=4, collector_backend=backend, num_workers=2)
     env = make_env("CartPole-v1", 4, seed=0)
     actor = constant_action_actor(env, 0)
@@ -157,8 +157,6 @@ def test_recipes_train_on_worker_processes(recipe, config_class, env_id, output_
     ],
 )
 def test_worker_collection_bad_input(recipe, config_class, change, message, output_dir):
-    if "complete episodes" in message:
-        pytest.importorskip("ray")
     config = quiet(config_class(), output_dir)
     change(config)
     with pytest.raises(InputError, match=message):

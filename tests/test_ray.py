@@ -21,11 +21,9 @@ pytestmark = pytest.mark.xdist_group("ray")  # one local cluster per test proces
 ray = pytest.importorskip("ray")
 
 
-@pytest.fixture(scope="module", autouse=True)
-def ray_cluster():
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
-    yield
-    ray.shutdown()
+@pytest.fixture(autouse=True)
+def local_cluster(ray_cluster):
+    return ray_cluster
 
 
 def cartpole_evaluator(max_restarts, timeout_s=120.0):
