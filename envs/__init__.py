@@ -6,7 +6,7 @@ from envs.atari import is_atari, make_atari_env
 from envs.classic import TORCH_ENVS, ClassicControlEnv
 from envs.classic_gym import TorchClassicEnv, TorchClassicVectorEnv, register_envs
 from envs.deepsea import DeepSeaEnv, register_deepsea_envs
-from envs.errors import InputError
+from envs.errors import InputError, NonFiniteError
 from envs.normalization import ObservationNormalizer
 from envs.vector import EPISODE_LENGTH_KEY, EPISODE_RETURN_KEY, GymnasiumVectorEnv, make_env, space_to_spec
 
@@ -20,6 +20,7 @@ __all__ = [
     "DeepSeaEnv",
     "GymnasiumVectorEnv",
     "InputError",
+    "NonFiniteError",
     "ObservationNormalizer",
     "TorchClassicEnv",
     "TorchClassicVectorEnv",

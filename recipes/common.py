@@ -22,7 +22,9 @@ import functools
 import json
 import math
 import random
+import signal
 import sys
+import threading
 import time
 import warnings
 from collections.abc import Callable
@@ -43,7 +45,7 @@ from tqdm import tqdm
 
 from agents.agent import Agent
 from envs.classic import torch_env_class
-from envs.errors import InputError
+from envs.errors import InputError, NonFiniteError
 from envs.vector import EPISODE_LENGTH_KEY, EPISODE_RETURN_KEY, check_device, check_env_id, make_env
 
 LoggerName = Literal["wandb", "csv", "none"]
@@ -91,6 +93,8 @@ class RunConfig:
     """Show a progress bar."""
     threads: int = 1
     """Torch CPU threads; 1 is fastest and steadiest for small networks on a few cores; 0 keeps torch's default."""
+    checkpoint_every: int | None = None
+    """Also save agent.ckpt every this many frames (default: at the end, and on SIGINT/SIGTERM)."""
     collector_backend: Literal["single", "multiprocess", "ray"] = "single"
     """Where the envs step: in this process ('single'), in --num-workers processes (TorchRL's multi-process
     collector) or on --num-workers Ray actors ('ray'; ES: its population). --num-envs is split over the workers."""
@@ -110,6 +114,8 @@ class RunConfig:
             eval_every=self.eval_every,
             eval_episodes=self.eval_episodes,
         )
+        if self.checkpoint_every is not None:
+            require_positive(checkpoint_every=self.checkpoint_every)
         if self.stop_at_return is not None and math.isnan(self.stop_at_return):
             raise InputError("--stop-at-return must be a number, got nan.")
         if self.collector_backend != "single":
@@ -333,18 +339,36 @@ def make_logger(run: RunConfig, algorithm: str, output_dir: Path, config: dict[s
 
         logger = CSVLogger(exp_name="csv", log_dir=str(output_dir))
     elif run.logger == "wandb":
-        from torchrl.record.loggers import WandbLogger
+        from torchrl.record.loggers import CSVLogger, WandbLogger
 
-        logger = WandbLogger(
-            exp_name=name,
-            offline=not run.wandb_online,
-            save_dir=str(output_dir),
-            project=run.wandb_project,
-            config=config,
-            group=algorithm,
-            log_env_packages=False,
-            settings={"silent": True},
-        )
+        def wandb_logger(offline: bool):
+            return WandbLogger(
+                exp_name=name,
+                offline=offline,
+                save_dir=str(output_dir),
+                project=run.wandb_project,
+                config=config,
+                group=algorithm,
+                log_env_packages=False,
+                settings={"silent": True},
+            )
+
+        # a logging service that fails to start never stops training: online -> offline -> CSV files
+        try:
+            logger = wandb_logger(offline=not run.wandb_online)
+        except Exception as error:  # noqa: BLE001 - wandb raises many kinds (network, auth, filesystem)
+            fallback = "offline W&B logging" if run.wandb_online else "CSV logging"
+            warnings.warn(f"W&B failed to start ({error!r}); training goes on with {fallback}.", stacklevel=2)
+            logger = None
+            if run.wandb_online:
+                try:
+                    logger = wandb_logger(offline=True)
+                except Exception as offline_error:  # noqa: BLE001
+                    warnings.warn(
+                        f"Offline W&B failed too ({offline_error!r}); using CSV logging.", stacklevel=2
+                    )
+            if logger is None:
+                logger = CSVLogger(exp_name="csv", log_dir=str(output_dir))
     else:
         return None
     logger.log_hparams(config)
@@ -372,6 +396,7 @@ class Run:
         agent.config = self.config
         (self.output_dir / "config.json").write_text(json.dumps(self.config, indent=2) + "\n")
         self.logger = make_logger(run, algorithm, self.output_dir, self.config)
+        self._wandb = type(self.logger).__name__ == "WandbLogger"
         self.target_return = run.target_return
         self.frames = 0
         self.evaluations: list[dict[str, float]] = []
@@ -380,6 +405,14 @@ class Run:
         self.solved_at_frames: int | None = None
         self.solved_at_s: float | None = None
         self._next_eval = run.eval_every
+        self._next_checkpoint = run.checkpoint_every
+        self.interrupted_by: str | None = None
+        self._signal_handlers = {}
+        if (
+            threading.current_thread() is threading.main_thread()
+        ):  # Python delivers signals to the main thread
+            for number in (signal.SIGINT, signal.SIGTERM):
+                self._signal_handlers[number] = signal.signal(number, self._on_signal)
         self._last_return: float | None = None
         self._start = time.perf_counter()
         self._progress = tqdm(
@@ -388,6 +421,43 @@ class Run:
             unit_scale=True,
             dynamic_ncols=True,
             disable=not run.progress,
+        )
+
+    def _on_signal(self, number: int, frame: Any) -> None:
+        """SIGINT or SIGTERM: finish the current batch, then save and stop (a second signal acts as usual)."""
+        self.interrupted_by = signal.Signals(number).name
+        self._restore_signal_handlers()
+
+    def _restore_signal_handlers(self) -> None:
+        for number, handler in self._signal_handlers.items():
+            signal.signal(number, handler)
+        self._signal_handlers = {}
+
+    def checkpoints(self) -> list[str]:
+        """The agent checkpoints written so far."""
+        return [
+            str(path)
+            for path in (self.output_dir / "agent.ckpt", self.output_dir / "best_agent.ckpt")
+            if path.exists()
+        ]
+
+    def check_finite(self, batch: TensorDictBase, metrics: dict[str, float]) -> None:
+        """Raise :class:`NonFiniteError` naming where NaN or Inf first appears: observations, rewards, or a metric."""
+        for key, where in (("observation", "observations"), (("next", "reward"), "rewards")):
+            value = batch.get(key, None)
+            if value is not None and value.is_floating_point() and not torch.isfinite(value).all():
+                self._non_finite(where)
+        non_finite = [f"{name} ({value})" for name, value in metrics.items() if not math.isfinite(value)]
+        if non_finite:
+            self._non_finite(", ".join(non_finite))
+
+    def _non_finite(self, where: str) -> None:
+        self._restore_signal_handlers()
+        self._progress.close()
+        kept = ", ".join(self.checkpoints()) or "none written yet"
+        raise NonFiniteError(
+            f"NaN or Inf in {where} at frame {self.frames} of {self.algorithm} on {self.run.env_id}; training "
+            f"stopped. Checkpoints kept (from before it appeared): {kept}."
         )
 
     @property
@@ -402,9 +472,13 @@ class Run:
         """Account for a collected batch and its update's metrics; evaluate when due.
 
         Returns:
-            True when training should stop (budget spent or target return reached).
+            True when training should stop (budget spent, target return reached, SIGINT or SIGTERM received).
+
+        Raises:
+            NonFiniteError: NaN or Inf in the batch's observations or rewards, or in a metric (a loss).
         """
         self.frames += batch.numel()
+        self.check_finite(batch, metrics)
         done = batch.get(("next", "done"))
         if done.any():
             returns = batch.get(("next", EPISODE_RETURN_KEY))[done]
@@ -427,7 +501,12 @@ class Run:
                 1, (self.frames - self._next_eval) // self.run.eval_every + 1
             )
             stop = self.evaluate()
-        return stop or self.frames >= self.run.total_frames
+        if self._next_checkpoint is not None and self.frames >= self._next_checkpoint:
+            self._next_checkpoint += self.run.checkpoint_every * max(
+                1, (self.frames - self._next_checkpoint) // self.run.checkpoint_every + 1
+            )
+            self.agent.save(self.output_dir / "agent.ckpt")
+        return stop or self.frames >= self.run.total_frames or self.interrupted_by is not None
 
     def _postfix(self) -> dict[str, str]:
         postfix = {}
@@ -478,14 +557,22 @@ class Run:
             writer.writerows(self.evaluations)
 
     def finish(self) -> dict[str, Any]:
-        """Final evaluation, checkpoint, video, plot and summary.json; returns the summary."""
+        """Final evaluation, checkpoint, video, plot and summary.json; returns the summary.
+
+        After SIGINT or SIGTERM the checkpoint is written first, and the final evaluation (if an earlier one
+        exists) and the video are skipped.
+        """
+        self._restore_signal_handlers()
         self._progress.close()
-        if not self.evaluations or self.evaluations[-1]["frames"] != self.frames:
+        interrupted = self.interrupted_by is not None
+        if interrupted:
+            self.agent.save(self.output_dir / "agent.ckpt")
+        if not self.evaluations or (not interrupted and self.evaluations[-1]["frames"] != self.frames):
             self.evaluate()
         wall_time = self.elapsed
         final = self.evaluations[-1]
         self.agent.save(self.output_dir / "agent.ckpt")
-        if self.run.video:
+        if self.run.video and not interrupted:
             self.agent.evaluate(
                 episodes=1, seed=self.run.seed + EVAL_SEED_OFFSET, video_path=self.output_dir / "video.mp4"
             )
@@ -510,11 +597,12 @@ class Run:
             "solved_at_frames": self.solved_at_frames,
             "solved_at_s": self.solved_at_s,
             "output_dir": str(self.output_dir),
+            "interrupted_by": self.interrupted_by,
         }
-        if self.run.logger == "wandb" and not self.run.wandb_online:
+        if self._wandb and self.logger.offline:
             summary["wandb_offline_run"] = str(Path(self.logger.experiment.dir).parent)
         (self.output_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-        if self.run.logger == "wandb":
+        if self._wandb:
             self.logger.experiment.summary.update(summary)
             self.logger.experiment.finish()
         return summary
@@ -567,6 +655,9 @@ def run_cli(main: Callable[[ConfigT], dict[str, Any]], config_type: type[ConfigT
     except InputError as error:
         print(f"error: {error}", file=sys.stderr)
         raise SystemExit(2) from None
+    except NonFiniteError as error:
+        print(f"error: {error}", file=sys.stderr)
+        raise SystemExit(1) from None
     solved = summary["solved_at_frames"]
     print(
         f"{summary['algorithm']} on {summary['env_id']}: evaluation return {summary['eval_return_mean']:.1f} "
@@ -583,6 +674,9 @@ def run_cli(main: Callable[[ConfigT], dict[str, Any]], config_type: type[ConfigT
         print(
             f"W&B offline run: {summary['wandb_offline_run']} (upload it with: wandb sync {summary['wandb_offline_run']})"
         )
+    if summary["interrupted_by"] is not None:
+        print(f"stopped by {summary['interrupted_by']} after {summary['frames']} frames; agent.ckpt saved")
+        raise SystemExit(128 + signal.Signals[summary["interrupted_by"]].value)
 
 
 __all__ = [

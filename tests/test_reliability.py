@@ -1,0 +1,139 @@
+"""Reliability: SIGINT/SIGTERM save and exit cleanly, NaN or Inf stops a run keeping the last good checkpoint,
+periodic checkpoints, and a W&B logger that fails to start never stops training."""
+
+import json
+import math
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from agents import Agent
+from envs import NonFiniteError
+from envs.classic import CartPoleEnv
+from recipes import ppo
+from recipes.common import RunConfig
+
+
+def tiny_ppo(output_dir, **run_overrides):
+    options = {
+        "num_envs": 4,
+        "total_frames": 2_048,
+        "eval_every": 512,
+        "eval_episodes": 2,
+        "output_dir": output_dir,
+        "logger": "none",
+        "video": False,
+        "progress": False,
+        "stop_at_return": math.inf,
+    }
+    return ppo.PPOConfig(
+        run=RunConfig(**{**options, **run_overrides}),
+        collector=ppo.CollectorConfig(steps_per_env=32),
+        optim=ppo.OptimConfig(minibatch_size=64, num_epochs=2),
+    )
+
+
+@pytest.mark.parametrize("number", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_signal_saves_a_checkpoint_and_exits_cleanly(number, tmp_path):
+    output_dir = tmp_path / "run"
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "recipes.ppo",
+            "--total-frames",
+            "100000000",
+            "--eval-every",
+            "2048",
+            "--stop-at-return",
+            "inf",
+            "--logger",
+            "none",
+            "--no-progress",
+            "--output-dir",
+            str(output_dir),
+        ],
+        cwd=Path(__file__).parents[1],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 120
+    while not (output_dir / "evaluations.csv").exists() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert process.poll() is None, process.communicate()
+    process.send_signal(number)
+    stdout, stderr = process.communicate(timeout=60)
+    assert process.returncode == 128 + number, stderr
+    assert f"stopped by {signal.Signals(number).name}" in stdout
+    summary = json.loads((output_dir / "summary.json").read_text())
+    assert summary["interrupted_by"] == signal.Signals(number).name
+    assert 0 < summary["frames"] < 100_000_000
+    assert Agent.load(output_dir / "agent.ckpt").algorithm == "ppo"
+    assert not (output_dir / "video.mp4").exists()  # skipped when interrupted
+
+
+def test_periodic_checkpoints_are_written(output_dir):
+    config = tiny_ppo(output_dir, checkpoint_every=512, total_frames=1_024)
+    saved = []
+    original = Agent.save
+
+    def counting_save(self, path):
+        saved.append(Path(path).name)
+        return original(self, path)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(Agent, "save", counting_save)
+        ppo.main(config)
+    assert saved.count("agent.ckpt") >= 3  # at 512 and 1024 frames, and at the end
+
+
+def test_nan_reward_stops_the_run_and_keeps_the_last_good_checkpoint(output_dir, monkeypatch):
+    calls = {"steps": 0}
+    original = CartPoleEnv.dynamics
+
+    def dynamics(self, state, action):
+        calls["steps"] += 1
+        state, reward, terminated = original(self, state, action)
+        return state, reward if calls["steps"] < 300 else reward * float("nan"), terminated
+
+    monkeypatch.setattr(CartPoleEnv, "dynamics", dynamics)
+    config = tiny_ppo(output_dir, env_backend="torch", checkpoint_every=128, total_frames=100_000)
+    with pytest.raises(NonFiniteError, match=r"NaN or Inf in rewards at frame \d+ of ppo on CartPole-v1"):
+        ppo.main(config)
+    agent = Agent.load(output_dir / "agent.ckpt")  # written before the NaN appeared, and still loadable
+    assert all(torch.isfinite(p).all() for p in agent.policy.parameters())
+
+
+def test_nan_loss_is_named(output_dir, monkeypatch):
+    from torchrl.objectives import ClipPPOLoss
+
+    original = ClipPPOLoss.forward
+
+    def forward(self, tensordict):
+        loss = original(self, tensordict)
+        loss.set("loss_critic", loss.get("loss_critic") * float("nan"))
+        return loss
+
+    monkeypatch.setattr(ClipPPOLoss, "forward", forward)
+    with pytest.raises(NonFiniteError, match=r"NaN or Inf in .*train/loss_critic \(nan\)"):
+        ppo.main(tiny_ppo(output_dir))
+
+
+def test_wandb_failing_to_start_falls_back_to_csv_logging(output_dir, monkeypatch):
+    from torchrl.record import loggers
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("wandb: network unreachable")
+
+    monkeypatch.setattr(loggers, "WandbLogger", broken)
+    config = tiny_ppo(output_dir, logger="wandb", total_frames=512)
+    with pytest.warns(UserWarning, match="W&B failed to start"):
+        summary = ppo.main(config)
+    assert summary["frames"] >= 512
+    assert (output_dir / "csv").is_dir()
