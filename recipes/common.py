@@ -19,6 +19,7 @@ from __future__ import annotations
 import csv
 import dataclasses
 import functools
+import gc
 import json
 import math
 import random
@@ -26,6 +27,7 @@ import signal
 import sys
 import threading
 import time
+import traceback
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -658,6 +660,16 @@ def run_cli(main: Callable[[ConfigT], dict[str, Any]], config_type: type[ConfigT
     except NonFiniteError as error:
         print(f"error: {error}", file=sys.stderr)
         raise SystemExit(1) from None
+    except Exception:  # noqa: BLE001 - an env's or a worker's own error: its traceback, then a prompt exit
+        traceback.print_exc()
+        failed = True
+    else:
+        failed = False
+    if failed:
+        # Free the failed run's objects while the interpreter is fully alive: left to its exit, the clean-up of
+        # TorchRL's multi-process collectors can deadlock (it starts a thread to stop its workers).
+        gc.collect()
+        raise SystemExit(1)
     solved = summary["solved_at_frames"]
     print(
         f"{summary['algorithm']} on {summary['env_id']}: evaluation return {summary['eval_return_mean']:.1f} "

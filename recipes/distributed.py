@@ -89,10 +89,23 @@ class WorkerCollector:
                 if self.push_weights:
                     self.collector.update_policy_weights_()
         except ray_errors as error:
+            self.shutdown()
             raise RuntimeError(f"A Ray collector worker died: {error}") from None
+        except BaseException:
+            # stop the workers now: left to the interpreter's exit, TorchRL's clean-up can wait forever on them
+            self.shutdown()
+            raise
 
     def shutdown(self) -> None:
-        self.collector.shutdown()
+        if self.collector is not None:
+            collector, self.collector = self.collector, None
+            collector.shutdown()
+            # a worker process whose env raised can stay alive in TorchRL's clean-up at its exit, and the
+            # interpreter would wait for it at ours: give each a moment, then kill it
+            for process in getattr(collector, "procs", ()):
+                process.join(timeout=5)
+                if process.is_alive():
+                    process.kill()
 
 
 def _ray_errors() -> tuple[type[Exception], ...]:

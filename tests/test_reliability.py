@@ -137,3 +137,48 @@ def test_wandb_failing_to_start_falls_back_to_csv_logging(output_dir, monkeypatc
         summary = ppo.main(config)
     assert summary["frames"] >= 512
     assert (output_dir / "csv").is_dir()
+
+
+EXPLODING_ENV = """
+import sys
+import gymnasium as gym
+
+
+class Exploding(gym.Wrapper):
+    def __init__(self):
+        super().__init__(gym.make("CartPole-v1"))
+        self.steps = 0
+
+    def step(self, action):
+        self.steps += 1
+        if self.steps > 100:
+            raise ValueError("boom: the env's own error")
+        return self.env.step(action)
+
+
+gym.register("Exploding-v0", entry_point=Exploding, max_episode_steps=500)
+if __name__ == "__main__":
+    from recipes import ppo
+    from recipes.common import run_cli
+
+    sys.argv = ["ppo", "--env-id", "Exploding-v0", "--logger", "none", "--no-progress", "--no-video",
+                "--num-envs", "2", "--minibatch-size", "16", "--output-dir", sys.argv[2], "--collector-backend", sys.argv[1]]
+    run_cli(ppo.main, ppo.PPOConfig, "")
+"""
+
+
+@pytest.mark.parametrize("backend", ["single", "multiprocess"])
+def test_an_env_raising_in_step_surfaces_its_own_traceback(backend, tmp_path):
+    script = tmp_path / "exploding.py"
+    script.write_text(EXPLODING_ENV)
+    result = subprocess.run(
+        [sys.executable, str(script), backend, str(tmp_path / "run")],
+        check=False,
+        cwd=Path(__file__).parents[1],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode != 0
+    assert 'raise ValueError("boom: the env\'s own error")' in result.stderr
+    assert "ValueError: boom: the env's own error" in result.stderr
