@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
 import re
+import uuid
 import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -375,8 +377,16 @@ class Agent(nn.Module):
         The file is a TorchRL checkpoint archive: a JSON manifest with the env id, spaces, policy builder and
         config, and the policy's tensors (normaliser statistics included) in TensorDict's format.
         """
-        checkpoint = Checkpoint(format="archive", policy=self.policy)
-        return checkpoint.save(Path(path), metadata=self.metadata())
+        path = Path(path)
+        # written beside the target, then renamed over it in one step (os.replace): at every moment the path
+        # holds either the previous complete file or the new one
+        temporary = path.with_name(f".{path.name}.writing-{uuid.uuid4().hex}")
+        try:
+            Checkpoint(format="archive", policy=self.policy).save(temporary, metadata=self.metadata())
+            os.replace(temporary, path)
+        finally:
+            temporary.unlink(missing_ok=True)
+        return path
 
     @classmethod
     def load(cls, path: str | Path, device: torch.device | str = "cpu") -> Agent:

@@ -182,3 +182,59 @@ def test_an_env_raising_in_step_surfaces_its_own_traceback(backend, tmp_path):
     assert result.returncode != 0
     assert 'raise ValueError("boom: the env\'s own error")' in result.stderr
     assert "ValueError: boom: the env's own error" in result.stderr
+
+
+SAVE_FOREVER = """
+import sys
+import gymnasium as gym
+from agents import Agent
+
+space = gym.spaces.Box(-1, 1, (64,))
+agent = Agent.build("Pendulum-v1", space, gym.spaces.Box(-2, 2, (1,)), "sac",
+                    policy_kwargs={"hidden_sizes": [1024, 1024]})
+while True:
+    agent.save(sys.argv[1])
+"""
+
+
+@pytest.mark.parametrize("delay_s", [0.3, 0.7, 1.1])
+def test_a_process_killed_mid_write_leaves_a_loadable_checkpoint(delay_s, tmp_path):
+    """SIGKILL while an agent (about 4 MB) is saved again and again: the file is always a complete checkpoint."""
+    script, path = tmp_path / "save_forever.py", tmp_path / "agent.ckpt"
+    script.write_text(SAVE_FOREVER)
+    process = subprocess.Popen([sys.executable, str(script), str(path)], cwd=Path(__file__).parents[1])
+    deadline = time.monotonic() + 60
+    while not path.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(delay_s)
+    process.kill()
+    process.wait(timeout=30)
+    assert Agent.load(path).algorithm == "sac"
+    leftovers = [p.name for p in tmp_path.iterdir() if p.name not in ("agent.ckpt", "save_forever.py")]
+    assert all(".agent.ckpt." in name for name in leftovers), leftovers  # hidden partial files only
+
+
+def test_a_failed_save_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
+    import os
+
+    import gymnasium as gym
+
+    path = tmp_path / "agent.ckpt"
+    agent = Agent.build("CartPole-v1", gym.spaces.Box(-1, 1, (4,)), gym.spaces.Discrete(2), "ppo")
+    agent.save(path)
+    before = [p.detach().clone() for p in agent.policy.parameters()]
+    with torch.no_grad():
+        for parameter in agent.policy.parameters():
+            parameter.add_(1.0)
+
+    def full_disk(source, destination):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "replace", full_disk)
+    with pytest.raises(OSError, match="No space left"):
+        agent.save(path)
+    monkeypatch.undo()
+    loaded = Agent.load(path)
+    for old, new in zip(before, loaded.policy.parameters()):
+        torch.testing.assert_close(old, new)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["agent.ckpt"]  # the partial file is removed
