@@ -103,9 +103,12 @@ class WorkerCollector:
             # a worker process whose env raised can stay alive in TorchRL's clean-up at its exit, and the
             # interpreter would wait for it at ours: give each a moment, then kill it
             for process in getattr(collector, "procs", ()):
-                process.join(timeout=5)
-                if process.is_alive():
-                    process.kill()
+                try:
+                    process.join(timeout=5)
+                    if process.is_alive():
+                        process.kill()
+                except ValueError:  # already closed by TorchRL
+                    pass
 
 
 def _ray_errors() -> tuple[type[Exception], ...]:
@@ -174,6 +177,14 @@ def make_worker_collector(
             **common,
             **options,
         )
+        # the first weight update connects to every worker with a 60 s timeout: start it only once all
+        # workers are up (importing torch on a loaded machine can take a while)
+        ray = require_ray()
+        try:
+            ray.get([worker.__ray_ready__.remote() for worker in collector.remote_collectors], timeout=300)
+        except ray.exceptions.GetTimeoutError:
+            collector.shutdown()
+            raise RuntimeError("The Ray collector workers did not start within 300 s.") from None
     return WorkerCollector(collector, backend, policy, keep_traj_ids="trajs_per_batch" in options)
 
 
