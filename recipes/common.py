@@ -22,6 +22,7 @@ import functools
 import gc
 import json
 import math
+import os
 import random
 import signal
 import sys
@@ -241,11 +242,12 @@ def make_collector(
             auto_register_policy_transforms=False,
             **options,
         )
-    from recipes.distributed import WORKER_SEED_STRIDE, make_worker_collector
+    from recipes.distributed import WORKER_SEED_STRIDE, make_worker_collector, make_worker_env
 
     env_factories = [
         functools.partial(
-            make_env,
+            make_worker_env,
+            os.getpid(),
             run.env_id,
             run.num_envs // run.num_workers,
             device=env.device,
@@ -445,13 +447,28 @@ class Run:
 
     def check_finite(self, batch: TensorDictBase, metrics: dict[str, float]) -> None:
         """Raise :class:`NonFiniteError` naming where NaN or Inf first appears: observations, rewards, or a metric."""
-        for key, where in (("observation", "observations"), (("next", "reward"), "rewards")):
+        checked = (
+            ("observation", "observations"),
+            (("next", "observation"), "observations"),
+            (("next", "reward"), "rewards"),
+        )
+        for key, where in checked:
             value = batch.get(key, None)
             if value is not None and value.is_floating_point() and not torch.isfinite(value).all():
                 self._non_finite(where)
         non_finite = [f"{name} ({value})" for name, value in metrics.items() if not math.isfinite(value)]
         if non_finite:
             self._non_finite(", ".join(non_finite))
+
+    def save_agent(self, name: str) -> None:
+        """Save the agent as ``output_dir / name``, unless its parameters hold NaN or Inf (then stop the run)."""
+        if not all(
+            torch.isfinite(tensor).all()
+            for tensor in self.agent.state_dict().values()
+            if tensor.is_floating_point()
+        ):
+            self._non_finite("the agent's parameters")
+        self.agent.save(self.output_dir / name)
 
     def _non_finite(self, where: str) -> None:
         self._restore_signal_handlers()
@@ -507,7 +524,7 @@ class Run:
             self._next_checkpoint += self.run.checkpoint_every * max(
                 1, (self.frames - self._next_checkpoint) // self.run.checkpoint_every + 1
             )
-            self.agent.save(self.output_dir / "agent.ckpt")
+            self.save_agent("agent.ckpt")
         return stop or self.frames >= self.run.total_frames or self.interrupted_by is not None
 
     def _postfix(self) -> dict[str, str]:
@@ -544,7 +561,7 @@ class Run:
         self._write_evaluations()
         if result.mean > self.best_return:
             self.best_return = result.mean
-            self.agent.save(self.output_dir / "best_agent.ckpt")
+            self.save_agent("best_agent.ckpt")
         self._progress.set_postfix(self._postfix())
         solved = self.target_return is not None and result.mean >= self.target_return
         if solved and self.solved_at_frames is None:
@@ -568,12 +585,12 @@ class Run:
         self._progress.close()
         interrupted = self.interrupted_by is not None
         if interrupted:
-            self.agent.save(self.output_dir / "agent.ckpt")
+            self.save_agent("agent.ckpt")
         if not self.evaluations or (not interrupted and self.evaluations[-1]["frames"] != self.frames):
             self.evaluate()
         wall_time = self.elapsed
         final = self.evaluations[-1]
-        self.agent.save(self.output_dir / "agent.ckpt")
+        self.save_agent("agent.ckpt")
         if self.run.video and not interrupted:
             self.agent.evaluate(
                 episodes=1, seed=self.run.seed + EVAL_SEED_OFFSET, video_path=self.output_dir / "video.mp4"
@@ -652,24 +669,23 @@ def run_cli(main: Callable[[ConfigT], dict[str, Any]], config_type: type[ConfigT
     """
     config = tyro.cli(config_type, description=description, config=(tyro.conf.OmitArgPrefixes,))
     warnings.filterwarnings("ignore", module="pygame")
+    status = 0
     try:
         summary = main(config)
     except InputError as error:
         print(f"error: {error}", file=sys.stderr)
-        raise SystemExit(2) from None
+        status = 2
     except NonFiniteError as error:
         print(f"error: {error}", file=sys.stderr)
-        raise SystemExit(1) from None
+        status = 1
     except Exception:  # noqa: BLE001 - an env's or a worker's own error: its traceback, then a prompt exit
         traceback.print_exc()
-        failed = True
-    else:
-        failed = False
-    if failed:
+        status = 1
+    if status:
         # Free the failed run's objects while the interpreter is fully alive: left to its exit, the clean-up of
         # TorchRL's multi-process collectors can deadlock (it starts a thread to stop its workers).
         gc.collect()
-        raise SystemExit(1)
+        raise SystemExit(status)
     solved = summary["solved_at_frames"]
     print(
         f"{summary['algorithm']} on {summary['env_id']}: evaluation return {summary['eval_return_mean']:.1f} "

@@ -6,10 +6,14 @@ Ray is an optional dependency (``pip install -e .[ray]``), imported only when a 
 from __future__ import annotations
 
 import os
+import random
+import signal
+import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import Any, Literal
 
+import numpy as np
 import torch
 from tensordict import TensorDict, TensorDictBase
 from torch import nn
@@ -23,7 +27,13 @@ from envs.vector import EPISODE_LENGTH_KEY, EPISODE_RETURN_KEY, make_env
 RAY_CPU_WAIT_S = 15.0  # how long to wait for enough free CPUs on the Ray cluster before giving up
 WORKER_SEED_STRIDE = 10_000  # worker i seeds its envs with seed + i * WORKER_SEED_STRIDE
 # what a worker sends back of its episodes' steps: enough for logging and observation statistics
-EPISODE_KEYS = ("observation", ("next", "done"), ("next", EPISODE_RETURN_KEY), ("next", EPISODE_LENGTH_KEY))
+EPISODE_KEYS = (
+    "observation",
+    ("next", "reward"),
+    ("next", "done"),
+    ("next", EPISODE_RETURN_KEY),
+    ("next", EPISODE_LENGTH_KEY),
+)
 
 
 def require_ray():
@@ -55,6 +65,17 @@ def init_ray(address: str | None, num_workers: int):
             "Use fewer workers or a larger cluster (--ray-address)."
         )
     return ray
+
+
+def make_worker_env(parent_pid: int, env_id: str, num_envs: int, *, seed: int, **options: Any) -> EnvBase:
+    """A collector worker's envs (``envs.make_env``); in a worker process it also seeds Python, NumPy and torch
+    with the worker's ``seed``, so that workers draw different random actions and noise (they would otherwise all
+    start from the same state)."""
+    if os.getpid() != parent_pid:
+        random.seed(seed)
+        np.random.seed(seed)
+        torch.manual_seed(seed)
+    return make_env(env_id, num_envs, seed=seed, **options)
 
 
 class WorkerCollector:
@@ -151,14 +172,24 @@ def make_worker_collector(
         "sync": True,
     }
     if backend == "multiprocess":
-        collector = Collector(
-            env_factories,
-            policy,
-            backend="process",
-            auto_register_policy_transforms=False,
-            **common,
-            **options,
-        )
+        # the workers inherit an ignored SIGINT: Ctrl-C in a terminal (sent to the whole process group) reaches
+        # only the training loop, which finishes its batch, saves and stops the workers itself. SIGTERM keeps its
+        # default: TorchRL stops the remaining workers of a failed run with it.
+        ignored = {}
+        if threading.current_thread() is threading.main_thread():
+            ignored = {signal.SIGINT: signal.signal(signal.SIGINT, signal.SIG_IGN)}
+        try:
+            collector = Collector(
+                env_factories,
+                policy,
+                backend="process",
+                auto_register_policy_transforms=False,
+                **common,
+                **options,
+            )
+        finally:
+            for number, handler in ignored.items():
+                signal.signal(number, handler)
     else:
         if "trajs_per_batch" in options:
             raise InputError(
@@ -272,18 +303,21 @@ class RayPopulationEvaluator:
     ) -> tuple[TensorDictBase, torch.Tensor, torch.Tensor]:
         """Evaluate ``population`` (``[P, num_parameters]``), member rows split in order over the workers."""
         shares = population.cpu().chunk(len(self.workers))
+        if normalizer_state is not None:  # workers have no GPU
+            normalizer_state = {key: value.cpu() for key, value in normalizer_state.items()}
         futures = [
             worker.evaluate.remote(share, normalizer_state) for worker, share in zip(self.workers, shares)
         ]
+        ready, _ = self.ray.wait(futures, num_returns=len(futures), timeout=self.timeout_s)
         results = []
         for index, future in enumerate(futures):
-            try:
-                results.append(self.ray.get(future, timeout=self.timeout_s))
-            except self.ray.exceptions.GetTimeoutError:
+            if future not in ready:
                 raise RuntimeError(
                     f"Ray worker {index} did not return its share of the population within {self.timeout_s:.0f} s "
                     "(--worker-timeout-s); is the cluster overloaded or a worker stuck?"
-                ) from None
+                )
+            try:
+                results.append(self.ray.get(future))
             except self.ray.exceptions.RayActorError as error:
                 raise RuntimeError(
                     f"Ray worker {index} died and could not be restarted (--worker-restarts): {error}"

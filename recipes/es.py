@@ -10,10 +10,10 @@ and moves ``theta`` along ``sum_i (rank+_i - rank-_i) eps_i / P`` with Adam and 
 The whole population acts in one batched call per step: the policy network runs under ``P`` parameter sets
 with ``torch.func.functional_call`` inside ``torch.vmap`` (:class:`agents.es.PopulationNetwork`), env ``i``
 stepping with member ``i``, through TorchRL's collector. With ``--collector-backend ray`` the population is split across
-Ray workers instead (see README). A frame is an env step inside an evaluated episode; each generation's
-episodes are collected in polls of ``--steps-per-env`` steps, so up to that many steps past an episode's end
-are simulated and not counted. Episodes longer than the env's time limit (1000 steps for an id without one)
-are cut there.
+Ray workers instead (see README). A frame is an env step inside an evaluated episode; the envs of a generation
+step in polls of ``--steps-per-env`` until the longest episode ends, so steps past the end of shorter episodes are
+simulated and not counted. Episodes longer than the env's time limit (1000 steps for an id without one) are cut
+there.
 
 The defaults solve CartPole-v1 (deterministic evaluation mean >= 475 over 20 episodes): see README for the
 generations and time it takes.
@@ -193,31 +193,34 @@ def main(config: ESConfig) -> dict:
         return gradient.norm()
 
     # loop: one generation per iteration
-    generation = 0
-    while True:
-        with torch.no_grad():
-            theta = torch.nn.utils.parameters_to_vector(parameters)
-            noise = torch.randn(pairs, theta.numel(), device=device)
-        steps, episode_returns, episode_lengths = evaluator.evaluate(
-            theta + sigma * torch.cat([noise, -noise]),
-            normalizer.state_dict() if remote and normalizer is not None else None,
-        )
-        returns = episode_returns.view(population_size, episodes_per_member).mean(-1)
-        gradient_norm = update(noise, returns)
-        if normalizer is not None:
-            normalizer.update(steps.get("observation"))
-        generation += 1
-        metrics = {
-            "train/generation": generation,
-            "train/population_return_mean": returns.mean().item(),
-            "train/population_return_max": returns.max().item(),
-            "train/episode_length_mean": episode_lengths.float().mean().item(),
-            "train/gradient_norm": gradient_norm.item(),
-            "train/theta_norm": theta.norm().item(),
-        }
-        if run.record_batch(steps, metrics):
-            break
-    evaluator.close()
+    try:
+        generation = 0
+        while True:
+            with torch.no_grad():
+                theta = torch.nn.utils.parameters_to_vector(parameters)
+                noise = torch.randn(pairs, theta.numel(), device=device)
+            steps, episode_returns, episode_lengths = evaluator.evaluate(
+                theta + sigma * torch.cat([noise, -noise]),
+                normalizer.state_dict() if remote and normalizer is not None else None,
+            )
+            run.check_finite(steps, {})  # before a NaN return could be ranked
+            returns = episode_returns.view(population_size, episodes_per_member).mean(-1)
+            gradient_norm = update(noise, returns)
+            if normalizer is not None:
+                normalizer.update(steps.get("observation"))
+            generation += 1
+            metrics = {
+                "train/generation": generation,
+                "train/population_return_mean": returns.mean().item(),
+                "train/population_return_max": returns.max().item(),
+                "train/episode_length_mean": episode_lengths.float().mean().item(),
+                "train/gradient_norm": gradient_norm.item(),
+                "train/theta_norm": theta.norm().item(),
+            }
+            if run.record_batch(steps, metrics):
+                break
+    finally:  # workers and envs are released whatever ends the loop
+        evaluator.close()
     return run.finish()
 
 

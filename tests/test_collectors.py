@@ -40,6 +40,20 @@ def test_multiprocess_workers_are_seeded_apart():
     assert not torch.equal(first_observations[:2], first_observations[2:])  # worker 0's envs vs worker 1's
 
 
+def test_multiprocess_workers_draw_different_random_numbers():
+    """Random warm-up actions (and any policy noise) come from each worker's own seeded generator."""
+    run = RunConfig(num_envs=4, collector_backend="multiprocess", num_workers=2)
+    env = make_env("CartPole-v1", 4, seed=0)
+    actor = make_actor(env.observation_spec["observation"], env.action_spec)
+    collector = make_collector(
+        run, env, actor, torch.device("cpu"), 4 * 16, 4 * 16 * 4, init_random_frames=64
+    )
+    actions = next(iter(collector)).get("action")
+    collector.shutdown()
+    env.close()
+    assert not torch.equal(actions[0], actions[2])  # env 0 of worker 0 vs env 0 of worker 1
+
+
 def constant_action_actor(env, action):
     actor = make_actor(env.observation_spec["observation"], env.action_spec, hidden_sizes=(4,))
     set_constant_action(actor, action)

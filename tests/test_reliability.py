@@ -3,6 +3,7 @@ periodic checkpoints, and a W&B logger that fails to start never stops training.
 
 import json
 import math
+import os
 import signal
 import subprocess
 import sys
@@ -76,6 +77,49 @@ def test_signal_saves_a_checkpoint_and_exits_cleanly(number, tmp_path):
     assert 0 < summary["frames"] < 100_000_000
     assert Agent.load(output_dir / "agent.ckpt").algorithm == "ppo"
     assert not (output_dir / "video.mp4").exists()  # skipped when interrupted
+
+
+def test_ctrl_c_in_a_terminal_with_worker_processes_saves_and_exits_cleanly(tmp_path):
+    """Ctrl-C reaches the whole process group: the workers ignore it and the training loop saves and stops."""
+    output_dir = tmp_path / "run"
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "recipes.ppo",
+            "--total-frames",
+            "100000000",
+            "--eval-every",
+            "2048",
+            "--stop-at-return",
+            "inf",
+            "--logger",
+            "none",
+            "--no-progress",
+            "--collector-backend",
+            "multiprocess",
+            "--output-dir",
+            str(output_dir),
+        ],
+        cwd=Path(__file__).parents[1],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while not (output_dir / "evaluations.csv").exists() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        os.killpg(process.pid, signal.SIGINT)
+        stdout, stderr = process.communicate(timeout=60)
+        assert "stopped by SIGINT" in stdout
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+    assert process.returncode == 130, stderr
+    assert json.loads((output_dir / "summary.json").read_text())["interrupted_by"] == "SIGINT"
+    assert Agent.load(output_dir / "agent.ckpt").algorithm == "ppo"
 
 
 def test_periodic_checkpoints_are_written(output_dir):
