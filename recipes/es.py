@@ -182,12 +182,13 @@ def main(config: ESConfig) -> dict:
     run = Run("es", config, run_config, agent)
 
     sigma = search_config.sigma
+    sizes = [parameter.numel() for parameter in parameters]  # theta's split into the parameters
 
     def update(noise, returns):
         shaped = centered_ranks(returns)
         gradient = antithetic_gradient(noise, shaped[:pairs], shaped[pairs:])
         optimizer.zero_grad(set_to_none=True)
-        for parameter, chunk in zip(parameters, (-gradient).split([p.numel() for p in parameters])):
+        for parameter, chunk in zip(parameters, (-gradient).split(sizes)):
             parameter.grad = chunk.view_as(parameter).clone()
         optimizer.step()
         return gradient.norm()

@@ -39,9 +39,8 @@ def tiny_ppo(output_dir, **run_overrides):
     )
 
 
-@pytest.mark.parametrize("number", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
-def test_signal_saves_a_checkpoint_and_exits_cleanly(number, tmp_path):
-    output_dir = tmp_path / "run"
+def start_long_ppo(output_dir, *options, new_session=False):
+    """A PPO run with a budget it never reaches, started in a subprocess; returns once it has evaluated."""
     process = subprocess.Popen(
         [
             sys.executable,
@@ -58,15 +57,24 @@ def test_signal_saves_a_checkpoint_and_exits_cleanly(number, tmp_path):
             "--no-progress",
             "--output-dir",
             str(output_dir),
+            *options,
         ],
         cwd=Path(__file__).parents[1],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        start_new_session=new_session,
     )
     deadline = time.monotonic() + 120
     while not (output_dir / "evaluations.csv").exists() and time.monotonic() < deadline:
         time.sleep(0.2)
+    return process
+
+
+@pytest.mark.parametrize("number", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_signal_saves_a_checkpoint_and_exits_cleanly(number, tmp_path):
+    output_dir = tmp_path / "run"
+    process = start_long_ppo(output_dir)
     assert process.poll() is None, process.communicate()
     process.send_signal(number)
     stdout, stderr = process.communicate(timeout=60)
@@ -82,35 +90,8 @@ def test_signal_saves_a_checkpoint_and_exits_cleanly(number, tmp_path):
 def test_ctrl_c_in_a_terminal_with_worker_processes_saves_and_exits_cleanly(tmp_path):
     """Ctrl-C reaches the whole process group: the workers ignore it and the training loop saves and stops."""
     output_dir = tmp_path / "run"
-    process = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "recipes.ppo",
-            "--total-frames",
-            "100000000",
-            "--eval-every",
-            "2048",
-            "--stop-at-return",
-            "inf",
-            "--logger",
-            "none",
-            "--no-progress",
-            "--collector-backend",
-            "multiprocess",
-            "--output-dir",
-            str(output_dir),
-        ],
-        cwd=Path(__file__).parents[1],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
+    process = start_long_ppo(output_dir, "--collector-backend", "multiprocess", new_session=True)
     try:
-        deadline = time.monotonic() + 120
-        while not (output_dir / "evaluations.csv").exists() and time.monotonic() < deadline:
-            time.sleep(0.2)
         os.killpg(process.pid, signal.SIGINT)
         stdout, stderr = process.communicate(timeout=60)
         assert "stopped by SIGINT" in stdout
