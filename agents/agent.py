@@ -402,7 +402,7 @@ class Agent(nn.Module):
             path = path / "agent.ckpt"
         if not path.exists():
             raise InputError(f"No agent checkpoint at {path}.")
-        _check_archive(path)
+        check_archive(path)
         try:
             metadata = Checkpoint.manifest(path).get("metadata", {})
         except (CheckpointError, OSError, ValueError) as error:
@@ -440,10 +440,13 @@ _ARCHIVE_ENTRY = re.compile(
 _TENSOR_LEAF_KEYS = {"device", "shape", "dtype", "is_nested"}
 
 
-def _check_archive(path: Path) -> None:
-    """Raise :class:`InputError` unless ``path`` is a zip holding only an agent checkpoint's JSON and tensors."""
+def check_archive(path: Path, kind: str = "agent") -> None:
+    """Raise :class:`InputError` unless ``path`` is a zip holding only a checkpoint's JSON and plain tensors
+    (``kind`` names the checkpoint in messages: "agent", "resume")."""
     if not zipfile.is_zipfile(path):
-        raise InputError(f"{path} is not an agent checkpoint (not a checkpoint archive).")
+        raise InputError(
+            f"{path} is not {'an' if kind[0] in 'aeiou' else 'a'} {kind} checkpoint (not a checkpoint archive)."
+        )
     try:
         with zipfile.ZipFile(path) as archive:
             for name in archive.namelist():
@@ -457,7 +460,7 @@ def _check_archive(path: Path) -> None:
                     ):
                         raise InputError(f"{path} describes something other than plain tensors in {name!r}.")
     except (zipfile.BadZipFile, OSError, json.JSONDecodeError) as error:
-        raise InputError(f"{path} is not a readable agent checkpoint ({error}).") from None
+        raise InputError(f"{path} is not a readable {kind} checkpoint ({error}).") from None
 
 
 def _exploration(deterministic: bool) -> ExplorationType:

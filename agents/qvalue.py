@@ -300,6 +300,18 @@ class NStepReturns(MultiStepTransform):
     def __init__(self, n_steps: int, gamma: float):
         super().__init__(n_steps, gamma)
 
+    def get_extra_state(self) -> dict:
+        """The last ``n_steps`` steps of each env, still waiting for their windows (saved by exact resume)."""
+        buffer = self._buffer
+        return {
+            "buffer": None if buffer is None else buffer.to_dict(),
+            "batch_size": list(getattr(buffer, "batch_size", [])),
+        }
+
+    def set_extra_state(self, state: dict) -> None:
+        buffer = state["buffer"]
+        self._buffer = None if buffer is None else TensorDict(buffer, batch_size=state["batch_size"])
+
     def _inv_call(self, tensordict: TensorDictBase) -> TensorDictBase | None:
         steps = self._append_tensordict(tensordict)
         length = steps.shape[-1]

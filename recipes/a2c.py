@@ -41,6 +41,7 @@ from envs import InputError
 from recipes.common import (
     Run,
     RunConfig,
+    TrainingState,
     make_collector,
     make_training_env,
     prepare_process,
@@ -227,8 +228,14 @@ def main(config: A2CConfig, loss_addons: Sequence[LossAddon] = ()) -> dict:
     else:
         optimizer = torch.optim.Adam(parameters, lr=optim_config.lr, eps=1e-5)
 
-    # logger, evaluation, checkpoints
-    run = Run("a2c", config, run_config, agent)
+    # logger, evaluation, checkpoints, resume
+    training = TrainingState(
+        env=env,
+        collector=collector,
+        modules={"loss": loss_module, "addons": addons},
+        optimizers={"optimizer": optimizer},
+    )
+    run = Run("a2c", config, run_config, agent, training)
 
     loss_keys = ["loss_objective", "loss_critic"] + (["loss_entropy"] if loss_config.entropy_coef > 0 else [])
     max_grad_norm, reward_scale = optim_config.max_grad_norm, loss_config.reward_scale
@@ -244,7 +251,7 @@ def main(config: A2CConfig, loss_addons: Sequence[LossAddon] = ()) -> dict:
         return loss.select(*loss_keys, "entropy", strict=False).detach().update(addon_metrics), grad_norm
 
     # loop: one gradient step per collected batch
-    for batch_index, batch in enumerate(collector):
+    for batch_index, batch in enumerate(collector, start=run.frames // frames_per_batch):  # resumed: > 0
         if optim_config.anneal_lr:
             for group in optimizer.param_groups:
                 group["lr"] = optim_config.lr * (1.0 - batch_index / num_batches)

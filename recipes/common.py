@@ -50,6 +50,16 @@ from agents.agent import Agent
 from envs.classic import torch_env_class
 from envs.errors import InputError, NonFiniteError
 from envs.vector import EPISODE_LENGTH_KEY, EPISODE_RETURN_KEY, check_device, check_env_id, make_env
+from recipes.resume import (
+    RESUME_FILE,
+    TrainingState,
+    config_differences,
+    load_resume_checkpoint,
+    read_resume_metadata,
+    resume_path,
+    resumed_config,
+    save_resume_checkpoint,
+)
 
 LoggerName = Literal["wandb", "csv", "none"]
 EVAL_SEED_OFFSET = 1_000_000  # evaluation episodes are seeded apart from the training envs
@@ -97,7 +107,8 @@ class RunConfig:
     threads: int = 1
     """Torch CPU threads; 1 is fastest and steadiest for small networks on a few cores; 0 keeps torch's default."""
     checkpoint_every: int | None = None
-    """Also save agent.ckpt every this many frames (default: at the end, and on SIGINT/SIGTERM)."""
+    """Also save agent.ckpt and resume.ckpt (the whole training state, for --resume) every this many frames
+    (default: agent.ckpt at the end; both on SIGINT/SIGTERM)."""
     collector_backend: Literal["single", "multiprocess", "ray"] = "single"
     """Where the envs step: in this process ('single'), in --num-workers processes (TorchRL's multi-process
     collector) or on --num-workers Ray actors ('ray'; ES: its population). --num-envs is split over the workers."""
@@ -106,6 +117,9 @@ class RunConfig:
     ray_address: str | None = None
     """Address of a running Ray cluster to join (e.g. 'ray://head:10001' or 'head:6379'); default: start a local
     one."""
+    resume: Path | None = None
+    """Continue the run saved in this run directory (its resume.ckpt, written with --checkpoint-every and on
+    SIGINT/SIGTERM) or resume checkpoint, with its saved options, exactly where it stopped."""
 
     def validate(self) -> None:
         """Raise :class:`InputError` for out-of-range values."""
@@ -335,71 +349,91 @@ def config_to_dict(config: Any) -> dict[str, Any]:
     return json.loads(json.dumps(dataclasses.asdict(config), default=str))
 
 
-def make_logger(run: RunConfig, algorithm: str, output_dir: Path, config: dict[str, Any]):
-    """Build the TorchRL logger chosen by ``run.logger``; None for 'none'."""
-    name = output_dir.name
-    if run.logger == "csv":
-        from torchrl.record.loggers import CSVLogger
+def make_logger(
+    run: RunConfig, algorithm: str, output_dir: Path, config: dict[str, Any], wandb_id: str | None = None
+):
+    """Build the TorchRL logger chosen by ``run.logger`` (None for 'none') and log the config to it.
 
-        logger = CSVLogger(exp_name="csv", log_dir=str(output_dir))
-    elif run.logger == "wandb":
-        from torchrl.record.loggers import CSVLogger, WandbLogger
+    W&B that fails to start or to take the config never stops training: online -> offline -> CSV files, each
+    step with a warning. ``wandb_id`` continues that W&B run (a resumed run).
+    """
+    from torchrl.record.loggers import CSVLogger
 
-        def wandb_logger(offline: bool):
-            return WandbLogger(
-                exp_name=name,
-                offline=offline,
-                save_dir=str(output_dir),
-                project=run.wandb_project,
-                config=config,
-                group=algorithm,
-                log_env_packages=False,
-                settings={"silent": True},
-            )
-
-        # a logging service that fails to start never stops training: online -> offline -> CSV files
-        try:
-            logger = wandb_logger(offline=not run.wandb_online)
-        except Exception as error:  # noqa: BLE001 - wandb raises many kinds (network, auth, filesystem)
-            fallback = "offline W&B logging" if run.wandb_online else "CSV logging"
-            warnings.warn(f"W&B failed to start ({error!r}); training goes on with {fallback}.", stacklevel=2)
-            logger = None
-            if run.wandb_online:
-                try:
-                    logger = wandb_logger(offline=True)
-                except Exception as offline_error:  # noqa: BLE001
-                    warnings.warn(
-                        f"Offline W&B failed too ({offline_error!r}); using CSV logging.", stacklevel=2
-                    )
-            if logger is None:
-                logger = CSVLogger(exp_name="csv", log_dir=str(output_dir))
-    else:
+    if run.logger == "none":
         return None
-    logger.log_hparams(config)
-    return logger
+
+    def csv_logger():
+        logger = CSVLogger(exp_name="csv", log_dir=str(output_dir))
+        logger.log_hparams(config)
+        return logger
+
+    if run.logger == "csv":
+        return csv_logger()
+    from torchrl.record.loggers import WandbLogger
+
+    def wandb_logger(offline: bool):
+        logger = WandbLogger(
+            exp_name=output_dir.name,
+            offline=offline,
+            save_dir=str(output_dir),
+            project=run.wandb_project,
+            config=config,
+            group=algorithm,
+            log_env_packages=False,
+            settings={"silent": True},
+            id=wandb_id,
+        )
+        logger.log_hparams(config)
+        return logger
+
+    attempts = [("online W&B", False)] if run.wandb_online else []
+    attempts.append(("offline W&B", True))
+    for index, (name, offline) in enumerate(attempts):
+        try:
+            return wandb_logger(offline)
+        except Exception as error:  # noqa: BLE001 - wandb raises many kinds (network, auth, filesystem)
+            fallback = attempts[index + 1][0] if index + 1 < len(attempts) else "CSV"
+            warnings.warn(
+                f"{name} failed to start ({error!r}); training goes on with {fallback} logging.", stacklevel=2
+            )
+    return csv_logger()
 
 
 class Run:
-    """Logging, evaluation, early stopping, checkpoints and outputs of one training run.
+    """Logging, evaluation, early stopping, checkpoints, resume and outputs of one training run.
 
     Args:
         algorithm: recipe name, e.g. ``"ppo"``.
         config: the recipe's full config dataclass (saved and logged).
         run: its :class:`RunConfig`.
         agent: the agent being trained (its policy is the one the collector uses).
+        training: what the recipe trains (:class:`recipes.resume.TrainingState`): saved in ``resume.ckpt`` with
+            ``--checkpoint-every`` and on SIGINT/SIGTERM, and restored here with ``--resume``. Recipes without
+            one refuse ``--resume``.
     """
 
-    def __init__(self, algorithm: str, config: Any, run: RunConfig, agent: Agent):
+    def __init__(
+        self, algorithm: str, config: Any, run: RunConfig, agent: Agent, training: TrainingState | None = None
+    ):
         self.algorithm = algorithm
         self.run = run
         self.agent = agent
-        stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
-        self.output_dir = Path(run.output_dir or f"runs/{algorithm}-{run.env_id}-{run.seed}-{stamp}")
-        self.output_dir.mkdir(parents=True, exist_ok=True)
+        self.training = training
         self.config = config_to_dict(config)
+        resumed = self._read_resume(run) if run.resume is not None else None
+        stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+        if run.output_dir is not None:
+            self.output_dir = Path(run.output_dir)
+        elif resumed is not None:
+            self.output_dir = Path(run.resume) if Path(run.resume).is_dir() else Path(run.resume).parent
+        else:
+            self.output_dir = Path(f"runs/{algorithm}-{run.env_id}-{run.seed}-{stamp}")
+        self.output_dir.mkdir(parents=True, exist_ok=True)
         agent.config = self.config
         (self.output_dir / "config.json").write_text(json.dumps(self.config, indent=2) + "\n")
-        self.logger = make_logger(run, algorithm, self.output_dir, self.config)
+        self.logger = make_logger(
+            run, algorithm, self.output_dir, self.config, wandb_id=resumed and resumed["run"]["wandb_id"]
+        )
         self._wandb = type(self.logger).__name__ == "WandbLogger"
         self.target_return = run.target_return
         self.frames = 0
@@ -411,21 +445,94 @@ class Run:
         self._next_eval = run.eval_every
         self._next_checkpoint = run.checkpoint_every
         self.interrupted_by: str | None = None
+        self._last_return: float | None = None
+        self._resume_saved_at: int | None = None
+        self._start = time.perf_counter()
+        if resumed is not None:
+            self._load_run_state(resumed["run"])
         self._signal_handlers = {}
         if (
             threading.current_thread() is threading.main_thread()
         ):  # Python delivers signals to the main thread
             for number in (signal.SIGINT, signal.SIGTERM):
                 self._signal_handlers[number] = signal.signal(number, self._on_signal)
-        self._last_return: float | None = None
-        self._start = time.perf_counter()
         self._progress = tqdm(
             total=run.total_frames,
+            initial=self.frames,
             unit="frame",
             unit_scale=True,
             dynamic_ncols=True,
             disable=not run.progress,
         )
+        if resumed is not None:  # last: the RNG states are restored here
+            training.load_state_dict(resumed["training"])
+
+    def _read_resume(self, run: RunConfig) -> dict[str, Any]:
+        """The saved state that ``run.resume`` names, after checking it belongs to this recipe and config."""
+        if self.training is None:
+            raise InputError(f"recipes.{self.algorithm} cannot resume a run; drop --resume.")
+        self.training.check_resumable()
+        path = resume_path(run.resume)
+        metadata = read_resume_metadata(path)
+        if metadata["algorithm"] != self.algorithm:
+            raise InputError(
+                f"{path} was written by recipes.{metadata['algorithm']}; resume it with "
+                f"python -m recipes.{metadata['algorithm']} --resume {path}."
+            )
+        differences = config_differences(metadata["config"], self.config)
+        if differences:
+            raise InputError(
+                f"{path} was written by a run with other options: {'; '.join(differences)}. A resumed run "
+                "keeps the saved options (on the command line, give --resume alone)."
+            )
+        return load_resume_checkpoint(path)
+
+    def _run_state(self) -> dict[str, Any]:
+        return {
+            "frames": self.frames,
+            "elapsed_s": self.elapsed,
+            "evaluations": self.evaluations,
+            "training_returns": self.training_returns,
+            "best_return": self.best_return,
+            "solved_at_frames": self.solved_at_frames,
+            "solved_at_s": self.solved_at_s,
+            "next_eval": self._next_eval,
+            "next_checkpoint": self._next_checkpoint,
+            "last_return": self._last_return,
+            "wandb_id": self.logger.experiment.id if self._wandb else None,
+        }
+
+    def _load_run_state(self, state: dict[str, Any]) -> None:
+        self.frames = state["frames"]
+        self._start -= state["elapsed_s"]
+        self.evaluations = [dict(row) for row in state["evaluations"]]
+        self.training_returns = [tuple(pair) for pair in state["training_returns"]]
+        self.best_return = state["best_return"]
+        self.solved_at_frames, self.solved_at_s = state["solved_at_frames"], state["solved_at_s"]
+        self._next_eval = state["next_eval"]
+        if self.run.checkpoint_every is not None:  # may be given anew on resume
+            self._next_checkpoint = state["next_checkpoint"] or self.frames + self.run.checkpoint_every
+        self._last_return = state["last_return"]
+
+    def save_resume(self) -> None:
+        """Write ``resume.ckpt``: the training state and this run's, for ``--resume`` (single-process collector
+        runs of recipes that provide a :class:`TrainingState`)."""
+        if self.training is None or not isinstance(self.training.collector, Collector):
+            return
+        if self._resume_saved_at == self.frames:
+            return
+        self._check_parameters()
+        save_resume_checkpoint(
+            self.output_dir / RESUME_FILE,
+            {"training": self.training.state_dict(), "run": self._run_state()},
+            {
+                "algorithm": self.algorithm,
+                "env_id": self.run.env_id,
+                "frames": self.frames,
+                "config": self.config,
+            },
+        )
+        self._resume_saved_at = self.frames
 
     def _on_signal(self, number: int, frame: Any) -> None:
         """SIGINT or SIGTERM: finish the current batch, then save and stop (a second signal acts as usual)."""
@@ -460,14 +567,18 @@ class Run:
         if non_finite:
             self._non_finite(", ".join(non_finite))
 
-    def save_agent(self, name: str) -> None:
-        """Save the agent as ``output_dir / name``, unless its parameters hold NaN or Inf (then stop the run)."""
+    def _check_parameters(self) -> None:
+        """Stop the run (:class:`NonFiniteError`) if the agent's parameters hold NaN or Inf."""
         if not all(
             torch.isfinite(tensor).all()
             for tensor in self.agent.state_dict().values()
             if tensor.is_floating_point()
         ):
             self._non_finite("the agent's parameters")
+
+    def save_agent(self, name: str) -> None:
+        """Save the agent as ``output_dir / name``, unless its parameters hold NaN or Inf (then stop the run)."""
+        self._check_parameters()
         self.agent.save(self.output_dir / name)
 
     def _non_finite(self, where: str) -> None:
@@ -525,7 +636,11 @@ class Run:
                 1, (self.frames - self._next_checkpoint) // self.run.checkpoint_every + 1
             )
             self.save_agent("agent.ckpt")
-        return stop or self.frames >= self.run.total_frames or self.interrupted_by is not None
+            self.save_resume()
+        stop = stop or self.frames >= self.run.total_frames or self.interrupted_by is not None
+        if stop and (self.interrupted_by is not None or self.run.checkpoint_every is not None):
+            self.save_resume()  # while the collector still holds its state
+        return stop
 
     def _postfix(self) -> dict[str, str]:
         postfix = {}
@@ -617,6 +732,7 @@ class Run:
             "solved_at_s": self.solved_at_s,
             "output_dir": str(self.output_dir),
             "interrupted_by": self.interrupted_by,
+            "resumed_from": None if self.run.resume is None else str(self.run.resume),
         }
         if self._wandb and self.logger.offline:
             summary["wandb_offline_run"] = str(Path(self.logger.experiment.dir).parent)
@@ -671,6 +787,8 @@ def run_cli(main: Callable[[ConfigT], dict[str, Any]], config_type: type[ConfigT
     warnings.filterwarnings("ignore", module="pygame")
     status = 0
     try:
+        if config.run.resume is not None:
+            config = resumed_config(config_type, config)
         summary = main(config)
     except InputError as error:
         print(f"error: {error}", file=sys.stderr)
@@ -703,7 +821,14 @@ def run_cli(main: Callable[[ConfigT], dict[str, Any]], config_type: type[ConfigT
             f"W&B offline run: {summary['wandb_offline_run']} (upload it with: wandb sync {summary['wandb_offline_run']})"
         )
     if summary["interrupted_by"] is not None:
-        print(f"stopped by {summary['interrupted_by']} after {summary['frames']} frames; agent.ckpt saved")
+        saved = (
+            "agent.ckpt and resume.ckpt"
+            if (Path(summary["output_dir"]) / RESUME_FILE).exists()
+            else "agent.ckpt"
+        )
+        print(f"stopped by {summary['interrupted_by']} after {summary['frames']} frames; {saved} saved")
+        if saved != "agent.ckpt":
+            print(f"continue with: --resume {summary['output_dir']}")
         raise SystemExit(128 + signal.Signals[summary["interrupted_by"]].value)
 
 
@@ -713,6 +838,7 @@ __all__ = [
     "OffPolicyCollectorConfig",
     "Run",
     "RunConfig",
+    "TrainingState",
     "check_off_policy_ranges",
     "config_to_dict",
     "make_collector",

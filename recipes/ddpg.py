@@ -32,6 +32,7 @@ from recipes.common import (
     OffPolicyCollectorConfig,
     Run,
     RunConfig,
+    TrainingState,
     check_off_policy_ranges,
     make_off_policy_collector,
     make_training_env,
@@ -183,8 +184,15 @@ def main(config: DDPGConfig) -> dict:
         loss_module.value_network_params.values(True, True), lr=config.optim.lr
     )
 
-    # logger, evaluation, checkpoints
-    run = Run("ddpg", config, run_config, agent)
+    # logger, evaluation, checkpoints, resume
+    training = TrainingState(
+        env=env,
+        collector=collector,
+        modules={"loss": loss_module, "policy": policy},
+        optimizers={"actor": actor_optimizer, "critic": critic_optimizer},
+        replay_buffer=replay_buffer,
+    )
+    run = Run("ddpg", config, run_config, agent, training)
 
     learning_starts = config.collector.learning_starts
 
@@ -199,7 +207,7 @@ def main(config: DDPGConfig) -> dict:
         return loss.select("loss_actor", "loss_value").detach()
 
     # loop
-    frames = 0
+    frames = run.frames  # 0, or where a resumed run stopped
     for batch in collector:
         frames += batch.numel()
         replay_buffer.extend(batch.select(*TRANSITION_KEYS).reshape(-1))

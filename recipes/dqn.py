@@ -39,6 +39,7 @@ from recipes.common import (
     ExplorationConfig,
     Run,
     RunConfig,
+    TrainingState,
     make_collector,
     make_training_env,
     prepare_process,
@@ -266,8 +267,17 @@ def main(config: DQNConfig) -> dict:
     parameters = [p for p in loss_module.value_network_params.values(True, True) if p.requires_grad]
     optimizer = torch.optim.Adam(parameters, lr=config.optim.lr, fused=device.type in ("cpu", "cuda"))
 
-    # logger, evaluation, checkpoints
-    run = Run("dqn", config, run_config, agent)
+    # logger, evaluation, checkpoints, resume
+    training = TrainingState(
+        env=env,
+        collector=collector,
+        modules={"loss": loss_module, "policy": policy},
+        optimizers={"adam": optimizer},
+        replay_buffer=replay_buffer,
+        target_updater=target_updater,
+        extras={} if n_step_returns is None else {"n_step_returns": n_step_returns},
+    )
+    run = Run("dqn", config, run_config, agent, training)
 
     max_grad_norm = config.optim.max_grad_norm
     learning_starts, updates_per_batch = config.collector.learning_starts, config.collector.updates_per_batch
@@ -284,7 +294,7 @@ def main(config: DQNConfig) -> dict:
         return loss.detach(), grad_norm
 
     # loop
-    frames = 0
+    frames = run.frames  # 0, or where a resumed run stopped
     for batch in collector:
         frames += batch.numel()
         epsilon_greedy.eps.fill_(exploration.epsilon(frames, run_config.total_frames))

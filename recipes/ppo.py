@@ -32,6 +32,7 @@ from envs import InputError
 from recipes.common import (
     Run,
     RunConfig,
+    TrainingState,
     make_collector,
     make_training_env,
     prepare_process,
@@ -226,8 +227,15 @@ def main(config: PPOConfig, loss_addons: Sequence[LossAddon] = ()) -> dict:
     )
     total_updates = num_batches * optim_config.num_epochs * minibatches_per_epoch
 
-    # logger, evaluation, checkpoints
-    run = Run("ppo", config, run_config, agent)
+    # logger, evaluation, checkpoints, resume
+    training = TrainingState(
+        env=env,
+        collector=collector,
+        modules={"loss": loss_module, "addons": addons},
+        optimizers={"adam": optimizer},
+        replay_buffer=replay_buffer,
+    )
+    run = Run("ppo", config, run_config, agent, training)
 
     loss_keys = ["loss_objective", "loss_critic"] + (["loss_entropy"] if loss_config.entropy_coef > 0 else [])
     max_grad_norm = optim_config.max_grad_norm
@@ -244,7 +252,9 @@ def main(config: PPOConfig, loss_addons: Sequence[LossAddon] = ()) -> dict:
         return metrics.update(addon_metrics), grad_norm
 
     # loop
-    updates_done = 0
+    updates_done = (
+        run.frames // frames_per_batch * optim_config.num_epochs * minibatches_per_epoch
+    )  # resumed: > 0
     for batch in collector:
         with torch.no_grad():
             advantage_module(batch)

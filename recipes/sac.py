@@ -35,6 +35,7 @@ from recipes.common import (
     OffPolicyCollectorConfig,
     Run,
     RunConfig,
+    TrainingState,
     check_off_policy_ranges,
     make_off_policy_collector,
     make_training_env,
@@ -255,8 +256,16 @@ def main(config: SACConfig) -> dict:
     if not loss_config.fixed_alpha:
         optimizers.append(torch.optim.Adam([loss_module.log_alpha], lr=optim_config.lr))
 
-    # logger, evaluation, checkpoints
-    run = Run("sac", config, run_config, agent)
+    # logger, evaluation, checkpoints, resume
+    training = TrainingState(
+        env=env,
+        collector=collector,
+        modules={"loss": loss_module},
+        optimizers={f"adam{index}": optimizer for index, optimizer in enumerate(optimizers)},
+        replay_buffer=replay_buffer,
+        extras={} if n_step_returns is None else {"n_step_returns": n_step_returns},
+    )
+    run = Run("sac", config, run_config, agent, training)
 
     learning_starts, max_grad_norm = config.collector.learning_starts, optim_config.max_grad_norm
     clip = max_grad_norm != float("inf")
@@ -276,7 +285,7 @@ def main(config: SACConfig) -> dict:
         return loss.select("loss_actor", "loss_qvalue", "loss_alpha", "alpha", "entropy").detach()
 
     # loop
-    frames = 0
+    frames = run.frames  # 0, or where a resumed run stopped
     for batch in collector:
         frames += batch.numel()
         transitions = batch.select(*TRANSITION_KEYS)

@@ -31,6 +31,7 @@ from recipes.common import (
     OffPolicyCollectorConfig,
     Run,
     RunConfig,
+    TrainingState,
     check_off_policy_ranges,
     make_off_policy_collector,
     make_training_env,
@@ -189,7 +190,16 @@ def main(config: TD3Config) -> dict:
     )
 
     # logger, evaluation, checkpoints
-    run = Run("td3", config, run_config, agent)
+    counters = {"updates": 0}  # gradient steps taken: the actor learns on every policy_delay-th
+    training = TrainingState(
+        env=env,
+        collector=collector,
+        modules={"loss": loss_module, "policy": policy},
+        optimizers={"actor": actor_optimizer, "critic": critic_optimizer},
+        replay_buffer=replay_buffer,
+        counters=counters,
+    )
+    run = Run("td3", config, run_config, agent, training)
 
     learning_starts, policy_delay = config.collector.learning_starts, loss_config.policy_delay
 
@@ -208,7 +218,7 @@ def main(config: TD3Config) -> dict:
         return loss_qvalue.detach(), loss_actor.detach()
 
     # loop
-    frames, updates_done = 0, 0
+    frames = run.frames  # 0, or where a resumed run stopped
     for batch in collector:
         frames += batch.numel()
         replay_buffer.extend(batch.select(*TRANSITION_KEYS).reshape(-1))
@@ -216,8 +226,10 @@ def main(config: TD3Config) -> dict:
         if frames >= learning_starts and len(replay_buffer) >= buffer_config.batch_size:
             critic_losses, actor_losses = [], []
             for _ in range(updates_per_batch):
-                updates_done += 1
-                loss_qvalue, loss_actor = update(replay_buffer.sample(), updates_done % policy_delay == 0)
+                counters["updates"] += 1
+                loss_qvalue, loss_actor = update(
+                    replay_buffer.sample(), counters["updates"] % policy_delay == 0
+                )
                 critic_losses.append(loss_qvalue)
                 if loss_actor is not None:
                     actor_losses.append(loss_actor)

@@ -1,0 +1,179 @@
+"""The mid-episode state of a training env, as plain data (tensors, arrays, numbers, strings), for exact resume.
+
+A torch-backend env's state is its tensors and its generator. A Gymnasium env's state is read from the
+attributes of every layer of every sub-env (the wrappers and the env itself) and of the vector env: numbers,
+strings, arrays and tuples or lists of them are copied, NumPy generators are saved as their bit generator's
+state, spaces' generators likewise. Dicts (configuration such as ``metadata`` or Taxi's transition table),
+the env spec, callables and the wrapped env are skipped. Any other attribute (a physics engine handle such as
+a Box2D world, a MuJoCo ``MjData``, the ALE emulator) makes the env's state uncapturable: then
+:func:`env_runtime_state` returns None and a resumed run starts new episodes instead.
+
+Restoring sets those attributes on a freshly built env of the same id; nothing is unpickled or imported.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+from torchrl.envs import EnvBase, TransformedEnv
+
+from envs.classic import ClassicControlEnv
+from envs.errors import InputError
+from envs.vector import GymnasiumVectorEnv
+
+# attributes that describe the env rather than its state, or that hold the layers below
+_SKIPPED = {"env", "envs", "env_fns", "spec", "_cached_spec", "unwrapped", "closed"}
+_BIT_GENERATORS = {
+    name: getattr(np.random, name) for name in ("PCG64", "PCG64DXSM", "MT19937", "Philox", "SFC64")
+}
+
+
+class _Uncapturable(Exception):
+    """An attribute whose value is not plain data."""
+
+
+def _is_plain(value: Any) -> bool:
+    if value is None or isinstance(value, (bool, int, float, str, np.generic, np.ndarray)):
+        return not (isinstance(value, np.ndarray) and value.dtype == object)
+    if isinstance(value, (tuple, list)):
+        return all(_is_plain(item) for item in value)
+    return False
+
+
+def _generator_state(generator: np.random.Generator) -> dict[str, Any]:
+    return generator.bit_generator.state
+
+
+def _restore_generator(current: Any, state: dict[str, Any]) -> np.random.Generator:
+    bit_generator = _BIT_GENERATORS.get(state.get("bit_generator"))
+    if bit_generator is None:
+        raise InputError(f"Unknown NumPy bit generator {state.get('bit_generator')!r} in the checkpoint.")
+    generator = current if isinstance(current, np.random.Generator) else np.random.Generator(bit_generator())
+    if type(generator.bit_generator).__name__ != state["bit_generator"]:
+        generator = np.random.Generator(bit_generator())
+    generator.bit_generator.state = state
+    return generator
+
+
+def _object_state(obj: Any) -> dict[str, Any]:
+    """The plain-data attributes of one env layer; raises :class:`_Uncapturable` naming the first other one."""
+    values, generators, spaces = {}, {}, {}
+    for name, value in vars(obj).items():
+        if name in _SKIPPED or isinstance(value, (dict, gym.Env, gym.vector.VectorEnv, enum.Enum, Callable)):
+            continue
+        if isinstance(value, np.random.Generator):
+            generators[name] = _generator_state(value)
+        elif isinstance(value, gym.Space):
+            rng = getattr(value, "_np_random", None)
+            if rng is not None:
+                spaces[name] = _generator_state(rng)
+        elif _is_plain(value):
+            values[name] = value
+        else:
+            raise _Uncapturable(f"{type(obj).__name__}.{name} ({type(value).__name__})")
+    return {"class": type(obj).__name__, "values": values, "generators": generators, "spaces": spaces}
+
+
+def _load_object_state(obj: Any, state: dict[str, Any]) -> None:
+    if type(obj).__name__ != state["class"]:
+        raise InputError(
+            f"The checkpoint's env layer {state['class']} does not match this env's {type(obj).__name__}."
+        )
+    for name, value in state["values"].items():
+        setattr(obj, name, value)
+    for name, generator_state in state["generators"].items():
+        setattr(obj, name, _restore_generator(getattr(obj, name, None), generator_state))
+    for name, generator_state in state["spaces"].items():
+        space = getattr(obj, name)
+        space._np_random = _restore_generator(getattr(space, "_np_random", None), generator_state)
+
+
+def _layers(env: gym.Env) -> list[Any]:
+    layers = [env]
+    while isinstance(layers[-1], gym.Wrapper):
+        layers.append(layers[-1].env)
+    return layers
+
+
+def _vector_env_state(vector_env: gym.vector.VectorEnv) -> dict[str, Any]:
+    if not isinstance(vector_env, gym.vector.SyncVectorEnv):
+        raise _Uncapturable(f"{type(vector_env).__name__} (sub-envs live in other processes)")
+    return {
+        "vector": _object_state(vector_env),
+        "sub_envs": [[_object_state(layer) for layer in _layers(env)] for env in vector_env.envs],
+    }
+
+
+def env_runtime_state(env: EnvBase) -> tuple[dict[str, Any] | None, str | None]:
+    """The training env's state as plain data and None, or None and the reason it cannot be captured."""
+    if isinstance(env, TransformedEnv):  # e.g. an InitTracker for Ornstein-Uhlenbeck noise, a gSDE transform
+        base, reason = env_runtime_state(env.base_env)
+        if base is None:
+            return None, reason
+        return {"kind": "transformed", "base": base, "transform": env.transform.state_dict()}, None
+    if isinstance(env, ClassicControlEnv):
+        batch = env.batch
+        return {
+            "kind": "torch",
+            "state": batch.state,
+            "episode_return": batch.episode_return,
+            "episode_length": batch.episode_length,
+            "generator": env.generator.get_state(),
+        }, None
+    if isinstance(env, GymnasiumVectorEnv):
+        try:
+            vector = _vector_env_state(env.vector_env)
+        except _Uncapturable as reason:
+            return None, str(reason)
+        return {
+            "kind": "gymnasium",
+            "observation": env._observation,
+            "episode_return": env._episode_return,
+            "episode_length": env._episode_length,
+            "seed": env._seed,
+            **vector,
+        }, None
+    return None, f"{type(env).__name__} (an env of unknown type)"
+
+
+def load_env_runtime_state(env: EnvBase, state: dict[str, Any]) -> None:
+    """Put ``env`` (freshly built from the same id and number of sub-envs) in the captured ``state``."""
+    if state["kind"] == "transformed" and isinstance(env, TransformedEnv):
+        load_env_runtime_state(env.base_env, state["base"])
+        env.transform.load_state_dict(state["transform"])
+        return
+    if state["kind"] == "torch" and isinstance(env, ClassicControlEnv):
+        batch = env.batch
+        batch.state = state["state"].to(env.device, env.dtype)
+        batch.episode_return = state["episode_return"].to(env.device)
+        batch.episode_length = state["episode_length"].to(env.device)
+        env.generator.set_state(state["generator"].cpu())
+        return
+    if state["kind"] == "gymnasium" and isinstance(env, GymnasiumVectorEnv):
+        vector_env = env.vector_env
+        if not isinstance(vector_env, gym.vector.SyncVectorEnv) or len(vector_env.envs) != len(
+            state["sub_envs"]
+        ):
+            raise InputError("The checkpoint's training envs do not match this run's (number of sub-envs).")
+        _load_object_state(vector_env, state["vector"])
+        for sub_env, layer_states in zip(vector_env.envs, state["sub_envs"], strict=True):
+            layers = _layers(sub_env)
+            if len(layers) != len(layer_states):
+                raise InputError("The checkpoint's env wrappers do not match this run's.")
+            for layer, layer_state in zip(layers, layer_states, strict=True):
+                _load_object_state(layer, layer_state)
+        env._observation = state["observation"].to(env.device)
+        env._episode_return = state["episode_return"].to(env.device)
+        env._episode_length = state["episode_length"].to(env.device)
+        env._seed = state["seed"]
+        return
+    raise InputError(
+        f"The checkpoint holds a {state['kind']} env's state; this run's env is {type(env).__name__}."
+    )
+
+
+__all__ = ["env_runtime_state", "load_env_runtime_state"]
