@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Sequence
 
 import torch
@@ -185,7 +186,7 @@ class TensorDQNLoss(DQNLoss):
     target parameters (so ``HardUpdate`` and ``SoftUpdate`` work unchanged), the keys, the discount of the
     TD(0) estimator (``gamma ** steps_to_next_obs`` for n-step transitions), Double DQN, the loss function,
     the importance-weighted reduction and the squared TD error written to the priority key. It calls the
-    actor's network directly, once for the online values and once, with the target parameters swapped in,
+    actor's network directly for the online values, and a copy of it that computes with the target parameters
     for the bootstrap (plus the online argmax for Double DQN). The tests check that loss, gradients and
     priorities equal ``DQNLoss``'s.
 
@@ -210,6 +211,25 @@ class TensorDQNLoss(DQNLoss):
         q_module = value_network[0]
         self._q_network = q_module.module
         self._observation_keys = list(q_module.in_keys)
+        self._target_network: nn.Module | None = None  # built on first use, see _target
+
+    def _target(self) -> nn.Module:
+        """A copy of the Q-network whose parameters and buffers are the target tensors themselves.
+
+        Target updaters and ``load_state_dict`` write those tensors in place, so the copy always computes with
+        the current target values, without swapping parameters in and out on every call. It is rebuilt if the
+        target tensors were replaced (the loss moved to another device).
+        """
+        anchor = next(iter(self.target_value_network_params.values(True, True)))
+        if self._target_network is None or self._target_anchor is not anchor:
+            actor = copy.deepcopy(self.value_network)
+            self.target_value_network_params.to_module(actor)
+            # kept out of the module tree: its tensors are already the loss module's target parameters
+            object.__setattr__(self, "_target_network", actor[0].module)
+            object.__setattr__(self, "_target_anchor", anchor)
+        if self._target_network.training != self._q_network.training:
+            self._target_network.train(self._q_network.training)
+        return self._target_network
 
     def _chosen(self, action_values: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
         if self.action_space == "categorical":
@@ -236,8 +256,7 @@ class TensorDQNLoss(DQNLoss):
         with torch.no_grad():
             if self.double_dqn:  # the online network picks the next action, the target network values it
                 next_action_B1 = self._q_network(*next_observations).argmax(-1, keepdim=True)
-            with self.target_value_network_params.to_module(self.value_network):
-                next_values_BA = self._q_network(*next_observations)
+            next_values_BA = self._target()(*next_observations)
             if self.double_dqn:
                 next_value_B1 = next_values_BA.gather(-1, next_action_B1)
             else:

@@ -1,9 +1,11 @@
-"""Soak test: train for a long time in one process with periodic checkpoints and report resident memory.
+"""Soak test: train for a long time in one process with periodic checkpoints and resumes, and report resident memory.
 
 Runs a recipe again and again (fresh seed each cycle, ``--checkpoint-every`` on, outputs overwritten, each cycle
 reloading the agent it saved), sampling the process's resident set size (RSS) every ``--sample-every-s`` seconds,
-until ``--minutes`` have passed. Memory that grows cycle after cycle is a leak (envs, collectors, loggers or
-buffers kept alive); flat memory after the first cycles is the expectation. Not part of ``make test``.
+until ``--minutes`` have passed. Each cycle is cut into legs: after ``--leg-s`` seconds a SIGTERM stops the run
+(it saves ``resume.ckpt`` and returns) and the next leg continues it with ``--resume``, until the cycle's budget
+is spent. Memory that grows cycle after cycle is a leak (envs, collectors, loggers, buffers or restored states
+kept alive); flat memory after the first cycles is the expectation. Not part of ``make test``.
 
     python -m benchmarks.soak                              # PPO on CartPole-v1, 30 minutes
     python -m benchmarks.soak --recipe dqn --minutes 5 --out soak.csv
@@ -18,6 +20,7 @@ import argparse
 import csv
 import importlib
 import os
+import signal
 import tempfile
 import threading
 import time
@@ -65,6 +68,23 @@ def slope(points: list[tuple[float, float]]) -> float:
     return sum((x - mean_x) * (y - mean_y) for x, y in points) / denominator if denominator else 0.0
 
 
+def run_in_legs(module, config, leg_s: float) -> tuple[dict, int]:
+    """Run ``config``, stopping it with SIGTERM every ``leg_s`` seconds and resuming it, until it ends; returns
+    the last leg's summary and the number of legs."""
+    legs = 0
+    while True:
+        timer = threading.Timer(leg_s, os.kill, (os.getpid(), signal.SIGTERM))
+        timer.start()
+        try:
+            summary = module.main(config)
+        finally:
+            timer.cancel()
+        legs += 1
+        if summary["interrupted_by"] is None:
+            return summary, legs
+        config.run.resume = config.run.output_dir
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -76,6 +96,12 @@ def main() -> None:
         "--frames-per-cycle", type=int, default=None, help="default: a recipe-specific budget"
     )
     parser.add_argument("--checkpoint-every", type=int, default=5_000)
+    parser.add_argument(
+        "--leg-s",
+        type=float,
+        default=15.0,
+        help="seconds between the SIGTERM that stops a run and its resume",
+    )
     parser.add_argument("--sample-every-s", type=float, default=5.0)
     parser.add_argument("--out", default=None, help="CSV of the samples (elapsed_s, cycle, rss_mb)")
     args = parser.parse_args()
@@ -84,6 +110,8 @@ def main() -> None:
 
     module_name, config_name, default_frames = RECIPES[args.recipe]
     module = importlib.import_module(module_name)
+    # a SIGTERM that lands outside a run (between legs) is ignored; inside one, the run's handler takes it
+    signal.signal(signal.SIGTERM, lambda number, frame: None)
     sampler = MemorySampler(args.sample_every_s)
     sampler.start()
     cycle_end_mb: list[float] = []
@@ -97,11 +125,12 @@ def main() -> None:
             run.checkpoint_every, run.stop_at_return = args.checkpoint_every, float("inf")
             if args.env_id:
                 run.env_id = args.env_id
-            summary = module.main(config)
+            summary, legs = run_in_legs(module, config, args.leg_s)
             Agent.load(Path(directory) / "agent.ckpt").evaluate(episodes=2, seed=0)
             cycle_end_mb.append(resident_mb())
             print(
-                f"cycle {sampler.cycle}: {summary['frames']} frames in {summary['wall_time_s']:.0f} s, "
+                f"cycle {sampler.cycle}: {summary['frames']} frames in {summary['wall_time_s']:.0f} s "
+                f"({legs} legs), "
                 f"return {summary['eval_return_mean']:.1f}, RSS {cycle_end_mb[-1]:.0f} MiB",
                 flush=True,
             )

@@ -2,9 +2,9 @@
 
 A torch-backend env's state is its tensors and its generator. A Gymnasium env's state is read from the
 attributes of every layer of every sub-env (the wrappers and the env itself) and of the vector env: numbers,
-strings, arrays and tuples or lists of them are copied, NumPy generators are saved as their bit generator's
-state, spaces' generators likewise. Dicts (configuration such as ``metadata`` or Taxi's transition table),
-the env spec, callables and the wrapped env are skipped. Any other attribute (a physics engine handle such as
+strings, numeric arrays and tuples or lists of them are copied, NumPy generators are saved as their bit
+generator's state, spaces' generators likewise. Dicts (configuration such as ``metadata`` or Taxi's transition
+table), arrays of bytes or strings (maps), the env spec, callables and the wrapped env are skipped. Any other attribute (a physics engine handle such as
 a Box2D world, a MuJoCo ``MjData``, the ALE emulator) makes the env's state uncapturable: then
 :func:`env_runtime_state` returns None and a resumed run starts new episodes instead.
 
@@ -37,11 +37,18 @@ class _Uncapturable(Exception):
 
 
 def _is_plain(value: Any) -> bool:
-    if value is None or isinstance(value, (bool, int, float, str, np.generic, np.ndarray)):
-        return not (isinstance(value, np.ndarray) and value.dtype == object)
+    if isinstance(value, (np.ndarray, np.generic)):
+        return value.dtype.kind in "biufc"  # numbers; arrays of bytes or strings are maps and layouts
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return True
     if isinstance(value, (tuple, list)):
         return all(_is_plain(item) for item in value)
     return False
+
+
+def _is_layout(value: Any) -> bool:
+    """Arrays of bytes or strings (FrozenLake's map, Taxi's): configuration, not state."""
+    return isinstance(value, np.ndarray) and value.dtype.kind in "SU"
 
 
 def _generator_state(generator: np.random.Generator) -> dict[str, Any]:
@@ -63,7 +70,11 @@ def _object_state(obj: Any) -> dict[str, Any]:
     """The plain-data attributes of one env layer; raises :class:`_Uncapturable` naming the first other one."""
     values, generators, spaces = {}, {}, {}
     for name, value in vars(obj).items():
-        if name in _SKIPPED or isinstance(value, (dict, gym.Env, gym.vector.VectorEnv, enum.Enum, Callable)):
+        if (
+            name in _SKIPPED
+            or _is_layout(value)
+            or isinstance(value, (dict, gym.Env, gym.vector.VectorEnv, enum.Enum, Callable))
+        ):
             continue
         if isinstance(value, np.random.Generator):
             generators[name] = _generator_state(value)

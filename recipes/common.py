@@ -464,6 +464,16 @@ class Run:
             dynamic_ncols=True,
             disable=not run.progress,
         )
+        if (
+            run.checkpoint_every is not None
+            and training is not None
+            and not isinstance(training.collector, Collector)
+        ):
+            warnings.warn(
+                "--checkpoint-every writes agent.ckpt only with worker collectors: resume.ckpt (for --resume) needs "
+                "--collector-backend single.",
+                stacklevel=2,
+            )
         if resumed is not None:  # last: the RNG states are restored here
             training.load_state_dict(resumed["training"])
 

@@ -13,8 +13,8 @@ combination:
     --variant rainbow   all of the above (with the --n-steps N of the run)
 
 Discrete action spaces only. The defaults solve CartPole-v1 (deterministic evaluation mean >= 475 over 20
-episodes) within 50k frames (29k, 6k, 35k, 14k, 14k and 8k for seeds 0-5; one-step returns needed 14k, 47k,
-35k and more than 50k for seeds 0-3); image observations (Atari) get the Nature CNN.
+episodes) within 50k frames (18k, 31k, 20k, 29k, 16k and 35k for seeds 0-5, 8-15 s on two CPU cores);
+image observations (Atari) get the Nature CNN.
 
     python -m recipes.dqn                          # CartPole-v1
     python -m recipes.dqn --variant rainbow
@@ -98,7 +98,7 @@ class OptimConfig:
 
 @dataclass
 class NetworkConfig:
-    hidden_sizes: tuple[int, ...] = (256, 256)
+    hidden_sizes: tuple[int, ...] = (128, 128)
     """Hidden layer widths of the Q-network (after the CNN for image observations)."""
     activation: Literal["relu", "tanh", "elu", "silu"] = "relu"
     """Activation between hidden layers."""

@@ -39,6 +39,7 @@ from recipes.common import (
     ExplorationConfig,
     Run,
     RunConfig,
+    TrainingState,
     make_collector,
     make_training_env,
     prepare_process,
@@ -178,8 +179,11 @@ def main(config: QLearningConfig) -> dict:
     # optimizer: plain SGD on half the squared error is the tabular update, Q += lr * (target - Q)
     optimizer = torch.optim.SGD(loss_module.parameters(), lr=learning_config.lr)
 
-    # logger, evaluation, checkpoints
-    run = Run("qlearning", config, run_config, agent)
+    # logger, evaluation, checkpoints, resume
+    training = TrainingState(
+        env=env, collector=collector, modules={"policy": agent.policy}, optimizers={"sgd": optimizer}
+    )
+    run = Run("qlearning", config, run_config, agent, training)
 
     num_actions = env.single_action_space.n
 
@@ -197,7 +201,7 @@ def main(config: QLearningConfig) -> dict:
         return loss.detach()
 
     # loop
-    frames = 0
+    frames = run.frames  # 0, or where a resumed run stopped
     for batch in collector:
         frames += batch.numel()
         loss = update(batch)

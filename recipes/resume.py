@@ -115,7 +115,7 @@ class TrainingState:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         for name, module in self.modules.items():
-            module.load_state_dict(state["modules"][name])
+            _load_module_state(module, state["modules"][name])
         for name, optimizer in self.optimizers.items():
             optimizer.load_state_dict(state["optimizers"][name])
         if self.replay_buffer is not None:
@@ -137,11 +137,24 @@ class TrainingState:
             )
         else:
             load_env_runtime_state(self.env, state["env"])
-            carrier = collector._carrier
-            carrier.update(
-                TensorDict(collector_state["carrier"], batch_size=carrier.batch_size).to(carrier.device)
-            )
+            carrier = collector._carrier  # the pending observations, each put back on its tensor's device
+            saved = TensorDict(collector_state["carrier"], batch_size=carrier.batch_size)
+            for key, value in saved.items(True, True):
+                current = carrier.get(key, None)
+                carrier.set(key, value if current is None else value.to(current.device))
         GlobalRNGState().load_state_dict(state["rng"])
+
+
+def _load_module_state(module: nn.Module, state: dict[str, Any]) -> None:
+    """``module.load_state_dict``, first giving buffers that are still empty (statistics sized on the first
+    batch, such as RND's running returns) the saved shape."""
+    for name, buffer in list(module.named_buffers()):
+        saved = state.get(name)
+        if saved is not None and buffer.numel() == 0 and saved.shape != buffer.shape:
+            owner_name, _, attribute = name.rpartition(".")
+            owner = module.get_submodule(owner_name) if owner_name else module
+            owner._buffers[attribute] = torch.empty(saved.shape, dtype=saved.dtype, device=buffer.device)
+    module.load_state_dict(state)
 
 
 def _replay_buffer_state(buffer: ReplayBuffer) -> dict[str, Any]:
@@ -166,7 +179,11 @@ def _replay_buffer_state(buffer: ReplayBuffer) -> dict[str, Any]:
 
 
 def _load_replay_buffer_state(buffer: ReplayBuffer, state: dict[str, Any]) -> None:
-    buffer._storage.load_state_dict(state["storage"])
+    storage = buffer._storage
+    storage.load_state_dict(state["storage"])
+    device = getattr(storage, "device", None)
+    if storage._storage is not None and device not in (None, "auto"):  # loaded onto the CPU
+        storage._storage = storage._storage.to(device)
     buffer._writer.load_state_dict(state["writer"])
     sampler, sampler_state = buffer._sampler, state["sampler"]
     if isinstance(sampler, PrioritizedSampler):

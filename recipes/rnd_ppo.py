@@ -48,6 +48,7 @@ from envs import InputError
 from recipes.common import (
     Run,
     RunConfig,
+    TrainingState,
     make_collector,
     make_training_env,
     prepare_process,
@@ -240,8 +241,15 @@ def main(config: RNDPPOConfig, loss_addons: Sequence[LossAddon] = ()) -> dict:
     )
     total_updates = num_batches * optim_config.num_epochs * minibatches_per_epoch
 
-    # logger, evaluation, checkpoints
-    run = Run("rnd_ppo", config, run_config, agent)
+    # logger, evaluation, checkpoints, resume
+    training = TrainingState(
+        env=env,
+        collector=collector,
+        modules={"loss": loss_module, "intrinsic_critic": intrinsic_critic, "rnd": rnd, "addons": addons},
+        optimizers={"adam": optimizer},
+        replay_buffer=replay_buffer,
+    )
+    run = Run("rnd_ppo", config, run_config, agent, training)
 
     loss_keys = ["loss_objective", "loss_critic"] + (["loss_entropy"] if loss_config.entropy_coef > 0 else [])
     loss_keys += ["loss_critic_int", "loss_predictor"]
@@ -267,7 +275,9 @@ def main(config: RNDPPOConfig, loss_addons: Sequence[LossAddon] = ()) -> dict:
         return metrics.update(addon_metrics), grad_norm
 
     # loop
-    updates_done = 0
+    updates_done = (
+        run.frames // frames_per_batch * optim_config.num_epochs * minibatches_per_epoch
+    )  # resumed: > 0
     for batch in collector:
         with torch.no_grad():
             # intrinsic rewards, after folding the batch into RND's observation and return statistics

@@ -134,6 +134,13 @@ def test_tensor_dqn_loss_equals_torchrl_dqn_loss(options, loss_function, batch_k
     for tensor_gradient, gradient in zip(tensor_gradients, gradients, strict=True):
         torch.testing.assert_close(tensor_gradient, gradient)
 
+    # targets written in place afterwards (as target updaters do) are the ones the next loss uses
+    hard_update = make_target_updater(tensor_loss, update_interval=1)
+    hard_update.step()
+    with torch.no_grad():
+        reference.target_value_network_params.update_(tensor_loss.target_value_network_params)
+    torch.testing.assert_close(tensor_loss(batch.clone())["loss"], reference(batch.clone())["loss"])
+
 
 def test_tensor_dqn_loss_refuses_what_it_does_not_compute():
     q_actor = make_q_actor(OBSERVATION_SPEC, ACTION_SPEC, hidden_sizes=(8,))[0]

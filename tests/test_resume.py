@@ -2,8 +2,10 @@
 one that ran straight through; what resume refuses, and how."""
 
 import math
+import pickle
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -11,7 +13,7 @@ import torch
 
 from agents import Agent
 from envs import InputError
-from recipes import a2c, ddpg, dqn, ppo, sac, td3
+from recipes import a2c, ddpg, dqn, ppo, qlearning, rnd_ppo, sac, td3
 from recipes.common import Run, RunConfig
 from recipes.resume import RESUME_FILE, config_from_dict, explicit_options
 
@@ -25,9 +27,14 @@ RUN = {
 }
 
 
+def small_run(output_dir, **run):
+    """A run of 2,048 frames evaluated every 512 (options as keyword arguments)."""
+    return RunConfig(**{**RUN, "total_frames": 2_048, "eval_every": 512, "output_dir": output_dir, **run})
+
+
 def tiny_dqn(output_dir, **run):
     return dqn.DQNConfig(
-        run=RunConfig(**{**RUN, "total_frames": 2_048, "eval_every": 512, "output_dir": output_dir, **run}),
+        run=small_run(output_dir, **run),
         collector=dqn.CollectorConfig(steps_per_env=32, updates_per_batch=8, learning_starts=256),
         buffer=dqn.BufferConfig(batch_size=32, buffer_size=1_000),
         loss=dqn.LossConfig(target_update_interval=16),
@@ -36,43 +43,18 @@ def tiny_dqn(output_dir, **run):
 
 def tiny_ppo(output_dir, **run):
     return ppo.PPOConfig(
-        run=RunConfig(**{**RUN, "total_frames": 2_048, "eval_every": 512, "output_dir": output_dir, **run}),
+        run=small_run(output_dir, **run),
         collector=ppo.CollectorConfig(steps_per_env=32),
         optim=ppo.OptimConfig(minibatch_size=64, num_epochs=2),
     )
 
 
-def tiny_sac(output_dir, **run):
-    config = sac.SACConfig(
-        run=RunConfig(
-            **{
-                **RUN,
-                "env_id": "Pendulum-v1",
-                "total_frames": 1_024,
-                "eval_every": 512,
-                "output_dir": output_dir,
-                **run,
-            }
-        )
-    )
-    config.collector.learning_starts = 256
-    config.buffer.batch_size = 32
-    return config
+def tiny_off_policy(config_type):
+    """SAC, TD3 or DDPG on Pendulum-v1 for 1,024 frames, learning from frame 256."""
 
-
-def tiny_off_policy(module, config_type):
     def make(output_dir, **run):
         config = config_type(
-            run=RunConfig(
-                **{
-                    **RUN,
-                    "env_id": "Pendulum-v1",
-                    "total_frames": 1_024,
-                    "eval_every": 512,
-                    "output_dir": output_dir,
-                    **run,
-                }
-            )
+            run=small_run(output_dir, **{"env_id": "Pendulum-v1", "total_frames": 1_024, **run})
         )
         config.collector.learning_starts = 256
         config.buffer.batch_size = 32
@@ -82,8 +64,19 @@ def tiny_off_policy(module, config_type):
 
 
 def tiny_a2c(output_dir, **run):
-    return a2c.A2CConfig(
-        run=RunConfig(**{**RUN, "total_frames": 2_048, "eval_every": 512, "output_dir": output_dir, **run})
+    return a2c.A2CConfig(run=small_run(output_dir, **run))
+
+
+def tiny_qlearning(output_dir, **run):
+    run = {"env_id": "FrozenLake-v1", "total_frames": 4_096, "eval_every": 1_024, **run}
+    return qlearning.QLearningConfig(run=small_run(output_dir, **run))
+
+
+def tiny_rnd_ppo(output_dir, **run):
+    return rnd_ppo.RNDPPOConfig(
+        run=small_run(output_dir, **{"env_id": "rlkit/DeepSea-v0", **run}),
+        collector=ppo.CollectorConfig(steps_per_env=32),
+        optim=ppo.OptimConfig(minibatch_size=64, num_epochs=2),
     )
 
 
@@ -107,16 +100,27 @@ CASES = {
     "dqn": (dqn.main, tiny_dqn, {}),
     "dqn-rainbow": (dqn.main, tiny_dqn, {"variant": "rainbow"}),
     "ppo": (ppo.main, tiny_ppo, {}),
-    "sac": (sac.main, tiny_sac, {}),
-    "td3": (td3.main, tiny_off_policy(td3, td3.TD3Config), {}),
-    "ddpg-ou": (ddpg.main, tiny_off_policy(ddpg, ddpg.DDPGConfig), {"network.noise": "ou"}),
+    "sac": (sac.main, tiny_off_policy(sac.SACConfig), {}),
+    "td3": (td3.main, tiny_off_policy(td3.TD3Config), {}),
+    "ddpg-ou": (ddpg.main, tiny_off_policy(ddpg.DDPGConfig), {"network.noise": "ou"}),
     "a2c": (a2c.main, tiny_a2c, {}),
     "ppo-sde": (ppo.main, tiny_ppo, {"network.use_sde": True, "run.env_id": "Pendulum-v1"}),
+    "qlearning": (qlearning.main, tiny_qlearning, {}),
+    "qlearning-grid": (
+        qlearning.main,
+        tiny_qlearning,
+        {"run.env_id": "MountainCar-v0", "table.grid_size": 8},
+    ),
+    "rnd_ppo": (rnd_ppo.main, tiny_rnd_ppo, {}),
 }
+GYMNASIUM_ONLY = {"qlearning", "rnd_ppo"}  # envs without a torch implementation
 
 
-@pytest.mark.parametrize("case", list(CASES))
-@pytest.mark.parametrize("backend", ["gymnasium", "torch"])
+@pytest.mark.parametrize(
+    ("case", "backend"),
+    [(case, "gymnasium") for case in CASES]
+    + [(case, "torch") for case in CASES if case not in GYMNASIUM_ONLY],
+)
 def test_interrupted_and_resumed_run_ends_with_the_parameters_of_an_uninterrupted_one(
     case, backend, tmp_path, monkeypatch
 ):
@@ -243,3 +247,60 @@ def test_cli_resume_continues_with_the_saved_options_and_refuses_new_ones(tmp_pa
     )
     assert resumed.returncode == 0, resumed.stderr
     assert "after 1024 frames" in resumed.stdout
+
+
+class Payload:
+    def __init__(self, sentinel):
+        self.sentinel = sentinel
+
+    def __reduce__(self):
+        return (open, (str(self.sentinel), "w"))
+
+
+def test_loading_a_resume_checkpoint_never_unpickles(tmp_path, monkeypatch):
+    with monkeypatch.context() as patch:
+        interrupt_at(patch, 1_024)
+        dqn.main(tiny_dqn(tmp_path / "run"))
+    sentinel = tmp_path / "pwned"
+    saved = tmp_path / "run" / RESUME_FILE
+    sidecar = tmp_path / "sidecar.ckpt"
+    with zipfile.ZipFile(saved) as source, zipfile.ZipFile(sidecar, "w") as target:
+        for name in source.namelist():
+            target.writestr(name, source.read(name))
+        target.writestr("components/0000-training/state/other.pickle", pickle.dumps(Payload(sentinel)))
+    with pytest.raises(InputError, match="unexpected file"):
+        dqn.main(tiny_dqn(None, resume=sidecar))
+    pickled = tmp_path / "pickled.ckpt"
+    pickled.write_bytes(pickle.dumps(Payload(sentinel)))
+    with pytest.raises(InputError, match="pickled.ckpt is not a resume checkpoint"):
+        dqn.main(tiny_dqn(None, resume=pickled))
+    assert not sentinel.exists()
+
+
+def test_envs_whose_state_cannot_be_captured_resume_with_new_episodes_and_a_warning(tmp_path, monkeypatch):
+    with monkeypatch.context() as patch:
+        interrupt_at(patch, 1_024)
+        dqn.main(tiny_dqn(tmp_path / "run", vectorization="async"))
+    with pytest.warns(UserWarning, match=r"envs' state was not saved \(AsyncVectorEnv.*starts new episodes"):
+        summary = dqn.main(tiny_dqn(tmp_path / "run", vectorization="async", resume=tmp_path / "run"))
+    assert summary["frames"] == 2_048
+
+
+def test_env_runtime_state_round_trips_a_gymnasium_vector_env_mid_episode():
+    from envs import make_env
+    from envs.runtime_state import env_runtime_state, load_env_runtime_state
+
+    env = make_env("Pendulum-v1", num_envs=3, seed=0)
+    env.reset()
+    action = env.full_action_spec.zero()
+    for _ in range(5):
+        env.rand_step()
+    state, reason = env_runtime_state(env)
+    assert reason is None
+    expected = [env.step(action.clone())["next", "observation"] for _ in range(3)]
+    fresh = make_env("Pendulum-v1", num_envs=3, seed=1)
+    fresh.reset()
+    load_env_runtime_state(fresh, state)
+    actual = [fresh.step(action.clone())["next", "observation"] for _ in range(3)]
+    for left, right in zip(expected, actual, strict=True):
+        assert torch.equal(left, right)
