@@ -45,6 +45,7 @@ from recipes.common import (
     make_collector,
     make_training_env,
     prepare_process,
+    recipe_main,
     require_positive,
     run_cli,
     single_collector_only,
@@ -146,6 +147,7 @@ def make_advantage_module(
     return GAE(gamma=gamma, lmbda=gae_lambda, value_network=critic, average_gae=False, device=device)
 
 
+@recipe_main
 def main(config: A2CConfig, loss_addons: Sequence[LossAddon] = ()) -> dict:
     """Train A2C as configured and return the run summary (see ``recipes.common``).
 

@@ -136,6 +136,12 @@ class RunConfig:
         if self.stop_at_return is not None and math.isnan(self.stop_at_return):
             raise InputError("--stop-at-return must be a number, got nan.")
         if self.collector_backend != "single":
+            if self.device != "cpu":
+                raise InputError(
+                    f"--device {self.device} with --collector-backend {self.collector_backend} is not supported: worker "
+                    "collectors run on the CPU (their weights arrive through shared CPU memory or Ray); use --device "
+                    f"cpu, or --collector-backend single to train on {self.device}."
+                )
             require_positive(num_workers=self.num_workers)
             if self.num_envs % self.num_workers:
                 raise InputError(
@@ -788,6 +794,25 @@ def plot_learning_curve(
 ConfigT = TypeVar("ConfigT")
 
 
+def recipe_main(main: Callable[..., dict[str, Any]]) -> Callable[..., dict[str, Any]]:
+    """Decorate a recipe's ``main``: however it ends (a summary, an error), the SIGINT and SIGTERM handlers are
+    those it started with, so a failed run never leaves its own handler behind in the caller (a notebook, a
+    test session)."""
+
+    @functools.wraps(main)
+    def wrapper(*args: Any, **kwargs: Any) -> dict[str, Any]:
+        if threading.current_thread() is not threading.main_thread():
+            return main(*args, **kwargs)
+        handlers = {number: signal.getsignal(number) for number in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            return main(*args, **kwargs)
+        finally:
+            for number, handler in handlers.items():
+                signal.signal(number, handler)
+
+    return wrapper
+
+
 def run_cli(main: Callable[[ConfigT], dict[str, Any]], config_type: type[ConfigT], description: str) -> None:
     """Parse the command line into ``config_type`` (flat flags), run ``main`` and report where results are.
 
@@ -855,6 +880,7 @@ __all__ = [
     "make_off_policy_collector",
     "make_training_env",
     "prepare_process",
+    "recipe_main",
     "require_positive",
     "run_cli",
     "single_collector_only",

@@ -37,6 +37,7 @@ from recipes.common import (
     make_off_policy_collector,
     make_training_env,
     prepare_process,
+    recipe_main,
     require_positive,
     run_cli,
     single_collector_only,
@@ -101,6 +102,7 @@ class DDPGConfig:
     network: NetworkConfig = field(default_factory=NetworkConfig)
 
 
+@recipe_main
 def main(config: DDPGConfig) -> dict:
     """Train DDPG as configured and return the run summary (see ``recipes.common``)."""
     # config

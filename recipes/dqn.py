@@ -43,6 +43,7 @@ from recipes.common import (
     make_collector,
     make_training_env,
     prepare_process,
+    recipe_main,
     require_positive,
     run_cli,
 )
@@ -172,6 +173,7 @@ def check_dqn_ranges(config: DQNConfig) -> None:
     config.exploration.validate()
 
 
+@recipe_main
 def main(config: DQNConfig) -> dict:
     """Train DQN as configured and return the run summary (see ``recipes.common``)."""
     # config

@@ -34,7 +34,15 @@ from agents import Agent, find_normalizer
 from agents.agent import EVALUATION_STEP_LIMIT
 from agents.es import PopulationEvaluator, antithetic_gradient, centered_ranks
 from envs import InputError
-from recipes.common import Run, RunConfig, make_training_env, prepare_process, require_positive, run_cli
+from recipes.common import (
+    Run,
+    RunConfig,
+    make_training_env,
+    prepare_process,
+    recipe_main,
+    require_positive,
+    run_cli,
+)
 from recipes.distributed import RayPopulationEvaluator
 
 
@@ -118,6 +126,7 @@ def check_es_ranges(config: ESConfig) -> None:
         raise InputError("--worker-timeout-s must be > 0 and --worker-restarts >= 0.")
 
 
+@recipe_main
 def main(config: ESConfig) -> dict:
     """Train ES as configured and return the run summary (see ``recipes.common``)."""
     # config

@@ -36,6 +36,7 @@ from recipes.common import (
     make_collector,
     make_training_env,
     prepare_process,
+    recipe_main,
     require_positive,
     run_cli,
     single_collector_only,
@@ -125,6 +126,7 @@ def check_ppo_ranges(loss: LossConfig, optim: OptimConfig) -> None:
             raise InputError(f"{flag} must be {expected}, got {value}.")
 
 
+@recipe_main
 def main(config: PPOConfig, loss_addons: Sequence[LossAddon] = ()) -> dict:
     """Train PPO as configured and return the run summary (see ``recipes.common``).
 

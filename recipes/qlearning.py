@@ -43,6 +43,7 @@ from recipes.common import (
     make_collector,
     make_training_env,
     prepare_process,
+    recipe_main,
     require_positive,
     run_cli,
 )
@@ -126,6 +127,7 @@ def check_spaces(
         )
 
 
+@recipe_main
 def main(config: QLearningConfig) -> dict:
     """Train tabular Q-learning as configured and return the run summary (see ``recipes.common``)."""
     # config

@@ -43,6 +43,7 @@ from recipes.common import (
     make_collector,
     make_training_env,
     prepare_process,
+    recipe_main,
     require_positive,
     run_cli,
 )
@@ -108,6 +109,7 @@ def check_reinforce_ranges(loss: LossConfig, optim: OptimConfig) -> None:
             raise InputError(f"{flag} must be {expected}, got {value}.")
 
 
+@recipe_main
 def main(config: ReinforceConfig) -> dict:
     """Train REINFORCE as configured and return the run summary (see ``recipes.common``)."""
     # config

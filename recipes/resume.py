@@ -346,7 +346,7 @@ def resumed_config(config_type: type, config: Any, argv: list[str] | None = None
     resumed = config_from_dict(config_type, saved)
     for name in explicit_options(argv) & REPORTING_OPTIONS:
         setattr(resumed.run, name, getattr(config.run, name))
-    resumed.run.resume = path
+    resumed.run.resume = config.run.resume
     return resumed
 
 

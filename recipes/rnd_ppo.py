@@ -52,6 +52,7 @@ from recipes.common import (
     make_collector,
     make_training_env,
     prepare_process,
+    recipe_main,
     require_positive,
     run_cli,
     single_collector_only,
@@ -99,6 +100,7 @@ class RNDPPOConfig:
     network: NetworkConfig = field(default_factory=NetworkConfig)
 
 
+@recipe_main
 def main(config: RNDPPOConfig, loss_addons: Sequence[LossAddon] = ()) -> dict:
     """Train PPO with RND as configured and return the run summary (see ``recipes.common``).
 

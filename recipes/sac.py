@@ -40,6 +40,7 @@ from recipes.common import (
     make_off_policy_collector,
     make_training_env,
     prepare_process,
+    recipe_main,
     require_positive,
     run_cli,
     single_collector_only,
@@ -119,6 +120,7 @@ class SACConfig:
     network: NetworkConfig = field(default_factory=NetworkConfig)
 
 
+@recipe_main
 def main(config: SACConfig) -> dict:
     """Train SAC as configured and return the run summary (see ``recipes.common``)."""
     # config

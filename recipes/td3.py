@@ -36,6 +36,7 @@ from recipes.common import (
     make_off_policy_collector,
     make_training_env,
     prepare_process,
+    recipe_main,
     require_positive,
     run_cli,
 )
@@ -101,6 +102,7 @@ class TD3Config:
     network: NetworkConfig = field(default_factory=NetworkConfig)
 
 
+@recipe_main
 def main(config: TD3Config) -> dict:
     """Train TD3 as configured and return the run summary (see ``recipes.common``)."""
     # config

@@ -48,6 +48,7 @@ from recipes.common import (
     make_collector,
     make_training_env,
     prepare_process,
+    recipe_main,
     require_positive,
     run_cli,
 )
@@ -122,6 +123,7 @@ def check_vpg_ranges(loss: LossConfig, optim: OptimConfig) -> None:
             raise InputError(f"{flag} must be {expected}, got {value}.")
 
 
+@recipe_main
 def main(config: VPGConfig) -> dict:
     """Train VPG as configured and return the run summary (see ``recipes.common``)."""
     # config

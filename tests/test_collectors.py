@@ -175,3 +175,10 @@ def test_worker_collection_bad_input(recipe, config_class, change, message, outp
     change(config)
     with pytest.raises(InputError, match=message):
         recipe.main(config)
+
+
+def test_worker_collectors_refuse_an_accelerator_device():
+    with pytest.raises(
+        InputError, match="--device cuda with --collector-backend multiprocess is not supported"
+    ):
+        RunConfig(collector_backend="multiprocess", device="cuda").validate()

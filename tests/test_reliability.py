@@ -263,3 +263,51 @@ def test_a_failed_save_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
     for old, new in zip(before, loaded.policy.parameters()):
         torch.testing.assert_close(old, new)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["agent.ckpt"]  # the partial file is removed
+
+
+def test_a_run_stopped_by_sigterm_resumes_from_where_it_stopped(tmp_path):
+    output_dir = tmp_path / "run"
+    process = start_long_ppo(output_dir)
+    process.send_signal(signal.SIGTERM)
+    stdout, stderr = process.communicate(timeout=60)
+    assert process.returncode == 143, stderr
+    assert f"continue with: --resume {output_dir}" in stdout
+    stopped_at = json.loads((output_dir / "summary.json").read_text())["frames"]
+    evaluations = (output_dir / "evaluations.csv").read_text().splitlines()
+
+    resumed = subprocess.Popen(
+        [sys.executable, "-m", "recipes.ppo", "--resume", str(output_dir), "--no-progress"],
+        cwd=Path(__file__).parents[1],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 120
+    while (
+        len((output_dir / "evaluations.csv").read_text().splitlines()) <= len(evaluations)
+        and time.monotonic() < deadline
+    ):
+        time.sleep(0.2)
+    resumed.send_signal(signal.SIGINT)
+    stdout, stderr = resumed.communicate(timeout=60)
+    assert resumed.returncode == 130, stderr
+    summary = json.loads((output_dir / "summary.json").read_text())
+    assert summary["frames"] > stopped_at
+    assert summary["resumed_from"] == str(output_dir)
+    rows = (output_dir / "evaluations.csv").read_text().splitlines()
+    assert rows[: len(evaluations)] == evaluations  # the history goes on: earlier evaluations kept
+    frames = [int(row.split(",")[0]) for row in rows[1:]]
+    assert frames == sorted(frames) and frames[-1] > stopped_at
+
+
+def test_a_run_that_fails_leaves_the_callers_signal_handlers_in_place(output_dir, monkeypatch):
+    from torchrl.objectives import ClipPPOLoss
+
+    def broken(self, tensordict):
+        raise RuntimeError("a loss that fails")
+
+    monkeypatch.setattr(ClipPPOLoss, "forward", broken)
+    before = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
+    with pytest.raises(RuntimeError, match="a loss that fails"):
+        ppo.main(tiny_ppo(output_dir))
+    assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == before

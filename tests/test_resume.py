@@ -304,3 +304,12 @@ def test_env_runtime_state_round_trips_a_gymnasium_vector_env_mid_episode():
     actual = [fresh.step(action.clone())["next", "observation"] for _ in range(3)]
     for left, right in zip(expected, actual, strict=True):
         assert torch.equal(left, right)
+
+
+def test_a_resumed_run_logs_to_the_same_wandb_run(tmp_path, monkeypatch):
+    with monkeypatch.context() as patch:
+        interrupt_at(patch, 1_024)
+        stopped = dqn.main(tiny_dqn(tmp_path / "run", logger="wandb"))
+    resumed = dqn.main(tiny_dqn(tmp_path / "run", logger="wandb", resume=tmp_path / "run"))
+    run_id = stopped["wandb_offline_run"].rsplit("-", 1)[-1]
+    assert resumed["wandb_offline_run"].endswith(f"-{run_id}")
