@@ -344,6 +344,7 @@ def resumed_config(config_type: type, config: Any, argv: list[str] | None = None
             + " may change)."
         )
     resumed = config_from_dict(config_type, saved)
+    resumed.run.output_dir = None  # the checkpoint's directory, wherever the run was moved (unless given)
     for name in explicit_options(argv) & REPORTING_OPTIONS:
         setattr(resumed.run, name, getattr(config.run, name))
     resumed.run.resume = config.run.resume
