@@ -10,6 +10,7 @@ import random
 import signal
 import threading
 import time
+import warnings
 from collections.abc import Callable, Iterator
 from typing import Any, Literal
 
@@ -51,6 +52,12 @@ def init_ray(address: str | None, num_workers: int):
     """Connect to the Ray cluster at ``address``, or start a local one when None, and check that it has a CPU for
     each of ``num_workers`` workers (Ray would otherwise wait for them forever); returns the ``ray`` module."""
     ray = require_ray()
+    if ray.is_initialized() and address is not None:
+        warnings.warn(
+            f"Ray is already initialised in this process (cluster {ray.get_runtime_context().gcs_address}); "
+            f"--ray-address {address} is not used. Call ray.shutdown() first to join another cluster.",
+            stacklevel=2,
+        )
     if not ray.is_initialized():
         try:
             ray.init(address=address, include_dashboard=False, log_to_driver=False, configure_logging=False)

@@ -126,3 +126,12 @@ def test_missing_ray_is_a_clear_error(monkeypatch):
     monkeypatch.setitem(sys.modules, "ray", None)  # import ray now raises ImportError
     with pytest.raises(InputError, match=r"pip install -e '\.\[ray\]'"):
         require_ray()
+
+
+def test_ray_address_is_not_silently_ignored_when_ray_is_already_running():
+    from recipes.distributed import init_ray
+
+    with pytest.warns(
+        UserWarning, match="Ray is already initialised in this process .*--ray-address head:6379 is not used"
+    ):
+        init_ray("head:6379", num_workers=1)
