@@ -54,6 +54,7 @@ from recipes.resume import (
     RESUME_FILE,
     TrainingState,
     config_differences,
+    explicit_options,
     load_resume_checkpoint,
     read_resume_metadata,
     resume_path,
@@ -813,12 +814,21 @@ def recipe_main(main: Callable[..., dict[str, Any]]) -> Callable[..., dict[str, 
     return wrapper
 
 
-def run_cli(main: Callable[[ConfigT], dict[str, Any]], config_type: type[ConfigT], description: str) -> None:
+def run_cli(
+    main: Callable[[ConfigT], dict[str, Any]],
+    config_type: type[ConfigT],
+    description: str,
+    adjust: Callable[[ConfigT, set[str]], ConfigT] | None = None,
+) -> None:
     """Parse the command line into ``config_type`` (flat flags), run ``main`` and report where results are.
 
-    Bad input ends with a one-line ``error: ...`` on stderr and exit status 2.
+    ``adjust(config, given)`` may change the parsed config, knowing the option names given on the command line
+    (a recipe's settings for a kind of task, applied to the options the user left at their defaults). Bad input
+    ends with a one-line ``error: ...`` on stderr and exit status 2.
     """
     config = tyro.cli(config_type, description=description, config=(tyro.conf.OmitArgPrefixes,))
+    if adjust is not None and config.run.resume is None:
+        config = adjust(config, explicit_options(sys.argv[1:]))
     warnings.filterwarnings("ignore", module="pygame")
     status = 0
     try:

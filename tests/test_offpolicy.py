@@ -389,3 +389,13 @@ def test_sac_actor_lr_sets_the_actor_rate_alone(tmp_path):
         config = quiet(sac.SACConfig(), tmp_path)
         config.optim.actor_lr = -1.0
         sac.main(config)
+
+
+def test_discrete_settings_leave_the_options_given_on_the_command_line():
+    config = sac.apply_discrete_settings(sac.SACConfig(), keep={"lr", "batch_size"})
+    assert config.discrete
+    assert config.network.hidden_sizes == (128, 128) and config.buffer.n_steps == 3
+    assert (
+        config.optim.lr == sac.SACConfig().optim.lr
+        and config.buffer.batch_size == sac.SACConfig().buffer.batch_size
+    )

@@ -31,15 +31,14 @@ def test_default_config_learns_pendulum_within_10k_frames(recipe, config_class, 
     assert summary["eval_return_mean"] >= -400
 
 
-def test_discrete_sac_learns_cartpole(output_dir):
-    """README's discrete SAC settings (gamma 0.95, lr 1e-3, a quarter update per frame) on 6k frames: every seed and
-    setting tried climbed above 230 within 4k frames (a random policy scores about 22), while holding 475 is not
-    reliable across seeds (see README)."""
+def test_discrete_sac_solves_cartpole(output_dir):
+    """README's discrete SAC settings reach 475 (they did within 8k-22k frames on seeds 0-5); seed 0 within 20k."""
     config = quiet(sac.SACConfig(), output_dir)
-    config.run.env_id, config.run.total_frames, config.run.eval_every = "CartPole-v1", 6_000, 2_000
-    config.optim.lr, config.loss.gamma, config.collector.updates_per_frame = 1e-3, 0.95, 0.25
+    config.run.env_id, config.run.total_frames, config.run.eval_every = "CartPole-v1", 20_000, 2_000
+    sac.apply_discrete_settings(config)
     summary = sac.main(config)
-    assert summary["best_eval_return_mean"] >= 200
+    assert summary["solved_at_frames"] is not None
+    assert summary["eval_return_mean"] >= 475
 
 
 def test_sac_with_gsde_learns_pendulum_within_10k_frames(output_dir):
