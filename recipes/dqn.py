@@ -13,7 +13,7 @@ combination:
     --variant rainbow   all of the above (with the --n-steps N of the run)
 
 Discrete action spaces only. The defaults solve CartPole-v1 (deterministic evaluation mean >= 475 over 20
-episodes) within 50k frames (18k, 31k, 20k, 29k, 16k and 35k for seeds 0-5, 8-15 s on two CPU cores);
+episodes) within 50k frames (8k, 25k, 8k, 18k, 27k and 29k for seeds 0-5, 3.5-12 s on two CPU cores);
 image observations (Atari) get the Nature CNN.
 
     python -m recipes.dqn                          # CartPole-v1
@@ -91,7 +91,7 @@ class LossConfig:
 
 @dataclass
 class OptimConfig:
-    lr: float = 2.3e-3
+    lr: float = 3e-3
     """Adam learning rate."""
     max_grad_norm: float = 10.0
     """Clip the global gradient norm to this value."""

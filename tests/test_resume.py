@@ -161,7 +161,7 @@ def test_resume_refuses_other_options_another_recipe_and_agent_checkpoints(tmp_p
         dqn.main(tiny_dqn(tmp_path / "run"))
     changed = tiny_dqn(tmp_path / "run", resume=tmp_path / "run")
     changed.optim.lr = 1e-2
-    with pytest.raises(InputError, match=r"other options: --lr \(saved 0.0023, now 0.01\)"):
+    with pytest.raises(InputError, match=r"other options: --lr \(saved 0.003, now 0.01\)"):
         dqn.main(changed)
     with pytest.raises(InputError, match="other options: --env-id"):
         dqn.main(tiny_dqn(tmp_path / "run", resume=tmp_path / "run", env_id="Acrobot-v1"))
