@@ -313,3 +313,25 @@ def test_a_resumed_run_logs_to_the_same_wandb_run(tmp_path, monkeypatch):
     resumed = dqn.main(tiny_dqn(tmp_path / "run", logger="wandb", resume=tmp_path / "run"))
     run_id = stopped["wandb_offline_run"].rsplit("-", 1)[-1]
     assert resumed["wandb_offline_run"].endswith(f"-{run_id}")
+
+
+def test_a_run_that_crashed_resumes_exactly_from_its_last_periodic_checkpoint(tmp_path, monkeypatch):
+    """Periodic resume checkpoints neither disturb the run that writes them nor lose exactness: a run that dies
+    after its checkpoint at 1,024 frames and is resumed from it ends like one that never checkpointed."""
+    straight = dqn.main(tiny_dqn(tmp_path / "straight"))
+    original = Run.record_batch
+
+    def crash_after_the_checkpoint(self, batch, metrics):
+        if self.frames >= 1_536 and self.run.resume is None:
+            raise RuntimeError("the machine went away")
+        return original(self, batch, metrics)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(Run, "record_batch", crash_after_the_checkpoint)
+        with pytest.raises(RuntimeError, match="the machine went away"):
+            dqn.main(tiny_dqn(tmp_path / "crashed", checkpoint_every=1_024))
+    resumed = dqn.main(tiny_dqn(tmp_path / "crashed", checkpoint_every=1_024, resume=tmp_path / "crashed"))
+    assert resumed["frames"] == straight["frames"]
+    expected, actual = parameters(tmp_path / "straight"), parameters(tmp_path / "crashed")
+    for key in expected:
+        assert torch.equal(expected[key], actual[key]), key
