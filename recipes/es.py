@@ -37,6 +37,7 @@ from envs import InputError
 from recipes.common import (
     Run,
     RunConfig,
+    TrainingState,
     make_training_env,
     prepare_process,
     recipe_main,
@@ -187,8 +188,17 @@ def main(config: ESConfig) -> dict:
     # optimizer: Adam ascends the ES gradient (given to it negated) with L2 weight decay
     optimizer = torch.optim.Adam(parameters, lr=optim_config.lr, weight_decay=optim_config.weight_decay)
 
-    # logger, evaluation, checkpoints
-    run = Run("es", config, run_config, agent)
+    # logger, evaluation, checkpoints, resume (at a generation's end the envs hold no episode in flight: only their
+    # generators matter; a Ray evaluator keeps its envs out of reach, and resume refuses it)
+    counters = {"generation": 0}
+    training = TrainingState(
+        env=None if remote else env,
+        collector=evaluator if remote else evaluator.collector,
+        modules={"policy": policy},
+        optimizers={"adam": optimizer},
+        counters=counters,
+    )
+    run = Run("es", config, run_config, agent, training)
 
     sigma = search_config.sigma
     sizes = [parameter.numel() for parameter in parameters]  # theta's split into the parameters
@@ -204,7 +214,6 @@ def main(config: ESConfig) -> dict:
 
     # loop: one generation per iteration
     try:
-        generation = 0
         while True:
             with torch.no_grad():
                 theta = torch.nn.utils.parameters_to_vector(parameters)
@@ -218,9 +227,9 @@ def main(config: ESConfig) -> dict:
             gradient_norm = update(noise, returns)
             if normalizer is not None:
                 normalizer.update(steps.get("observation"))
-            generation += 1
+            counters["generation"] += 1
             metrics = {
-                "train/generation": generation,
+                "train/generation": counters["generation"],
                 "train/population_return_mean": returns.mean().item(),
                 "train/population_return_max": returns.max().item(),
                 "train/episode_length_mean": episode_lengths.float().mean().item(),

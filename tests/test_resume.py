@@ -13,7 +13,7 @@ import torch
 
 from agents import Agent
 from envs import InputError
-from recipes import a2c, ddpg, dqn, ppo, qlearning, rnd_ppo, sac, td3
+from recipes import a2c, ddpg, dqn, es, ppo, qlearning, rnd_ppo, sac, td3
 from recipes.common import Run, RunConfig
 from recipes.resume import RESUME_FILE, config_from_dict, explicit_options
 
@@ -80,6 +80,14 @@ def tiny_rnd_ppo(output_dir, **run):
     )
 
 
+def tiny_es(output_dir, **run):
+    config = es.ESConfig(
+        run=small_run(output_dir, **{"num_envs": 8, "total_frames": 8_192, "eval_every": 2_048, **run})
+    )
+    config.network.hidden_sizes = (8,)
+    return config
+
+
 def interrupt_at(monkeypatch, frames):
     """Make the run behave as if SIGINT arrived during the batch that reaches ``frames``."""
     original = Run.record_batch
@@ -112,6 +120,7 @@ CASES = {
         {"run.env_id": "MountainCar-v0", "table.grid_size": 8},
     ),
     "rnd_ppo": (rnd_ppo.main, tiny_rnd_ppo, {}),
+    "es": (es.main, tiny_es, {}),
 }
 GYMNASIUM_ONLY = {"qlearning", "rnd_ppo"}  # envs without a torch implementation
 
@@ -177,11 +186,11 @@ def test_resume_refuses_other_options_another_recipe_and_agent_checkpoints(tmp_p
 
 
 def test_resume_is_refused_by_recipes_without_training_state_and_with_worker_collectors(tmp_path):
-    from recipes import es
+    from recipes import vpg
 
-    config = es.ESConfig(run=RunConfig(**{**RUN, "output_dir": tmp_path, "resume": tmp_path}))
-    with pytest.raises(InputError, match="recipes.es cannot resume a run"):
-        es.main(config)
+    config = vpg.VPGConfig(run=RunConfig(**{**RUN, "output_dir": tmp_path, "resume": tmp_path}))
+    with pytest.raises(InputError, match="recipes.vpg cannot resume a run"):
+        vpg.main(config)
     config = tiny_dqn(tmp_path, resume=tmp_path, collector_backend="multiprocess")
     with pytest.raises(InputError, match="--collector-backend single only"):
         dqn.main(config)
