@@ -3,6 +3,7 @@ one that ran straight through; what resume refuses, and how."""
 
 import math
 import pickle
+import re
 import subprocess
 import sys
 import zipfile
@@ -320,8 +321,9 @@ def test_a_resumed_run_logs_to_the_same_wandb_run(tmp_path, monkeypatch):
         interrupt_at(patch, 1_024)
         stopped = dqn.main(tiny_dqn(tmp_path / "run", logger="wandb"))
     resumed = dqn.main(tiny_dqn(tmp_path / "run", logger="wandb", resume=tmp_path / "run"))
-    run_id = stopped["wandb_offline_run"].rsplit("-", 1)[-1]
-    assert resumed["wandb_offline_run"].endswith(f"-{run_id}")
+    # W&B names offline runs offline-run-TIMESTAMP-ID, adding -1, -2, ... when the name is already taken
+    run_id = re.fullmatch(r".*offline-run-\d+_\d+-(\w+)", stopped["wandb_offline_run"]).group(1)
+    assert re.fullmatch(rf".*offline-run-\d+_\d+-{run_id}(-\d+)?", resumed["wandb_offline_run"])
 
 
 def test_a_run_that_crashed_resumes_exactly_from_its_last_periodic_checkpoint(tmp_path, monkeypatch):
