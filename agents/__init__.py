@@ -6,8 +6,11 @@ from agents.continuous import make_deterministic_actor, make_exploration_env, ma
 from agents.gsde import make_gsde_actor, make_gsde_env
 from agents.loss_addons import KLPenalty, LossAddon, addon_losses, build_loss_addons, trainable_parameters
 from agents.networks import find_normalizer, input_encoder, make_actor, make_critic, make_mlp
+from agents.normalization import ObservationNormalizer
 from agents.qvalue import (
+    TRANSITION_KEYS,
     DuelingHead,
+    ExplorationConfig,
     NStepReturns,
     TensorDQNLoss,
     make_q_actor,
@@ -20,13 +23,16 @@ from agents.tabular import ObservationGrid, QTable, make_q_table
 __all__ = [
     "INTRINSIC_REWARD_KEY",
     "POLICY_BUILDERS",
+    "TRANSITION_KEYS",
     "Agent",
     "DuelingHead",
     "EvaluationResult",
+    "ExplorationConfig",
     "KLPenalty",
     "LossAddon",
     "NStepReturns",
     "ObservationGrid",
+    "ObservationNormalizer",
     "QTable",
     "RandomNetworkDistillation",
     "TensorDDPGLoss",

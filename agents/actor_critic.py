@@ -26,7 +26,7 @@ from torchrl.objectives.utils import distance_loss
 from torchrl.objectives.value import TD0Estimator
 from torchrl.objectives.value.functional import td0_return_estimate
 
-from envs.errors import InputError
+from errors import InputError
 
 
 class StackedNetwork:

@@ -28,9 +28,10 @@ from agents.networks import find_normalizer, make_actor
 from agents.qvalue import make_q_actor
 from agents.tabular import make_q_table
 from envs.atari import is_atari, make_atari_env
-from envs.errors import InputError
 from envs.rendering import use_headless_video_driver
-from envs.vector import check_env_id, space_to_spec
+from envs.specs import space_to_spec
+from envs.vector import check_env_id
+from errors import InputError
 
 FORMAT = "rlkit.agent"
 FORMAT_VERSION = 1
@@ -46,6 +47,21 @@ POLICY_BUILDERS: dict[str, Callable[..., nn.Module]] = {
     "q_actor": make_q_actor,
     "q_table": make_q_table,
 }
+
+
+def builder_name(builder: str | Callable[..., nn.Module]) -> str:
+    """The :data:`POLICY_BUILDERS` name of ``builder`` (a builder function or its name)."""
+    if callable(builder):
+        names = [name for name, known in POLICY_BUILDERS.items() if known is builder]
+        if not names:
+            raise InputError(
+                f"{getattr(builder, '__name__', builder)!r} is not a policy builder an agent can be loaded with; "
+                f"use one of {sorted(POLICY_BUILDERS)} (agents.POLICY_BUILDERS)."
+            )
+        return names[0]
+    if builder not in POLICY_BUILDERS:
+        raise InputError(f"Unknown policy builder {builder!r}; known: {sorted(POLICY_BUILDERS)}.")
+    return builder
 
 
 def space_to_json(space: gym.Space) -> dict[str, Any]:
@@ -110,12 +126,13 @@ class Agent(nn.Module):
 
     Args:
         policy: a TensorDict module reading ``"observation"`` and writing ``"action"``, built by
-            ``POLICY_BUILDERS[policy_builder](observation_spec, action_spec, **policy_kwargs)``.
+            ``policy_builder(observation_spec, action_spec, **policy_kwargs)``.
         env_id: the Gymnasium id the agent acts in.
         observation_space: the single-env observation space.
         action_space: the single-env action space.
         algorithm: name of the recipe that trained it.
-        policy_builder: key of :data:`POLICY_BUILDERS` that rebuilds ``policy`` on load.
+        policy_builder: the builder of ``policy``, one of :data:`POLICY_BUILDERS` (the function or its name):
+            its name is saved, and loading rebuilds the policy with it.
         policy_kwargs: JSON-compatible keyword arguments of that builder.
         config: the training configuration, kept for reference.
 
@@ -132,11 +149,12 @@ class Agent(nn.Module):
         observation_space: gym.Space,
         action_space: gym.Space,
         algorithm: str,
-        policy_builder: str = "mlp_actor",
+        policy_builder: str | Callable[..., nn.Module] = "mlp_actor",
         policy_kwargs: dict[str, Any] | None = None,
         config: dict[str, Any] | None = None,
     ):
         super().__init__()
+        policy_builder = builder_name(policy_builder)
         self.policy = policy
         self.env_id = env_id
         self.observation_space = observation_space
@@ -153,14 +171,13 @@ class Agent(nn.Module):
         observation_space: gym.Space,
         action_space: gym.Space,
         algorithm: str,
-        policy_builder: str = "mlp_actor",
+        policy_builder: str | Callable[..., nn.Module] = "mlp_actor",
         policy_kwargs: dict[str, Any] | None = None,
         config: dict[str, Any] | None = None,
         device: torch.device | str = "cpu",
     ) -> Agent:
-        """Build an agent with a fresh policy from ``POLICY_BUILDERS[policy_builder]``."""
-        if policy_builder not in POLICY_BUILDERS:
-            raise InputError(f"Unknown policy builder {policy_builder!r}; known: {sorted(POLICY_BUILDERS)}.")
+        """Build an agent with a fresh policy from ``policy_builder`` (see :data:`POLICY_BUILDERS`)."""
+        policy_builder = builder_name(policy_builder)
         policy = POLICY_BUILDERS[policy_builder](
             space_to_spec(observation_space, 1), space_to_spec(action_space, 1), **(policy_kwargs or {})
         )

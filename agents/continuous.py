@@ -22,7 +22,7 @@ from torchrl.envs import EnvBase, InitTracker, TransformedEnv
 from torchrl.modules import AdditiveGaussianModule, OrnsteinUhlenbeckProcessModule, TanhModule, ValueOperator
 
 from agents.networks import make_mlp, observation_encoder
-from envs.errors import InputError
+from errors import InputError
 
 NoiseType = Literal["gaussian", "ou"]
 

@@ -25,7 +25,7 @@ from torchrl.envs import EnvBase
 from torchrl.modules import TanhModule
 
 from agents.networks import find_normalizer, make_mlp, observation_encoder
-from envs.errors import InputError
+from errors import InputError
 
 
 class ArgmaxAction(nn.Module):

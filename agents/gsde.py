@@ -41,7 +41,7 @@ from torchrl.modules import MLP, ProbabilisticActor
 from torchrl.modules.models.exploration import gSDEModule
 
 from agents.networks import ACTIVATIONS, encoder_width, observation_encoder
-from envs.errors import InputError
+from errors import InputError
 
 # TorchRL's key (gSDEModule, gSDENoise); collectors leave "_" keys out of the batches they return
 GSDE_NOISE_KEY = "_eps_gSDE"

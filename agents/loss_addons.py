@@ -28,7 +28,7 @@ from torch import nn
 from torchrl.modules import ProbabilisticActor
 from torchrl.objectives import LossModule
 
-from envs.errors import InputError
+from errors import InputError
 
 LossAddon = Callable[[ProbabilisticActor], nn.Module]
 """A factory: given the actor being trained, return a module mapping a minibatch to a TensorDict of ``loss_*``

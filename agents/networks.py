@@ -10,8 +10,8 @@ from torch import nn
 from torchrl.data import Bounded, Categorical, TensorSpec
 from torchrl.modules import MLP, ProbabilisticActor, TanhNormal, ValueOperator
 
-from envs.errors import InputError
-from envs.normalization import ObservationNormalizer
+from agents.normalization import ObservationNormalizer
+from errors import InputError
 
 ACTIVATIONS: dict[str, type[nn.Module]] = {"tanh": nn.Tanh, "relu": nn.ReLU, "elu": nn.ELU, "silu": nn.SiLU}
 

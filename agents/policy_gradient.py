@@ -18,7 +18,7 @@ from torchrl.objectives.value.functional import reward2go
 
 from agents.gsde import GSDEPolicyNet
 from agents.networks import input_encoder
-from envs.errors import InputError
+from errors import InputError
 
 
 class ReturnBaseline(TensorDictModuleBase):

@@ -1,15 +1,17 @@
-"""Q-value networks and actors for the DQN family, and n-step returns for its replay buffer."""
+"""Q-value networks and actors for the DQN family, their epsilon-greedy schedule, and n-step returns for the
+replay buffers of the off-policy recipes."""
 
 from __future__ import annotations
 
 import copy
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 from tensordict import TensorDict, TensorDictBase
 from tensordict.nn import TensorDictModuleBase, TensorDictSequential
 from torch import nn
-from torchrl.data import Categorical, TensorSpec
+from torchrl.data import Categorical, ReplayBuffer, TensorSpec
 from torchrl.data.postprocs.postprocs import _multi_step_func
 from torchrl.envs.transforms import MultiStepTransform
 from torchrl.envs.utils import ExplorationType, exploration_type
@@ -20,9 +22,45 @@ from torchrl.objectives.value import TD0Estimator
 from torchrl.objectives.value.functional import td0_return_estimate
 
 from agents.networks import ACTIVATIONS, observation_encoder
-from envs.errors import InputError
+from errors import InputError
 
 DONE_KEYS = ("done", "terminated", "truncated")
+# what an off-policy recipe stores of a transition (fewer keys: cheaper sampling and loss calls)
+TRANSITION_KEYS = ("observation", "action", ("next", "observation"), ("next", "reward")) + tuple(
+    ("next", key) for key in DONE_KEYS
+)
+# what NStepReturns adds to a transition that the losses do not read
+N_STEP_WORKING_KEYS = ("gamma", "nonterminal", ("next", "original_reward"))
+
+
+@dataclass
+class ExplorationConfig:
+    """Epsilon-greedy exploration annealed linearly (value-based recipes)."""
+
+    initial_epsilon: float = 1.0
+    """Epsilon-greedy rate at the start."""
+    final_epsilon: float = 0.05
+    """Epsilon-greedy rate after annealing."""
+    exploration_fraction: float = 0.5
+    """Fraction of the budget over which epsilon is annealed linearly."""
+
+    def validate(self) -> None:
+        """Raise :class:`InputError` for rates outside [0, 1] or a schedule that increases."""
+        for flag, value in (
+            ("--initial-epsilon", self.initial_epsilon),
+            ("--final-epsilon", self.final_epsilon),
+        ):
+            if not 0 <= value <= 1:
+                raise InputError(f"{flag} must be in [0, 1], got {value}.")
+        if not 0 < self.exploration_fraction <= 1:
+            raise InputError(f"--exploration-fraction must be in (0, 1], got {self.exploration_fraction}.")
+        if self.final_epsilon > self.initial_epsilon:
+            raise InputError("--final-epsilon must not exceed --initial-epsilon.")
+
+    def epsilon(self, frames: int, total_frames: int) -> float:
+        """The rate after ``frames`` of a ``total_frames`` budget."""
+        progress = min(1.0, frames / max(1.0, self.exploration_fraction * total_frames))
+        return self.initial_epsilon + (self.final_epsilon - self.initial_epsilon) * progress
 
 
 class DuelingHead(nn.Module):
@@ -307,17 +345,49 @@ class NStepReturns(MultiStepTransform):
     ``terminated = terminated_{t+m-1}``, with ``m <= n`` steps that stay inside one episode. ``DQNLoss``
     discounts the bootstrap by ``gamma ** steps_to_next_obs``.
 
-    Call it on each collected batch of shape ``[num_envs, time]``: it returns the transitions whose window is
-    complete (the last ``n_steps`` wait for the next batch), or None while fewer than ``n_steps + 1`` steps
-    have been seen.
+    Call it on each collected batch of shape ``[num_envs, time]`` (``n_step_returns(batch)``, or its inverse
+    ``n_step_returns.inv(batch)``, the same): it returns the transitions whose window is complete (the last
+    ``n_steps`` wait for the next batch), or None while fewer than ``n_steps + 1`` steps have been seen. With
+    ``n_steps=1`` it returns each batch as it is (one-step transitions). :meth:`extend` does that and stores the
+    result in a replay buffer. It keeps its window between calls, so it is not a transform to attach to an env
+    or a replay buffer: attached to either, it raises.
 
     Args:
         n_steps: the look-ahead ``n``.
         gamma: discount factor.
+
+    Examples:
+        >>> n_step_returns = NStepReturns(3, gamma=0.99)
+        >>> for batch in collector:
+        ...     n_step_returns.extend(replay_buffer, batch)
     """
 
     def __init__(self, n_steps: int, gamma: float):
         super().__init__(n_steps, gamma)
+
+    def forward(self, tensordict: TensorDictBase) -> TensorDictBase | None:
+        """The n-step transitions of a collected batch (see the class docstring)."""
+        return self.inv(tensordict)
+
+    def _call(self, tensordict: TensorDictBase) -> TensorDictBase:
+        raise RuntimeError(
+            "NStepReturns windows collected batches and keeps state between them: call it on each batch "
+            "(n_step_returns.extend(replay_buffer, batch)) instead of attaching it to an env or a replay buffer."
+        )
+
+    def extend(self, replay_buffer: ReplayBuffer, batch: TensorDictBase) -> int:
+        """Store the n-step transitions of a collected ``[num_envs, time]`` batch in ``replay_buffer`` (only the
+        keys the losses read: :data:`TRANSITION_KEYS` and ``steps_to_next_obs``).
+
+        Returns:
+            The number of transitions stored (0 while the first window is incomplete).
+        """
+        transitions = self.inv(batch.select(*TRANSITION_KEYS))
+        if transitions is None:
+            return 0
+        transitions = transitions.exclude(*N_STEP_WORKING_KEYS).reshape(-1)
+        replay_buffer.extend(transitions)
+        return transitions.numel()
 
     def get_extra_state(self) -> dict:
         """The last ``n_steps`` steps of each env, still waiting for their windows (saved by exact resume)."""
@@ -332,6 +402,10 @@ class NStepReturns(MultiStepTransform):
         self._buffer = None if buffer is None else TensorDict(buffer, batch_size=state["batch_size"])
 
     def _inv_call(self, tensordict: TensorDictBase) -> TensorDictBase | None:
+        if self.__dict__.get("_container") is not None:  # attached to an env or a replay buffer: refuse
+            self._call(tensordict)
+        if self.n_steps == 1:
+            return tensordict
         steps = self._append_tensordict(tensordict)
         length = steps.shape[-1]
         if length <= self.n_steps:

@@ -22,7 +22,7 @@ from torchrl.envs.transforms import RunningMeanStd
 from torchrl.objectives import RNDLoss
 
 from agents.networks import make_mlp
-from envs.errors import InputError
+from errors import InputError
 
 INTRINSIC_REWARD_KEY = "intrinsic_reward"
 OBSERVATION_CLIP = 5.0  # Burda et al. 2018, section 2.4: normalised observations are clipped to [-5, 5]

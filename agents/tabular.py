@@ -10,7 +10,7 @@ from torch import nn
 from torchrl.data import Bounded, Categorical, TensorSpec, Unbounded
 from torchrl.modules import EGreedyModule, QValueActor
 
-from envs.errors import InputError
+from errors import InputError
 
 CELL_KEY = "cell"  # the table row of an observation, written by the policy next to "observation"
 MAX_TABLE_ENTRIES = 50_000_000  # 200 MB of float32: more is a mistake for a table, not a plan

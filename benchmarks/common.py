@@ -14,6 +14,9 @@ from collections.abc import Callable
 from typing import Any
 
 SIDES = ["sb3", "ours-zoo", "ours"]
+EVAL_SEED_OFFSET = (
+    1_000_000  # training.evaluation.EVAL_SEED_OFFSET (not imported: the SB3 side runs without torchrl)
+)
 
 
 def evaluate_sb3(model: Any, env_id: str, seed: int, episodes: int = 20) -> float:
@@ -23,7 +26,7 @@ def evaluate_sb3(model: Any, env_id: str, seed: int, episodes: int = 20) -> floa
     env = gym.make(env_id)
     returns = []
     for episode in range(episodes):
-        observation, _ = env.reset(seed=1_000_000 + seed + episode)
+        observation, _ = env.reset(seed=EVAL_SEED_OFFSET + seed + episode)
         done, total = False, 0.0
         while not done:
             action, _ = model.predict(observation, deterministic=True)
@@ -33,11 +36,6 @@ def evaluate_sb3(model: Any, env_id: str, seed: int, episodes: int = 20) -> floa
         returns.append(total)
     env.close()
     return float(statistics.mean(returns))
-
-
-def quiet(run: Any, output_dir: str) -> None:
-    """Point a recipe's RunConfig at ``output_dir`` with no logger, video or progress bar."""
-    run.output_dir, run.logger, run.video, run.progress = output_dir, "none", False, False
 
 
 def summary_row(summary: dict[str, Any]) -> dict[str, Any]:

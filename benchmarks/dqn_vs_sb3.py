@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import time
 
-from benchmarks.common import benchmark_cli, evaluate_sb3, quiet, summary_row
+from benchmarks.common import benchmark_cli, evaluate_sb3, summary_row
 
 TOTAL_FRAMES = 50_000
 
@@ -59,7 +59,6 @@ def run_sb3(seed: int) -> dict:
 
 
 def run_ours(seed: int, zoo: bool) -> dict:
-    from recipes.common import ExplorationConfig, RunConfig
     from recipes.dqn import (
         BufferConfig,
         CollectorConfig,
@@ -69,6 +68,7 @@ def run_ours(seed: int, zoo: bool) -> dict:
         OptimConfig,
         main,
     )
+    from training import ExplorationConfig, RunConfig, quiet
 
     output_dir = f"runs/bench-dqn-{'zoo' if zoo else 'default'}-{seed}"
     if zoo:
@@ -90,7 +90,7 @@ def run_ours(seed: int, zoo: bool) -> dict:
     else:
         config = DQNConfig()
         config.run.seed = seed
-    quiet(config.run, output_dir)
+    quiet(config, output_dir)
     return summary_row(main(config))
 
 

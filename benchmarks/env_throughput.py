@@ -99,15 +99,10 @@ def numpy_vectorised_rate(num_envs: int, budget_s: float):
 
 def ppo_time_to_solve(backend: str, seed: int, device: str) -> tuple[float | None, int | None]:
     from recipes.ppo import PPOConfig, main
+    from training import quiet
 
-    config = PPOConfig()
-    run = config.run
-    run.seed, run.env_backend, run.device = seed, backend, device
-    run.output_dir, run.logger, run.video, run.progress = (
-        f"runs/bench-env-{backend}-{seed}",
-        "none",
-        False,
-        False,
+    config = quiet(
+        PPOConfig(), f"runs/bench-env-{backend}-{seed}", seed=seed, env_backend=backend, device=device
     )
     summary = main(config)
     return summary["solved_at_s"], summary["solved_at_frames"]

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import time
 
-from benchmarks.common import benchmark_cli, evaluate_sb3, quiet, summary_row
+from benchmarks.common import benchmark_cli, evaluate_sb3, summary_row
 
 TOTAL_FRAMES = 100_000
 
@@ -59,8 +59,8 @@ def run_sb3(seed: int) -> dict:
 
 
 def run_ours(seed: int, zoo: bool) -> dict:
-    from recipes.common import RunConfig
     from recipes.ppo import CollectorConfig, LossConfig, OptimConfig, PPOConfig, main
+    from training import RunConfig, quiet
 
     output_dir = f"runs/bench-ppo-{'zoo' if zoo else 'default'}-{seed}"
     if zoo:
@@ -79,7 +79,7 @@ def run_ours(seed: int, zoo: bool) -> dict:
     else:
         config = PPOConfig()
         config.run.seed = seed
-    quiet(config.run, output_dir)
+    quiet(config, output_dir)
     return summary_row(main(config))
 
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import time
 
-from benchmarks.common import benchmark_cli, evaluate_sb3, quiet, summary_row, time_to_return
+from benchmarks.common import benchmark_cli, evaluate_sb3, summary_row, time_to_return
 
 TOTAL_FRAMES = 20_000
 TARGET = -200.0
@@ -45,6 +45,7 @@ def run_sb3(seed: int) -> dict:
 
 def run_ours(seed: int, zoo: bool) -> dict:
     from recipes.sac import SACConfig, main
+    from training import quiet
 
     config = SACConfig()
     config.run.seed = seed
@@ -55,7 +56,7 @@ def run_ours(seed: int, zoo: bool) -> dict:
     else:
         config.run.stop_at_return = float("inf")  # the whole budget: its final return, and the time to -200
     output_dir = f"runs/bench-sac-{'zoo' if zoo else 'default'}-{seed}"
-    quiet(config.run, output_dir)
+    quiet(config, output_dir)
     row = summary_row(main(config))
     row["time_to_target_s"] = None if zoo else time_to_return(output_dir, TARGET)
     return row

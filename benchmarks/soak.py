@@ -107,6 +107,7 @@ def main() -> None:
     args = parser.parse_args()
 
     from agents import Agent
+    from training import quiet
 
     module_name, config_name, default_frames = RECIPES[args.recipe]
     module = importlib.import_module(module_name)
@@ -120,7 +121,7 @@ def main() -> None:
         while time.perf_counter() < deadline:
             config = getattr(module, config_name)()
             run = config.run
-            run.output_dir, run.logger, run.video, run.progress = Path(directory), "csv", False, False
+            quiet(config, Path(directory), logger="csv")
             run.seed, run.total_frames = sampler.cycle, args.frames_per_cycle or default_frames
             run.checkpoint_every, run.stop_at_return = args.checkpoint_every, float("inf")
             if args.env_id:

@@ -6,9 +6,9 @@ from envs.atari import is_atari, make_atari_env
 from envs.classic import TORCH_ENVS, ClassicControlEnv
 from envs.classic_gym import TorchClassicEnv, TorchClassicVectorEnv, register_envs
 from envs.deepsea import DeepSeaEnv, register_deepsea_envs
-from envs.errors import InputError, NonFiniteError
-from envs.normalization import ObservationNormalizer
-from envs.vector import EPISODE_LENGTH_KEY, EPISODE_RETURN_KEY, GymnasiumVectorEnv, make_env, space_to_spec
+from envs.specs import EPISODE_LENGTH_KEY, EPISODE_RETURN_KEY, space_to_spec
+from envs.vector import GymnasiumVectorEnv, make_env
+from errors import InputError, NonFiniteError
 
 register_envs()
 
@@ -21,7 +21,6 @@ __all__ = [
     "GymnasiumVectorEnv",
     "InputError",
     "NonFiniteError",
-    "ObservationNormalizer",
     "TorchClassicEnv",
     "TorchClassicVectorEnv",
     "is_atari",

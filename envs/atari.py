@@ -24,7 +24,7 @@ import gymnasium as gym
 import numpy as np
 from gymnasium.wrappers import AtariPreprocessing, FrameStackObservation
 
-from envs.errors import InputError
+from errors import InputError
 
 ATARI_PREFIX = "ALE/"
 NOOP_MAX = 30  # Mnih et al. (2015), Extended Data Table 1: "no-op max"

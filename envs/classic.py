@@ -22,8 +22,8 @@ import torch
 from tensordict import TensorDictBase
 from torchrl.envs import EnvBase
 
-from envs.errors import InputError
-from envs.vector import EPISODE_LENGTH_KEY, EPISODE_RETURN_KEY, set_specs, unchecked_tensordict
+from envs.specs import EPISODE_LENGTH_KEY, EPISODE_RETURN_KEY, set_specs, unchecked_tensordict
+from errors import InputError
 
 NAMESPACE = "rlkit"
 

@@ -23,7 +23,7 @@ import gymnasium as gym
 import numpy as np
 
 from envs.classic import NAMESPACE
-from envs.errors import InputError
+from errors import InputError
 
 DEFAULT_SIZE = 10
 REGISTERED_SIZES = (5, 8, 10, 12, 14, 16, 20, 30)  # rlkit/DeepSea<N>-v0

@@ -22,8 +22,8 @@ import numpy as np
 from torchrl.envs import EnvBase, TransformedEnv
 
 from envs.classic import ClassicControlEnv
-from envs.errors import InputError
 from envs.vector import GymnasiumVectorEnv
+from errors import InputError
 
 # attributes that describe the env rather than its state, or that hold the layers below
 _SKIPPED = {"env", "envs", "env_fns", "spec", "_cached_spec", "unwrapped", "closed"}

@@ -17,68 +17,16 @@ import gymnasium as gym
 import numpy as np
 import torch
 from gymnasium.vector import AutoresetMode
-from tensordict import TensorDict, TensorDictBase
-from torchrl.data import Binary, Bounded, Categorical, Composite, MultiCategorical, Unbounded
+from tensordict import TensorDictBase
 from torchrl.envs import EnvBase
 
 from envs.atari import is_atari, make_atari_env, register_atari_envs
-from envs.errors import InputError
-
-EPISODE_RETURN_KEY = "episode_return"
-EPISODE_LENGTH_KEY = "episode_length"
+from envs.classic import torch_env_class
+from envs.specs import EPISODE_LENGTH_KEY, EPISODE_RETURN_KEY, set_specs, space_to_spec, unchecked_tensordict
+from errors import InputError
 
 Vectorization = Literal["sync", "async"]
 Backend = Literal["gymnasium", "torch"]
-
-
-def space_to_spec(space: gym.Space, batch_size: int, device: torch.device | str = "cpu"):
-    """Return the TorchRL spec of ``batch_size`` stacked elements of a Gymnasium space.
-
-    Args:
-        space: a ``Box``, ``Discrete``, ``MultiDiscrete`` or ``MultiBinary`` space.
-        batch_size: number of sub-envs stacked in front.
-        device: device of the spec.
-
-    Returns:
-        A TorchRL ``TensorSpec``. ``Box`` spaces of any float dtype become float32 specs; ``Discrete``
-        spaces become integer ``Categorical`` specs with values in ``[0, n)`` (a ``start`` offset is
-        applied by :class:`GymnasiumVectorEnv`).
-
-    Raises:
-        InputError: for other spaces (``Dict``, ``Tuple``, ``Text``, ...).
-    """
-    if not isinstance(
-        space, (gym.spaces.Box, gym.spaces.Discrete, gym.spaces.MultiDiscrete, gym.spaces.MultiBinary)
-    ):
-        raise InputError(
-            f"Gymnasium space {space} is not supported: use a Box, Discrete, MultiDiscrete or MultiBinary space "
-            "(wrap Dict or Tuple observations with gymnasium.wrappers.FlattenObservation)."
-        )
-    shape = (batch_size, *space.shape)
-    if isinstance(space, gym.spaces.Box):
-        dtype = (
-            torch.float32 if np.issubdtype(space.dtype, np.floating) else torch.from_numpy(space.low).dtype
-        )
-        if np.all(np.isfinite(space.low)) and np.all(np.isfinite(space.high)):
-            low = torch.as_tensor(np.broadcast_to(space.low, shape).copy(), dtype=dtype)
-            high = torch.as_tensor(np.broadcast_to(space.high, shape).copy(), dtype=dtype)
-            return Bounded(low, high, shape=shape, dtype=dtype, device=device)
-        return Unbounded(shape=shape, dtype=dtype, device=device)
-    if isinstance(space, gym.spaces.Discrete):
-        return Categorical(int(space.n), shape=shape, dtype=torch.int64, device=device)
-    if isinstance(space, gym.spaces.MultiDiscrete):
-        return MultiCategorical(
-            torch.as_tensor(space.nvec).expand(shape), shape=shape, dtype=torch.int64, device=device
-        )
-    return Binary(n=shape[-1], shape=shape, dtype=torch.int8, device=device)
-
-
-def unchecked_tensordict(
-    source: dict[str, torch.Tensor], batch_size: torch.Size, device: torch.device
-) -> TensorDict:
-    """A TensorDict of tensors known to have the right shapes and device, built without re-validating them
-    (the envs' hot path: validation costs more than the physics of a small batch)."""
-    return TensorDict._new_unsafe(source, batch_size=batch_size, device=device)
 
 
 def _nonfinite_rows(*arrays: np.ndarray) -> set[int]:
@@ -91,31 +39,6 @@ def _nonfinite_rows(*arrays: np.ndarray) -> set[int]:
 def _start(space: gym.Space) -> int:
     """The first value of a Discrete space (0 for other spaces)."""
     return int(space.start) if isinstance(space, gym.spaces.Discrete) else 0
-
-
-def set_specs(env: EnvBase, observation_space: gym.Space, action_space: gym.Space) -> None:
-    """Give a batched env the specs shared by every env of this toolkit.
-
-    ``"observation"`` and ``"action"`` follow the single-env Gymnasium spaces; ``"episode_return"`` and
-    ``"episode_length"`` track each sub-env's episode; ``"reward"`` is float32 and ``"done"``,
-    ``"terminated"`` and ``"truncated"`` are separate flags, all with a trailing dim of 1.
-    """
-    num_envs, device = env.batch_size[0], env.device
-    env.observation_spec = Composite(
-        observation=space_to_spec(observation_space, num_envs, device),
-        **{
-            EPISODE_RETURN_KEY: Unbounded(shape=(num_envs, 1), device=device),
-            EPISODE_LENGTH_KEY: Unbounded(shape=(num_envs, 1), dtype=torch.int64, device=device),
-        },
-        shape=(num_envs,),
-        device=device,
-    )
-    env.action_spec = space_to_spec(action_space, num_envs, device)
-    env.reward_spec = Unbounded(shape=(num_envs, 1), device=device)
-    flag = Categorical(2, shape=(num_envs, 1), dtype=torch.bool, device=device)
-    env.done_spec = Composite(
-        done=flag, terminated=flag.clone(), truncated=flag.clone(), shape=(num_envs,), device=device
-    )
 
 
 class GymnasiumVectorEnv(EnvBase):
@@ -405,8 +328,6 @@ def make_env(
 
 
 def _make_torch_env(env, num_envs, device, seed, env_kwargs, dtype) -> EnvBase:
-    from envs.classic import torch_env_class
-
     if not isinstance(env, str):
         raise InputError(
             "The torch backend builds envs from an id such as 'CartPole-v1', not from an env object."

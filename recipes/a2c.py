@@ -37,11 +37,11 @@ from agents import Agent, find_normalizer, input_encoder, make_critic, make_gsde
 from agents.gsde import check_sde_options
 from agents.loss_addons import LossAddon, addon_losses, build_loss_addons, trainable_parameters
 from agents.policy_gradient import make_shared_critic
-from envs import InputError
-from recipes.common import (
+from training import (
     Run,
     RunConfig,
     TrainingState,
+    check_ranges,
     make_collector,
     make_training_env,
     prepare_process,
@@ -116,22 +116,23 @@ class A2CConfig:
     optim: OptimConfig = field(default_factory=OptimConfig)
     network: NetworkConfig = field(default_factory=NetworkConfig)
 
-
-def check_a2c_ranges(loss: LossConfig, optim: OptimConfig) -> None:
-    """Raise :class:`InputError` for hyperparameters outside their meaningful range."""
-    gae_lambda = 1.0 if loss.gae_lambda is None else loss.gae_lambda
-    checks = [
-        ("--lr", optim.lr, optim.lr > 0, "> 0"),
-        ("--max-grad-norm", optim.max_grad_norm, optim.max_grad_norm > 0, "> 0"),
-        ("--gamma", loss.gamma, 0 < loss.gamma <= 1, "in (0, 1]"),
-        ("--gae-lambda", loss.gae_lambda, 0 <= gae_lambda <= 1, "in [0, 1] (or None)"),
-        ("--entropy-coef", loss.entropy_coef, loss.entropy_coef >= 0, ">= 0"),
-        ("--critic-coef", loss.critic_coef, loss.critic_coef > 0, "> 0"),
-        ("--reward-scale", loss.reward_scale, loss.reward_scale > 0, "> 0"),
-    ]
-    for flag, value, valid, expected in checks:
-        if not valid:
-            raise InputError(f"{flag} must be {expected}, got {value}.")
+    def validate(self) -> None:
+        """Raise :class:`InputError` for options outside their meaningful range or that do not combine."""
+        self.run.validate()
+        loss, optim = self.loss, self.optim
+        require_positive(steps_per_env=self.collector.steps_per_env)
+        check_ranges(
+            lr=(optim.lr, "> 0"),
+            max_grad_norm=(optim.max_grad_norm, "> 0"),
+            gamma=(loss.gamma, "(0, 1]"),
+            gae_lambda=(loss.gae_lambda, "[0, 1]"),  # None: n-step returns
+            entropy_coef=(loss.entropy_coef, ">= 0"),
+            critic_coef=(loss.critic_coef, "> 0"),
+            reward_scale=(loss.reward_scale, "> 0"),
+        )
+        check_sde_options(self.network.use_sde, self.network.sde_sample_freq)
+        if self.network.use_sde:
+            single_collector_only(self.run, "--use-sde")
 
 
 def make_advantage_module(
@@ -149,18 +150,13 @@ def make_advantage_module(
 
 @recipe_main
 def main(config: A2CConfig, loss_addons: Sequence[LossAddon] = ()) -> dict:
-    """Train A2C as configured and return the run summary (see ``recipes.common``).
+    """Train A2C as configured and return the run summary (see ``training.run``).
 
     ``loss_addons`` are factories of extra policy-loss terms (:mod:`agents.loss_addons`), as in ``recipes.ppo``.
     """
     # config
+    config.validate()
     run_config, loss_config, optim_config = config.run, config.loss, config.optim
-    run_config.validate()
-    require_positive(steps_per_env=config.collector.steps_per_env)
-    check_a2c_ranges(loss_config, optim_config)
-    check_sde_options(config.network.use_sde, config.network.sde_sample_freq)
-    if config.network.use_sde:
-        single_collector_only(run_config, "--use-sde")
     prepare_process(run_config)
     device = torch.device(run_config.device)
     frames_per_batch = run_config.num_envs * config.collector.steps_per_env

@@ -24,16 +24,15 @@ import torch
 from torchrl.data import LazyTensorStorage, TensorDictReplayBuffer
 from torchrl.objectives import SoftUpdate
 
-from agents import Agent, TensorDDPGLoss, make_exploration_env, make_qvalue_critic
+from agents import TRANSITION_KEYS, Agent, TensorDDPGLoss, make_exploration_env, make_qvalue_critic
 from agents.continuous import check_box_actions
-from envs import InputError
-from recipes.common import (
-    TRANSITION_KEYS,
+from errors import InputError
+from training import (
     OffPolicyCollectorConfig,
     Run,
     RunConfig,
     TrainingState,
-    check_off_policy_ranges,
+    check_ranges,
     make_off_policy_collector,
     make_training_env,
     prepare_process,
@@ -101,27 +100,29 @@ class DDPGConfig:
     optim: OptimConfig = field(default_factory=OptimConfig)
     network: NetworkConfig = field(default_factory=NetworkConfig)
 
+    def validate(self) -> None:
+        """Raise :class:`InputError` for options outside their meaningful range or that do not combine."""
+        self.run.validate()
+        buffer, loss = self.buffer, self.loss
+        require_positive(buffer_size=buffer.buffer_size, batch_size=buffer.batch_size)
+        check_ranges(lr=(self.optim.lr, "> 0"), gamma=(loss.gamma, "(0, 1]"), tau=(loss.tau, "(0, 1]"))
+        self.collector.validate()
+        if self.network.noise == "ou":
+            single_collector_only(self.run, "--noise ou")
+        check_ranges(ou_theta=(self.network.ou_theta, "> 0"))
+
 
 @recipe_main
 def main(config: DDPGConfig) -> dict:
-    """Train DDPG as configured and return the run summary (see ``recipes.common``)."""
+    """Train DDPG as configured and return the run summary (see ``training.run``)."""
     # config
+    config.validate()
     run_config, buffer_config, loss_config, network_config = (
         config.run,
         config.buffer,
         config.loss,
         config.network,
     )
-    run_config.validate()
-    require_positive(
-        buffer_size=buffer_config.buffer_size,
-        batch_size=buffer_config.batch_size,
-    )
-    check_off_policy_ranges(config.optim.lr, loss_config.gamma, loss_config.tau, config.collector)
-    if config.network.noise == "ou":
-        single_collector_only(run_config, "--noise ou")
-    if network_config.ou_theta <= 0:
-        raise InputError(f"--ou-theta must be > 0, got {network_config.ou_theta}.")
     prepare_process(run_config)
     device = torch.device(run_config.device)
     frames_per_batch = run_config.num_envs * config.collector.steps_per_env

@@ -32,14 +32,14 @@ from torchrl.data import LazyTensorStorage, PrioritizedSampler, RandomSampler, T
 from torchrl.envs.utils import ExplorationType
 from torchrl.modules import reset_noise
 
-from agents import Agent, NStepReturns, TensorDQNLoss, find_normalizer, make_target_updater
-from envs import InputError
-from recipes.common import (
-    TRANSITION_KEYS,
-    ExplorationConfig,
+from agents import Agent, ExplorationConfig, NStepReturns, TensorDQNLoss, find_normalizer, make_target_updater
+from agents.qvalue import make_q_actor
+from errors import InputError
+from training import (
     Run,
     RunConfig,
     TrainingState,
+    check_ranges,
     make_collector,
     make_training_env,
     prepare_process,
@@ -149,45 +149,36 @@ class DQNConfig:
     def prioritized(self) -> bool:
         return self.buffer.prioritized or self.rainbow
 
-
-def check_dqn_ranges(config: DQNConfig) -> None:
-    """Raise :class:`InputError` for hyperparameters outside their meaningful range."""
-    buffer, loss, optim = config.buffer, config.loss, config.optim
-    checks = [
-        ("--lr", optim.lr, optim.lr > 0, "> 0"),
-        ("--max-grad-norm", optim.max_grad_norm, optim.max_grad_norm > 0, "> 0"),
-        ("--gamma", loss.gamma, 0 < loss.gamma <= 1, "in (0, 1]"),
-        ("--tau", loss.tau, 0 < loss.tau <= 1, "in (0, 1]"),
-        ("--alpha", buffer.alpha, buffer.alpha >= 0, ">= 0"),
-        ("--beta", buffer.beta, 0 <= buffer.beta <= 1, "in [0, 1]"),
-        (
-            "--learning-starts",
-            config.collector.learning_starts,
-            config.collector.learning_starts >= 0,
-            ">= 0",
-        ),
-    ]
-    for flag, value, valid, expected in checks:
-        if not valid:
-            raise InputError(f"{flag} must be {expected}, got {value}.")
-    config.exploration.validate()
+    def validate(self) -> None:
+        """Raise :class:`InputError` for options outside their meaningful range."""
+        self.run.validate()
+        collector, buffer, loss, optim = self.collector, self.buffer, self.loss, self.optim
+        require_positive(
+            steps_per_env=collector.steps_per_env,
+            updates_per_batch=collector.updates_per_batch,
+            buffer_size=buffer.buffer_size,
+            batch_size=buffer.batch_size,
+            n_steps=buffer.n_steps,
+            target_update_interval=loss.target_update_interval,
+        )
+        check_ranges(
+            lr=(optim.lr, "> 0"),
+            max_grad_norm=(optim.max_grad_norm, "> 0"),
+            gamma=(loss.gamma, "(0, 1]"),
+            tau=(loss.tau, "(0, 1]"),
+            alpha=(buffer.alpha, ">= 0"),
+            beta=(buffer.beta, "[0, 1]"),
+            learning_starts=(collector.learning_starts, ">= 0"),
+        )
+        self.exploration.validate()
 
 
 @recipe_main
 def main(config: DQNConfig) -> dict:
-    """Train DQN as configured and return the run summary (see ``recipes.common``)."""
+    """Train DQN as configured and return the run summary (see ``training.run``)."""
     # config
+    config.validate()
     run_config, buffer_config, loss_config = config.run, config.buffer, config.loss
-    run_config.validate()
-    require_positive(
-        steps_per_env=config.collector.steps_per_env,
-        updates_per_batch=config.collector.updates_per_batch,
-        buffer_size=buffer_config.buffer_size,
-        batch_size=buffer_config.batch_size,
-        n_steps=buffer_config.n_steps,
-        target_update_interval=loss_config.target_update_interval,
-    )
-    check_dqn_ranges(config)
     prepare_process(run_config)
     device = torch.device(run_config.device)
     frames_per_batch = run_config.num_envs * config.collector.steps_per_env
@@ -214,16 +205,16 @@ def main(config: DQNConfig) -> dict:
         "normalize_obs": config.network.normalize_obs,
         "epsilon": exploration.initial_epsilon,
     }
-    agent = Agent.build(
+    policy = make_q_actor(env.observation_spec["observation"], env.action_spec, **policy_kwargs).to(device)
+    agent = Agent(
+        policy,
         run_config.env_id,
         env.single_observation_space,
         env.single_action_space,
         "dqn",
-        policy_builder="q_actor",
+        policy_builder=make_q_actor,
         policy_kwargs=policy_kwargs,
-        device=device,
     )
-    policy = agent.policy
     q_actor, epsilon_greedy = policy[0], policy[1]
     normalizer = find_normalizer(policy)
 
@@ -263,7 +254,7 @@ def main(config: DQNConfig) -> dict:
         batch_size=buffer_config.batch_size,
         priority_key="td_error",
     )
-    n_step_returns = NStepReturns(n_steps, loss_config.gamma) if n_steps > 1 else None
+    n_step_returns = NStepReturns(n_steps, loss_config.gamma)  # n_steps 1: one-step transitions
 
     # optimizer
     parameters = [p for p in loss_module.value_network_params.values(True, True) if p.requires_grad]
@@ -277,7 +268,7 @@ def main(config: DQNConfig) -> dict:
         optimizers={"adam": optimizer},
         replay_buffer=replay_buffer,
         target_updater=target_updater,
-        extras={} if n_step_returns is None else {"n_step_returns": n_step_returns},
+        extras={"n_step_returns": n_step_returns} if n_steps > 1 else {},
     )
     run = Run("dqn", config, run_config, agent, training)
 
@@ -300,13 +291,7 @@ def main(config: DQNConfig) -> dict:
     for batch in collector:
         frames += batch.numel()
         epsilon_greedy.eps.fill_(exploration.epsilon(frames, run_config.total_frames))
-        transitions = batch.select(*TRANSITION_KEYS)
-        if n_step_returns is not None:
-            transitions = n_step_returns.inv(transitions)
-        if transitions is not None:
-            replay_buffer.extend(
-                transitions.exclude("gamma", "nonterminal", ("next", "original_reward")).reshape(-1)
-            )
+        n_step_returns.extend(replay_buffer, batch)
         metrics = {"train/epsilon": epsilon_greedy.eps.item()}
         if frames >= learning_starts and len(replay_buffer) >= buffer_config.batch_size:
             if prioritized:

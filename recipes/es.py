@@ -33,18 +33,19 @@ import torch
 from agents import Agent, find_normalizer
 from agents.agent import EVALUATION_STEP_LIMIT
 from agents.es import PopulationEvaluator, antithetic_gradient, centered_ranks
-from envs import InputError
-from recipes.common import (
+from errors import InputError
+from training import (
     Run,
     RunConfig,
     TrainingState,
+    check_ranges,
     make_training_env,
     prepare_process,
     recipe_main,
     require_positive,
     run_cli,
 )
-from recipes.distributed import RayPopulationEvaluator
+from training.distributed import RayPopulationEvaluator
 
 
 @dataclass
@@ -100,40 +101,33 @@ class ESConfig:
     network: NetworkConfig = field(default_factory=NetworkConfig)
     workers: WorkerConfig = field(default_factory=WorkerConfig)
 
-
-def check_es_ranges(config: ESConfig) -> None:
-    """Raise :class:`InputError` for hyperparameters outside their meaningful range."""
-    require_positive(
-        episodes_per_member=config.search.episodes_per_member, steps_per_env=config.search.steps_per_env
-    )
-    if config.run.num_envs % 2:
-        raise InputError(
-            f"--num-envs is the ES population and must be even (antithetic pairs), got {config.run.num_envs}."
+    def validate(self) -> None:
+        """Raise :class:`InputError` for options outside their meaningful range or that do not combine."""
+        self.run.validate()
+        search, optim = self.search, self.optim
+        require_positive(episodes_per_member=search.episodes_per_member, steps_per_env=search.steps_per_env)
+        if self.run.num_envs % 2:
+            raise InputError(
+                f"--num-envs is the ES population and must be even (antithetic pairs), got {self.run.num_envs}."
+            )
+        check_ranges(
+            sigma=(search.sigma, "> 0"), lr=(optim.lr, "> 0"), weight_decay=(optim.weight_decay, ">= 0")
         )
-    checks = [
-        ("--sigma", config.search.sigma, config.search.sigma > 0, "> 0"),
-        ("--lr", config.optim.lr, config.optim.lr > 0, "> 0"),
-        ("--weight-decay", config.optim.weight_decay, config.optim.weight_decay >= 0, ">= 0"),
-    ]
-    for flag, value, valid, expected in checks:
-        if not valid:
-            raise InputError(f"{flag} must be {expected}, got {value}.")
-    if config.run.collector_backend == "multiprocess":
-        raise InputError(
-            "ES runs its population in one batched env (--collector-backend single) or on Ray workers "
-            "(--collector-backend ray); multiprocess is not offered."
-        )
-    if config.workers.worker_timeout_s <= 0 or config.workers.worker_restarts < 0:
-        raise InputError("--worker-timeout-s must be > 0 and --worker-restarts >= 0.")
+        if self.run.collector_backend == "multiprocess":
+            raise InputError(
+                "ES runs its population in one batched env (--collector-backend single) or on Ray workers "
+                "(--collector-backend ray); multiprocess is not offered."
+            )
+        if self.workers.worker_timeout_s <= 0 or self.workers.worker_restarts < 0:
+            raise InputError("--worker-timeout-s must be > 0 and --worker-restarts >= 0.")
 
 
 @recipe_main
 def main(config: ESConfig) -> dict:
-    """Train ES as configured and return the run summary (see ``recipes.common``)."""
+    """Train ES as configured and return the run summary (see ``training.run``)."""
     # config
+    config.validate()
     run_config, search_config, optim_config = config.run, config.search, config.optim
-    run_config.validate()
-    check_es_ranges(config)
     prepare_process(run_config)
     device = torch.device(run_config.device)
     population_size = run_config.num_envs

@@ -15,8 +15,8 @@ from typing import Annotated
 import tyro
 
 from agents import Agent
-from envs import InputError
 from envs.vector import check_device, check_env_id
+from errors import InputError
 
 
 @dataclass

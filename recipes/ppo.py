@@ -28,11 +28,12 @@ from torchrl.objectives.value import GAE
 from agents import Agent, find_normalizer, input_encoder, make_critic, make_gsde_env
 from agents.gsde import check_sde_options
 from agents.loss_addons import LossAddon, addon_losses, build_loss_addons, trainable_parameters
-from envs import InputError
-from recipes.common import (
+from errors import InputError
+from training import (
     Run,
     RunConfig,
     TrainingState,
+    check_ranges,
     make_collector,
     make_training_env,
     prepare_process,
@@ -109,48 +110,52 @@ class PPOConfig:
     optim: OptimConfig = field(default_factory=OptimConfig)
     network: NetworkConfig = field(default_factory=NetworkConfig)
 
+    def validate(self) -> None:
+        """Raise :class:`InputError` for options outside their meaningful range or that do not combine."""
+        check_ppo_options(self.run, self.collector, self.loss, self.optim, self.network)
 
-def check_ppo_ranges(loss: LossConfig, optim: OptimConfig) -> None:
-    """Raise :class:`InputError` for hyperparameters outside their meaningful range."""
-    checks = [
-        ("--lr", optim.lr, optim.lr > 0, "> 0"),
-        ("--max-grad-norm", optim.max_grad_norm, optim.max_grad_norm > 0, "> 0"),
-        ("--gamma", loss.gamma, 0 < loss.gamma <= 1, "in (0, 1]"),
-        ("--gae-lambda", loss.gae_lambda, 0 <= loss.gae_lambda <= 1, "in [0, 1]"),
-        ("--clip-epsilon", loss.clip_epsilon, loss.clip_epsilon > 0, "> 0"),
-        ("--entropy-coef", loss.entropy_coef, loss.entropy_coef >= 0, ">= 0"),
-        ("--critic-coef", loss.critic_coef, loss.critic_coef >= 0, ">= 0"),
-    ]
-    for flag, value, valid, expected in checks:
-        if not valid:
-            raise InputError(f"{flag} must be {expected}, got {value}.")
+
+def check_ppo_options(
+    run: RunConfig, collector: CollectorConfig, loss: LossConfig, optim: OptimConfig, network: NetworkConfig
+) -> None:
+    """Raise :class:`InputError` for PPO options outside their meaningful range or that do not combine."""
+    run.validate()
+    require_positive(
+        steps_per_env=collector.steps_per_env,
+        num_epochs=optim.num_epochs,
+        minibatch_size=optim.minibatch_size,
+    )
+    check_ranges(
+        lr=(optim.lr, "> 0"),
+        max_grad_norm=(optim.max_grad_norm, "> 0"),
+        gamma=(loss.gamma, "(0, 1]"),
+        gae_lambda=(loss.gae_lambda, "[0, 1]"),
+        clip_epsilon=(loss.clip_epsilon, "> 0"),
+        entropy_coef=(loss.entropy_coef, ">= 0"),
+        critic_coef=(loss.critic_coef, ">= 0"),
+    )
+    frames_per_batch = run.num_envs * collector.steps_per_env
+    if optim.minibatch_size > frames_per_batch:
+        raise InputError(
+            f"--minibatch-size {optim.minibatch_size} exceeds the {frames_per_batch} frames per batch "
+            "(num_envs * steps_per_env)."
+        )
+    check_sde_options(network.use_sde, network.sde_sample_freq)
+    if network.use_sde:
+        single_collector_only(run, "--use-sde")
 
 
 @recipe_main
 def main(config: PPOConfig, loss_addons: Sequence[LossAddon] = ()) -> dict:
-    """Train PPO as configured and return the run summary (see ``recipes.common``).
+    """Train PPO as configured and return the run summary (see ``training.run``).
 
     ``loss_addons`` are factories of extra policy-loss terms (:mod:`agents.loss_addons`), e.g. a KL penalty
     towards a reference policy: each gets the actor, and the ``loss_*`` terms of what it returns join the total.
     """
     # config
+    config.validate()
     run_config, loss_config, optim_config = config.run, config.loss, config.optim
-    run_config.validate()
-    require_positive(
-        steps_per_env=config.collector.steps_per_env,
-        num_epochs=optim_config.num_epochs,
-        minibatch_size=optim_config.minibatch_size,
-    )
-    check_ppo_ranges(loss_config, optim_config)
     frames_per_batch = run_config.num_envs * config.collector.steps_per_env
-    if optim_config.minibatch_size > frames_per_batch:
-        raise InputError(
-            f"--minibatch-size {optim_config.minibatch_size} exceeds the {frames_per_batch} frames per batch "
-            "(num_envs * steps_per_env)."
-        )
-    check_sde_options(config.network.use_sde, config.network.sde_sample_freq)
-    if config.network.use_sde:
-        single_collector_only(run_config, "--use-sde")
     prepare_process(run_config)
     device = torch.device(run_config.device)
     num_batches = -(-run_config.total_frames // frames_per_batch)

@@ -32,14 +32,14 @@ import gymnasium as gym
 import torch
 from torchrl.objectives import DQNLoss, ValueEstimators
 
-from agents import Agent
+from agents import Agent, ExplorationConfig
 from agents.tabular import CELL_KEY, check_finite_bounds, egreedy_module, q_value_actor
-from envs import InputError
-from recipes.common import (
-    ExplorationConfig,
+from errors import InputError
+from training import (
     Run,
     RunConfig,
     TrainingState,
+    check_ranges,
     make_collector,
     make_training_env,
     prepare_process,
@@ -87,20 +87,14 @@ class QLearningConfig:
     learning: LearningConfig = field(default_factory=LearningConfig)
     table: TableConfig = field(default_factory=TableConfig)
 
-
-def check_qlearning_ranges(config: QLearningConfig) -> None:
-    """Raise :class:`InputError` for hyperparameters outside their meaningful range."""
-    learning = config.learning
-    checks = [
-        ("--lr", learning.lr, 0 < learning.lr <= 1, "in (0, 1]"),
-        ("--gamma", learning.gamma, 0 < learning.gamma <= 1, "in (0, 1]"),
-    ]
-    for flag, value, valid, expected in checks:
-        if not valid:
-            raise InputError(f"{flag} must be {expected}, got {value}.")
-    config.exploration.validate()
-    if config.table.grid_size is not None:
-        require_positive(grid_size=config.table.grid_size)
+    def validate(self) -> None:
+        """Raise :class:`InputError` for options outside their meaningful range."""
+        self.run.validate()
+        require_positive(steps_per_env=self.collector.steps_per_env)
+        check_ranges(lr=(self.learning.lr, "(0, 1]"), gamma=(self.learning.gamma, "(0, 1]"))
+        self.exploration.validate()
+        if self.table.grid_size is not None:
+            require_positive(grid_size=self.table.grid_size)
 
 
 def check_spaces(
@@ -129,12 +123,10 @@ def check_spaces(
 
 @recipe_main
 def main(config: QLearningConfig) -> dict:
-    """Train tabular Q-learning as configured and return the run summary (see ``recipes.common``)."""
+    """Train tabular Q-learning as configured and return the run summary (see ``training.run``)."""
     # config
+    config.validate()
     run_config, exploration_config, learning_config = config.run, config.exploration, config.learning
-    run_config.validate()
-    require_positive(steps_per_env=config.collector.steps_per_env)
-    check_qlearning_ranges(config)
     prepare_process(run_config)
     device = torch.device(run_config.device)
     frames_per_batch = run_config.num_envs * config.collector.steps_per_env

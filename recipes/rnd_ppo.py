@@ -41,23 +41,21 @@ from agents import (
     make_gsde_env,
     make_rnd_networks,
 )
-from agents.gsde import check_sde_options
 from agents.loss_addons import LossAddon, addon_losses, build_loss_addons, trainable_parameters
 from agents.rnd import INTRINSIC_REWARD_KEY
-from envs import InputError
-from recipes.common import (
+from recipes.ppo import CollectorConfig, LossConfig, NetworkConfig, OptimConfig, check_ppo_options
+from training import (
     Run,
     RunConfig,
     TrainingState,
+    check_ranges,
     make_collector,
     make_training_env,
     prepare_process,
     recipe_main,
     require_positive,
     run_cli,
-    single_collector_only,
 )
-from recipes.ppo import CollectorConfig, LossConfig, NetworkConfig, OptimConfig, check_ppo_ranges
 
 INTRINSIC_VALUE_KEY = "state_value_int"
 INTRINSIC_VALUE_TARGET_KEY = "value_target_int"
@@ -99,37 +97,29 @@ class RNDPPOConfig:
     optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-3, num_epochs=4))
     network: NetworkConfig = field(default_factory=NetworkConfig)
 
+    def validate(self) -> None:
+        """Raise :class:`InputError` for options outside their meaningful range or that do not combine."""
+        check_ppo_options(self.run, self.collector, self.loss, self.optim, self.network)
+        intrinsic = self.intrinsic
+        require_positive(rnd_embedding_dim=intrinsic.rnd_embedding_dim)
+        check_ranges(
+            gamma_int=(intrinsic.gamma_int, "(0, 1]"),
+            ext_coef=(intrinsic.ext_coef, ">= 0"),
+            int_coef=(intrinsic.int_coef, ">= 0"),
+        )
+
 
 @recipe_main
 def main(config: RNDPPOConfig, loss_addons: Sequence[LossAddon] = ()) -> dict:
-    """Train PPO with RND as configured and return the run summary (see ``recipes.common``).
+    """Train PPO with RND as configured and return the run summary (see ``training.run``).
 
     ``loss_addons`` are factories of extra policy-loss terms (:mod:`agents.loss_addons`), as in ``recipes.ppo``.
     """
     # config
+    config.validate()
     run_config, loss_config, optim_config = config.run, config.loss, config.optim
     intrinsic_config = config.intrinsic
-    run_config.validate()
-    require_positive(
-        steps_per_env=config.collector.steps_per_env,
-        num_epochs=optim_config.num_epochs,
-        minibatch_size=optim_config.minibatch_size,
-        rnd_embedding_dim=intrinsic_config.rnd_embedding_dim,
-    )
-    check_ppo_ranges(loss_config, optim_config)
-    if not 0 < intrinsic_config.gamma_int <= 1:
-        raise InputError(f"--gamma-int must be in (0, 1], got {intrinsic_config.gamma_int}.")
-    if intrinsic_config.ext_coef < 0 or intrinsic_config.int_coef < 0:
-        raise InputError("--ext-coef and --int-coef must be >= 0.")
     frames_per_batch = run_config.num_envs * config.collector.steps_per_env
-    if optim_config.minibatch_size > frames_per_batch:
-        raise InputError(
-            f"--minibatch-size {optim_config.minibatch_size} exceeds the {frames_per_batch} frames per batch "
-            "(num_envs * steps_per_env)."
-        )
-    check_sde_options(config.network.use_sde, config.network.sde_sample_freq)
-    if config.network.use_sde:
-        single_collector_only(run_config, "--use-sde")
     prepare_process(run_config)
     device = torch.device(run_config.device)
     num_batches = -(-run_config.total_frames // frames_per_batch)

@@ -33,14 +33,13 @@ from torchrl.objectives import DiscreteSACLoss, SACLoss, SoftUpdate
 from agents import Agent, NStepReturns, TensorSACLoss, make_qvalue_critic
 from agents.continuous import check_box_actions, default_target_entropy
 from agents.gsde import check_sde_options, make_gsde_env
-from envs import InputError
-from recipes.common import (
-    TRANSITION_KEYS,
+from errors import InputError
+from training import (
     OffPolicyCollectorConfig,
     Run,
     RunConfig,
     TrainingState,
-    check_off_policy_ranges,
+    check_ranges,
     make_off_policy_collector,
     make_training_env,
     prepare_process,
@@ -124,6 +123,22 @@ class SACConfig:
     optim: OptimConfig = field(default_factory=OptimConfig)
     network: NetworkConfig = field(default_factory=NetworkConfig)
 
+    def validate(self) -> None:
+        """Raise :class:`InputError` for options outside their meaningful range or that do not combine."""
+        self.run.validate()
+        buffer, loss, optim = self.buffer, self.loss, self.optim
+        require_positive(buffer_size=buffer.buffer_size, batch_size=buffer.batch_size, n_steps=buffer.n_steps)
+        check_ranges(lr=(optim.lr, "> 0"), gamma=(loss.gamma, "(0, 1]"), tau=(loss.tau, "(0, 1]"))
+        self.collector.validate()
+        check_ranges(
+            actor_lr=(optim.actor_lr, "> 0"),
+            alpha_init=(loss.alpha_init, "> 0"),
+            max_grad_norm=(optim.max_grad_norm, "> 0"),
+        )
+        check_sde_options(self.network.use_sde, self.network.sde_sample_freq)
+        if self.network.use_sde:
+            single_collector_only(self.run, "--use-sde")
+
 
 # Discrete SAC's settings: they solve CartPole-v1 (475) within 8k-22k frames on seeds 0-5, where the Pendulum-v1
 # defaults above plateau between 200 and 400. Wider layers than Pendulum's, a Huber critic loss with clipped
@@ -154,30 +169,15 @@ def apply_discrete_settings(config: SACConfig, keep: Collection[str] = ()) -> SA
 
 @recipe_main
 def main(config: SACConfig) -> dict:
-    """Train SAC as configured and return the run summary (see ``recipes.common``)."""
+    """Train SAC as configured and return the run summary (see ``training.run``)."""
     # config
+    config.validate()
     run_config, buffer_config, loss_config, optim_config = (
         config.run,
         config.buffer,
         config.loss,
         config.optim,
     )
-    run_config.validate()
-    require_positive(
-        buffer_size=buffer_config.buffer_size,
-        batch_size=buffer_config.batch_size,
-        n_steps=buffer_config.n_steps,
-    )
-    check_off_policy_ranges(optim_config.lr, loss_config.gamma, loss_config.tau, config.collector)
-    if optim_config.actor_lr is not None and optim_config.actor_lr <= 0:
-        raise InputError(f"--actor-lr must be > 0, got {optim_config.actor_lr}.")
-    if loss_config.alpha_init <= 0:
-        raise InputError(f"--alpha-init must be > 0, got {loss_config.alpha_init}.")
-    if not optim_config.max_grad_norm > 0:
-        raise InputError(f"--max-grad-norm must be > 0, got {optim_config.max_grad_norm}.")
-    check_sde_options(config.network.use_sde, config.network.sde_sample_freq)
-    if config.network.use_sde:
-        single_collector_only(run_config, "--use-sde")
     prepare_process(run_config)
     device = torch.device(run_config.device)
     frames_per_batch = run_config.num_envs * config.collector.steps_per_env
@@ -283,9 +283,7 @@ def main(config: SACConfig) -> dict:
         storage=LazyTensorStorage(min(buffer_config.buffer_size, run_config.total_frames), device=device),
         batch_size=buffer_config.batch_size,
     )
-    n_step_returns = (
-        NStepReturns(buffer_config.n_steps, loss_config.gamma) if buffer_config.n_steps > 1 else None
-    )
+    n_step_returns = NStepReturns(buffer_config.n_steps, loss_config.gamma)  # n_steps 1: one-step transitions
 
     # optimizer: one Adam each for the actor, the critics and the entropy coefficient (the paper's setup)
     actor_parameters = list(loss_module.actor_network_params.values(True, True))
@@ -304,7 +302,7 @@ def main(config: SACConfig) -> dict:
         modules={"loss": loss_module},
         optimizers={f"adam{index}": optimizer for index, optimizer in enumerate(optimizers)},
         replay_buffer=replay_buffer,
-        extras={} if n_step_returns is None else {"n_step_returns": n_step_returns},
+        extras={"n_step_returns": n_step_returns} if buffer_config.n_steps > 1 else {},
     )
     run = Run("sac", config, run_config, agent, training)
 
@@ -329,13 +327,7 @@ def main(config: SACConfig) -> dict:
     frames = run.frames  # 0, or where a resumed run stopped
     for batch in collector:
         frames += batch.numel()
-        transitions = batch.select(*TRANSITION_KEYS)
-        if n_step_returns is not None:
-            transitions = n_step_returns.inv(transitions)
-        if transitions is not None:
-            replay_buffer.extend(
-                transitions.exclude("gamma", "nonterminal", ("next", "original_reward")).reshape(-1)
-            )
+        n_step_returns.extend(replay_buffer, batch)
         metrics = {}
         if frames >= learning_starts and len(replay_buffer) >= buffer_config.batch_size:
             losses = torch.stack([update(replay_buffer.sample()) for _ in range(updates_per_batch)])

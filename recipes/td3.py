@@ -23,16 +23,15 @@ import torch
 from torchrl.data import LazyTensorStorage, TensorDictReplayBuffer
 from torchrl.objectives import SoftUpdate
 
-from agents import Agent, TensorTD3Loss, make_qvalue_critic
+from agents import TRANSITION_KEYS, Agent, TensorTD3Loss, make_qvalue_critic
 from agents.continuous import action_half_range, check_box_actions
-from envs import InputError
-from recipes.common import (
-    TRANSITION_KEYS,
+from errors import InputError
+from training import (
     OffPolicyCollectorConfig,
     Run,
     RunConfig,
     TrainingState,
-    check_off_policy_ranges,
+    check_ranges,
     make_off_policy_collector,
     make_training_env,
     prepare_process,
@@ -101,25 +100,26 @@ class TD3Config:
     optim: OptimConfig = field(default_factory=OptimConfig)
     network: NetworkConfig = field(default_factory=NetworkConfig)
 
+    def validate(self) -> None:
+        """Raise :class:`InputError` for options outside their meaningful range."""
+        self.run.validate()
+        buffer, loss = self.buffer, self.loss
+        require_positive(
+            buffer_size=buffer.buffer_size, batch_size=buffer.batch_size, policy_delay=loss.policy_delay
+        )
+        check_ranges(lr=(self.optim.lr, "> 0"), gamma=(loss.gamma, "(0, 1]"), tau=(loss.tau, "(0, 1]"))
+        self.collector.validate()
+        check_ranges(
+            target_noise=(loss.target_noise, ">= 0"), target_noise_clip=(loss.target_noise_clip, ">= 0")
+        )
+
 
 @recipe_main
 def main(config: TD3Config) -> dict:
-    """Train TD3 as configured and return the run summary (see ``recipes.common``)."""
+    """Train TD3 as configured and return the run summary (see ``training.run``)."""
     # config
+    config.validate()
     run_config, buffer_config, loss_config = config.run, config.buffer, config.loss
-    run_config.validate()
-    require_positive(
-        buffer_size=buffer_config.buffer_size,
-        batch_size=buffer_config.batch_size,
-        policy_delay=loss_config.policy_delay,
-    )
-    check_off_policy_ranges(config.optim.lr, loss_config.gamma, loss_config.tau, config.collector)
-    for flag, value in (
-        ("--target-noise", loss_config.target_noise),
-        ("--target-noise-clip", loss_config.target_noise_clip),
-    ):
-        if value < 0:
-            raise InputError(f"{flag} must be >= 0, got {value}.")
     prepare_process(run_config)
     device = torch.device(run_config.device)
     frames_per_batch = run_config.num_envs * config.collector.steps_per_env

@@ -41,10 +41,10 @@ from torchrl.objectives import A2CLoss
 
 from agents import Agent, find_normalizer, input_encoder, make_critic
 from agents.policy_gradient import ReturnBaseline, returns_to_go
-from envs import InputError
-from recipes.common import (
+from training import (
     Run,
     RunConfig,
+    check_ranges,
     make_collector,
     make_training_env,
     prepare_process,
@@ -108,31 +108,28 @@ class VPGConfig:
     optim: OptimConfig = field(default_factory=OptimConfig)
     network: NetworkConfig = field(default_factory=NetworkConfig)
 
-
-def check_vpg_ranges(loss: LossConfig, optim: OptimConfig) -> None:
-    """Raise :class:`InputError` for hyperparameters outside their meaningful range."""
-    checks = [
-        ("--lr", optim.lr, optim.lr > 0, "> 0"),
-        ("--critic-lr", optim.critic_lr, optim.critic_lr > 0, "> 0"),
-        ("--gamma", loss.gamma, 0 < loss.gamma <= 1, "in (0, 1]"),
-        ("--baseline-rate", loss.baseline_rate, 0 < loss.baseline_rate <= 1, "in (0, 1]"),
-        ("--entropy-coef", loss.entropy_coef, loss.entropy_coef >= 0, ">= 0"),
-    ]
-    for flag, value, valid, expected in checks:
-        if not valid:
-            raise InputError(f"{flag} must be {expected}, got {value}.")
+    def validate(self) -> None:
+        """Raise :class:`InputError` for options outside their meaningful range."""
+        self.run.validate()
+        loss, optim = self.loss, self.optim
+        require_positive(
+            episodes_per_update=self.collector.episodes_per_update, steps_per_env=self.collector.steps_per_env
+        )
+        check_ranges(
+            lr=(optim.lr, "> 0"),
+            critic_lr=(optim.critic_lr, "> 0"),
+            gamma=(loss.gamma, "(0, 1]"),
+            baseline_rate=(loss.baseline_rate, "(0, 1]"),
+            entropy_coef=(loss.entropy_coef, ">= 0"),
+        )
 
 
 @recipe_main
 def main(config: VPGConfig) -> dict:
-    """Train VPG as configured and return the run summary (see ``recipes.common``)."""
+    """Train VPG as configured and return the run summary (see ``training.run``)."""
     # config
+    config.validate()
     run_config, loss_config, optim_config = config.run, config.loss, config.optim
-    run_config.validate()
-    require_positive(
-        episodes_per_update=config.collector.episodes_per_update, steps_per_env=config.collector.steps_per_env
-    )
-    check_vpg_ranges(loss_config, optim_config)
     prepare_process(run_config)
     device = torch.device(run_config.device)
     frames_per_poll = run_config.num_envs * config.collector.steps_per_env

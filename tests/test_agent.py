@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 import torch
 
-from agents import Agent
-from envs import InputError
+from agents import Agent, ObservationNormalizer
+from errors import InputError
 
 
 def make_agent(env_id="CartPole-v1", **policy_kwargs):
@@ -131,3 +131,50 @@ def test_loading_bad_files_gives_clear_errors_and_never_unpickles(tmp_path):
     truncated.write_bytes(data[: len(data) // 2])
     with pytest.raises(InputError, match="truncated.ckpt"):
         Agent.load(truncated)
+
+
+def test_normalizer_matches_numpy_statistics():
+    rng = np.random.default_rng(0)
+    chunks = [rng.normal(3.0, 2.0, size=(n, 4)) for n in (7, 100, 33)]
+    normalizer = ObservationNormalizer((4,))
+    for chunk in chunks:
+        normalizer.update(torch.as_tensor(chunk, dtype=torch.float32))
+    data = np.concatenate(chunks)
+    np.testing.assert_allclose(normalizer.mean.numpy(), data.mean(0), rtol=1e-5)
+    np.testing.assert_allclose(normalizer.var.numpy(), data.var(0), rtol=1e-4)
+    normalized = normalizer(torch.as_tensor(data, dtype=torch.float32))
+    np.testing.assert_allclose(normalized.mean(0).numpy(), 0.0, atol=1e-4)
+    np.testing.assert_allclose(normalized.std(0).numpy(), 1.0, atol=1e-2)
+
+
+def test_agent_records_the_builder_a_recipe_called(tmp_path):
+    from agents import make_q_actor
+    from envs import make_env
+
+    env = make_env("CartPole-v1", num_envs=2, seed=0)
+    kwargs = {"hidden_sizes": [16], "dueling": True}
+    policy = make_q_actor(env.observation_spec["observation"], env.action_spec, **kwargs)
+    agent = Agent(
+        policy,
+        "CartPole-v1",
+        env.single_observation_space,
+        env.single_action_space,
+        "dqn",
+        policy_builder=make_q_actor,
+        policy_kwargs=kwargs,
+    )
+    assert agent.policy_builder == "q_actor"
+    agent.save(tmp_path / "agent.ckpt")
+    loaded = Agent.load(tmp_path / "agent.ckpt")
+    observations = np.random.default_rng(0).normal(size=(5, 4)).astype(np.float32)
+    assert (loaded.predict(observations) == agent.predict(observations)).all()
+    with pytest.raises(InputError, match="not a policy builder"):
+        Agent(
+            policy,
+            "CartPole-v1",
+            env.single_observation_space,
+            env.single_action_space,
+            "dqn",
+            policy_builder=len,
+        )
+    env.close()

@@ -13,11 +13,12 @@ import torch
 import agents.agent
 from agents import Agent, input_encoder, make_actor, make_critic
 from agents.networks import NatureCNN, observation_encoder
-from envs import InputError, make_env
+from envs import make_env
 from envs.atari import is_atari, make_atari_env
 from envs.vector import check_env_id
+from errors import InputError
 from recipes import dqn, ppo
-from recipes.common import RunConfig
+from training import RunConfig
 
 PONG = "ALE/Pong-v5"
 FRAMES = gym.spaces.Box(0, 255, (4, 84, 84), np.uint8)

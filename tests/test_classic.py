@@ -8,7 +8,8 @@ from gymnasium.utils.env_checker import check_env
 from tensordict import TensorDict
 from torchrl.envs.utils import check_env_specs
 
-from envs import EPISODE_LENGTH_KEY, TORCH_ENVS, InputError, make_env
+from envs import EPISODE_LENGTH_KEY, TORCH_ENVS, make_env
+from errors import InputError
 
 # Per env: a short time limit (so that episodes end by truncation too) and start states that make the
 # first episode end by termination; None means Gymnasium's own random start.

@@ -9,9 +9,10 @@ import pytest
 import torch
 
 from agents.networks import make_actor
-from envs import InputError, make_env
+from envs import make_env
+from errors import InputError
 from recipes import a2c, ddpg, dqn, ppo, reinforce, sac
-from recipes.common import RunConfig, make_collector
+from training import RunConfig, make_collector, quiet
 
 
 def first_batch(backend, num_envs=4, steps=8):
@@ -106,19 +107,6 @@ def test_killed_worker_process_stops_the_run_with_an_error():
     env.close()
 
 
-def quiet(config, output_dir, **run):
-    config.run.output_dir, config.run.logger, config.run.video, config.run.progress = (
-        output_dir,
-        "none",
-        False,
-        False,
-    )
-    config.run.collector_backend, config.run.num_workers = "multiprocess", 2
-    for key, value in run.items():
-        setattr(config.run, key, value)
-    return config
-
-
 @pytest.mark.parametrize(
     "recipe,config_class,env_id",
     [
@@ -130,7 +118,13 @@ def quiet(config, output_dir, **run):
 )
 def test_recipes_train_on_worker_processes(recipe, config_class, env_id, output_dir):
     config = quiet(
-        config_class(), output_dir, env_id=env_id, total_frames=600, eval_every=600, eval_episodes=2
+        config_class(),
+        output_dir,
+        collector_backend="multiprocess",
+        env_id=env_id,
+        total_frames=600,
+        eval_every=600,
+        eval_episodes=2,
     )
     config.run.num_envs = 2
     if hasattr(config.collector, "learning_starts"):
@@ -171,7 +165,7 @@ def test_recipes_train_on_worker_processes(recipe, config_class, env_id, output_
     ],
 )
 def test_worker_collection_bad_input(recipe, config_class, change, message, output_dir):
-    config = quiet(config_class(), output_dir)
+    config = quiet(config_class(), output_dir, collector_backend="multiprocess")
     change(config)
     with pytest.raises(InputError, match=message):
         recipe.main(config)

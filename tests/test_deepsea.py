@@ -8,8 +8,9 @@ import torch
 from gymnasium.utils.env_checker import check_env
 from torchrl.envs.utils import check_env_specs
 
-from envs import DeepSeaEnv, InputError, make_env
-from recipes.common import RunConfig
+from envs import DeepSeaEnv, make_env
+from errors import InputError
+from training import RunConfig
 
 
 @pytest.mark.parametrize(

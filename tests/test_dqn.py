@@ -21,9 +21,9 @@ from torchrl.objectives import DQNLoss, ValueEstimators
 
 from agents import Agent
 from agents.qvalue import NStepReturns, TensorDQNLoss, make_q_actor, make_target_updater
-from envs import InputError
+from errors import InputError
 from recipes import dqn
-from recipes.common import RunConfig
+from training import RunConfig
 
 OBSERVATION_SPEC = Unbounded(shape=(1, 1))
 ACTION_SPEC = Categorical(2, shape=(1,))
@@ -256,6 +256,43 @@ def test_n_step_targets_match_hand_computed_at_termination_and_truncation():
     assert following.get("observation").squeeze(-1).tolist() == [20.0]
     assert math.isclose(following.get(("next", "reward")).item(), 5 + gamma * 6, rel_tol=1e-6)
     assert following.get(("next", "truncated")).item() and not following.get(("next", "terminated")).item()
+
+
+def seven_steps():
+    return transitions(
+        [1.0, 2.0, 3.0, 10.0, 20.0, 30.0, 100.0],
+        [0] * 7,
+        [1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0],
+        [2.0, 3.0, 4.0, 20.0, 30.0, 50.0, 200.0],
+        [False, False, True, False, False, False, False],
+        [False, False, False, False, False, True, False],
+    ).unsqueeze(0)
+
+
+def test_n_step_returns_called_on_a_batch_gives_its_n_step_transitions():
+    called, inverted = NStepReturns(3, 0.9)(seven_steps()), NStepReturns(3, 0.9).inv(seven_steps())
+    assert called.shape == (1, 4)
+    assert (called == inverted).all()
+    assert called.get("steps_to_next_obs").tolist() == [[3, 2, 1, 3]]
+    assert NStepReturns(3, 0.9)(seven_steps()[..., :3]) is None  # no window complete yet
+
+
+def test_n_step_returns_extend_stores_what_the_losses_read():
+    buffer = TensorDictReplayBuffer(storage=LazyTensorStorage(100))
+    n_step_returns = NStepReturns(3, 0.9)
+    assert n_step_returns.extend(buffer, seven_steps().set("extra", torch.zeros(1, 7))) == 4
+    stored = buffer[:]
+    assert len(buffer) == 4 and "extra" not in stored and "gamma" not in stored
+    assert stored.get("steps_to_next_obs").tolist() == [3, 2, 1, 3]
+    one_step = TensorDictReplayBuffer(storage=LazyTensorStorage(100))
+    assert NStepReturns(1, 0.9).extend(one_step, seven_steps()) == 7  # n = 1: every step, unchanged
+    assert one_step[:].get(("next", "reward")).squeeze(-1).tolist() == [1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0]
+
+
+def test_n_step_returns_refuses_to_be_a_replay_buffer_transform():
+    buffer = TensorDictReplayBuffer(storage=LazyTensorStorage(100), transform=NStepReturns(3, 0.9))
+    with pytest.raises(RuntimeError, match="call it on each batch"):
+        buffer.extend(seven_steps().reshape(-1))
 
 
 def test_one_step_target_bootstraps_on_truncation_only():

@@ -4,7 +4,8 @@ import pytest
 import torch
 from torchrl.envs.utils import check_env_specs
 
-from envs import EPISODE_LENGTH_KEY, EPISODE_RETURN_KEY, InputError, ObservationNormalizer, make_env
+from envs import EPISODE_LENGTH_KEY, EPISODE_RETURN_KEY, make_env
+from errors import InputError
 
 
 @pytest.mark.parametrize("env_id", ["CartPole-v1", "Pendulum-v1", "MountainCarContinuous-v0", "Acrobot-v1"])
@@ -95,20 +96,6 @@ def test_bad_input_is_reported_clearly():
         make_env(gym.make("CartPole-v1"), num_envs=2)
     with pytest.raises(InputError, match="not supported"):
         make_env("Blackjack-v1")  # Tuple observations
-
-
-def test_normalizer_matches_numpy_statistics():
-    rng = np.random.default_rng(0)
-    chunks = [rng.normal(3.0, 2.0, size=(n, 4)) for n in (7, 100, 33)]
-    normalizer = ObservationNormalizer((4,))
-    for chunk in chunks:
-        normalizer.update(torch.as_tensor(chunk, dtype=torch.float32))
-    data = np.concatenate(chunks)
-    np.testing.assert_allclose(normalizer.mean.numpy(), data.mean(0), rtol=1e-5)
-    np.testing.assert_allclose(normalizer.var.numpy(), data.var(0), rtol=1e-4)
-    normalized = normalizer(torch.as_tensor(data, dtype=torch.float32))
-    np.testing.assert_allclose(normalized.mean(0).numpy(), 0.0, atol=1e-4)
-    np.testing.assert_allclose(normalized.std(0).numpy(), 1.0, atol=1e-2)
 
 
 class ShiftedDiscreteEnv(gym.Env):

@@ -18,21 +18,11 @@ from agents.es import (
     make_es_policy,
     make_population_policy,
 )
-from envs import InputError, make_env
-from envs.vector import space_to_spec
+from envs import make_env
+from envs.specs import space_to_spec
+from errors import InputError
 from recipes import es
-
-
-def quiet(config, output_dir, **run):
-    config.run.output_dir, config.run.logger, config.run.video, config.run.progress = (
-        output_dir,
-        "none",
-        False,
-        False,
-    )
-    for key, value in run.items():
-        setattr(config.run, key, value)
-    return config
+from training import quiet
 
 
 def test_population_network_uses_one_parameter_set_per_block_of_rows():

@@ -3,19 +3,9 @@
 import pytest
 
 from recipes import es
+from training import quiet
 
 pytestmark = pytest.mark.learning
-
-
-def quiet(config, output_dir):
-    config.run.output_dir, config.run.logger, config.run.video, config.run.progress = (
-        output_dir,
-        "none",
-        False,
-        False,
-    )
-    config.run.env_backend = "torch"
-    return config
 
 
 def test_es_solves_cartpole(output_dir):

@@ -23,7 +23,8 @@ from agents.gsde import (
     make_gsde_actor,
     make_gsde_env,
 )
-from envs import InputError, make_env
+from envs import make_env
+from errors import InputError
 from recipes import a2c, ppo
 
 VARIABLE_LENGTH_ID = "rlkit-test/VariableLengthBox-v0"

@@ -3,18 +3,9 @@
 import pytest
 
 from recipes import dqn, ppo
+from training import quiet
 
 pytestmark = pytest.mark.learning
-
-
-def quiet(config, output_dir):
-    config.run.output_dir, config.run.logger, config.run.video, config.run.progress = (
-        output_dir,
-        "none",
-        False,
-        False,
-    )
-    return config
 
 
 @pytest.mark.parametrize("backend", ["gymnasium", "torch"])

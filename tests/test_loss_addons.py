@@ -9,9 +9,10 @@ from torch import nn
 from torchrl.objectives import ClipPPOLoss
 
 from agents import Agent, KLPenalty, addon_losses, build_loss_addons, make_actor, make_critic
-from envs import InputError, make_env
+from envs import make_env
+from errors import InputError
 from recipes import a2c, ppo, rnd_ppo
-from recipes.common import RunConfig
+from training import RunConfig
 
 
 def cartpole_actor(seed=0, prefer_right=False):

@@ -12,9 +12,10 @@ from torchrl.objectives import DDPGLoss, SACLoss, SoftUpdate, TD3Loss
 from agents import Agent, TensorDDPGLoss, TensorSACLoss, TensorTD3Loss, make_actor, make_qvalue_critic
 from agents.continuous import default_target_entropy, make_deterministic_actor, make_exploration_env
 from agents.gsde import make_gsde_actor
-from envs import InputError, make_env
+from envs import make_env
+from errors import InputError
 from recipes import ddpg, sac, td3
-from recipes.common import RunConfig
+from training import RunConfig, quiet
 
 OBSERVATION_SPEC = Unbounded(shape=(1, 3))
 # an asymmetric Box: [-1, 3] x [0, 0.5]
@@ -188,7 +189,7 @@ def test_target_entropy_is_minus_the_action_dimension():
 
 
 def test_sac_recipe_tunes_and_logs_the_entropy_coefficient(tmp_path):
-    config = quiet(sac.SACConfig(), tmp_path)
+    config = quiet(sac.SACConfig(), tmp_path, logger="csv")
     config.run.total_frames, config.collector.learning_starts = 300, 100
     config.network.hidden_sizes = (8,)
     summary = sac.main(config)
@@ -273,11 +274,6 @@ def test_ornstein_uhlenbeck_noise_is_correlated_and_restarts_with_each_episode()
     # a restart puts the process back at 0: one increment away, while it had wandered off before
     assert noise[0].abs() < 0.3 and noise[200].abs() < 0.3 and noise[200].abs() < noise[199].abs() / 3
     env.close()
-
-
-def quiet(config, output_dir):
-    config.run.output_dir, config.run.video, config.run.progress = output_dir, False, False
-    return config
 
 
 @pytest.mark.parametrize(

@@ -15,9 +15,9 @@ from torchrl.objectives import DQNLoss, ValueEstimators
 from agents import Agent
 from agents.agent import EVALUATION_STEP_LIMIT
 from agents.tabular import CELL_KEY, ObservationGrid, egreedy_module, make_q_table, q_value_actor
-from envs import InputError
+from errors import InputError
 from recipes import qlearning
-from recipes.common import RunConfig, run_cli
+from training import RunConfig, quiet, run_cli
 
 
 def test_dqn_loss_and_one_sgd_step_are_the_tabular_update():
@@ -232,13 +232,6 @@ def test_cli_help_and_bad_input(monkeypatch, capsys):
 
 
 # Learning tests: the settings README.md gives for each task, fixed seed 0.
-
-
-def quiet(config, output_dir, **run_overrides):
-    options = {"output_dir": output_dir, "logger": "none", "video": False, "progress": False, **run_overrides}
-    for name, value in options.items():
-        setattr(config.run, name, value)
-    return config
 
 
 @pytest.mark.learning

@@ -11,10 +11,11 @@ import torch
 
 from agents.es import make_es_policy
 from agents.networks import make_actor
-from envs import InputError, make_env
+from envs import make_env
+from errors import InputError
 from recipes import es, ppo
-from recipes.common import RunConfig, make_collector
-from recipes.distributed import RayPopulationEvaluator, require_ray
+from training import RunConfig, make_collector
+from training.distributed import RayPopulationEvaluator, require_ray
 
 pytestmark = pytest.mark.xdist_group("ray")  # one local cluster per test process, tests in one worker
 
@@ -129,7 +130,7 @@ def test_missing_ray_is_a_clear_error(monkeypatch):
 
 
 def test_ray_address_is_not_silently_ignored_when_ray_is_already_running():
-    from recipes.distributed import init_ray
+    from training.distributed import init_ray
 
     with pytest.warns(
         UserWarning, match="Ray is already initialised in this process .*--ray-address head:6379 is not used"

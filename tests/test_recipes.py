@@ -1,5 +1,6 @@
 import csv
 import json
+import os
 import subprocess
 import sys
 import time
@@ -9,9 +10,9 @@ import pytest
 import torch
 
 from agents import Agent
-from envs import InputError
+from errors import InputError
 from recipes import evaluate, ppo
-from recipes.common import RunConfig
+from training import RunConfig, evaluation_seed
 
 SUMMARY_KEYS = {
     "algorithm",
@@ -77,7 +78,7 @@ def test_ppo_smoke_continuous_actions_with_normalization(output_dir):
     agent = Agent.load(output_dir / "agent.ckpt")
     assert agent.normalizer.count.item() == 512  # every collected observation, folded in after its update
     assert summary["eval_return_mean"] == pytest.approx(
-        agent.evaluate(episodes=2, seed=1_000_000).mean, rel=1e-6
+        agent.evaluate(episodes=2, seed=evaluation_seed(summary["seed"])).mean, rel=1e-6
     )
 
 
@@ -132,6 +133,45 @@ def test_wandb_offline_run_holds_metrics(output_dir):
     assert evaluations == pytest.approx(expected)
     assert evaluations[-1] == pytest.approx(summary["eval_return_mean"])
     assert any("train/loss_objective" in row for row in history)
+
+
+def test_wandb_run_does_not_mistake_our_agents_package_for_an_llm_library(tmp_path):
+    env = {
+        key: value for key, value in os.environ.items() if key not in ("WANDB_SILENT", "WANDB_DISABLE_WEAVE")
+    }
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "recipes.ppo",
+            "--total-frames",
+            "256",
+            "--num-envs",
+            "4",
+            "--eval-every",
+            "256",
+        ]
+        + [
+            "--eval-episodes",
+            "1",
+            "--minibatch-size",
+            "64",
+            "--logger",
+            "wandb",
+            "--no-video",
+            "--no-progress",
+        ]
+        + ["--output-dir", str(tmp_path / "run")],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=Path(__file__).parents[1],
+        env={**env, "WANDB_MODE": "offline"},
+    )
+    assert result.returncode == 0, result.stderr
+    assert "W&B offline run:" in result.stdout
+    assert "Detected [" not in result.stdout + result.stderr and "Weave" not in result.stdout + result.stderr
 
 
 def test_invalid_configs_raise_input_errors(output_dir):

@@ -14,10 +14,10 @@ import pytest
 import torch
 
 from agents import Agent
-from envs import NonFiniteError
 from envs.classic import CartPoleEnv
+from errors import NonFiniteError
 from recipes import ppo
-from recipes.common import RunConfig
+from training import RunConfig
 
 
 def tiny_ppo(output_dir, **run_overrides):
@@ -184,7 +184,7 @@ class Exploding(gym.Wrapper):
 gym.register("Exploding-v0", entry_point=Exploding, max_episode_steps=500)
 if __name__ == "__main__":
     from recipes import ppo
-    from recipes.common import run_cli
+    from training import run_cli
 
     sys.argv = ["ppo", "--env-id", "Exploding-v0", "--logger", "none", "--no-progress", "--no-video",
                 "--num-envs", "2", "--minibatch-size", "16", "--output-dir", sys.argv[2], "--collector-backend", sys.argv[1]]

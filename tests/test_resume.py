@@ -13,10 +13,10 @@ import pytest
 import torch
 
 from agents import Agent
-from envs import InputError
+from errors import InputError
 from recipes import a2c, ddpg, dqn, es, ppo, qlearning, rnd_ppo, sac, td3
-from recipes.common import Run, RunConfig
-from recipes.resume import RESUME_FILE, config_from_dict, explicit_options
+from training import Run, RunConfig
+from training.resume import RESUME_FILE, config_from_dict, explicit_options
 
 RUN = {
     "num_envs": 4,
@@ -95,7 +95,7 @@ def interrupt_at(monkeypatch, frames):
 
     def record_batch(self, batch, metrics):
         if self.frames + batch.numel() >= frames and self.run.resume is None:
-            self.interrupted_by = "SIGINT"
+            self.signals.interrupted_by = "SIGINT"
         return original(self, batch, metrics)
 
     monkeypatch.setattr(Run, "record_batch", record_batch)
@@ -198,7 +198,7 @@ def test_resume_is_refused_by_recipes_without_training_state_and_with_worker_col
 
 
 def test_config_round_trips_through_its_json_form():
-    from recipes.common import config_to_dict
+    from training import config_to_dict
 
     config = tiny_dqn(Path("out"))
     config.network.hidden_sizes = (32, 16)

@@ -22,8 +22,9 @@ from torchrl.collectors import Collector
 from torchrl.envs import EnvBase
 
 from agents.es import PopulationEvaluator, make_es_policy
-from envs.errors import InputError
-from envs.vector import EPISODE_LENGTH_KEY, EPISODE_RETURN_KEY, make_env
+from envs.specs import EPISODE_LENGTH_KEY, EPISODE_RETURN_KEY
+from envs.vector import make_env
+from errors import InputError
 
 RAY_CPU_WAIT_S = 15.0  # how long to wait for enough free CPUs on the Ray cluster before giving up
 WORKER_SEED_STRIDE = 10_000  # worker i seeds its envs with seed + i * WORKER_SEED_STRIDE

@@ -1,0 +1,91 @@
+"""The keys and specs every batched env of this toolkit shares, whichever backend steps it (Gymnasium vector envs
+in :mod:`envs.vector`, the torch-native classic-control envs in :mod:`envs.classic`)."""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import numpy as np
+import torch
+from tensordict import TensorDict
+from torchrl.data import Binary, Bounded, Categorical, Composite, MultiCategorical, Unbounded
+from torchrl.envs import EnvBase
+
+from errors import InputError
+
+EPISODE_RETURN_KEY = "episode_return"
+EPISODE_LENGTH_KEY = "episode_length"
+
+
+def space_to_spec(space: gym.Space, batch_size: int, device: torch.device | str = "cpu"):
+    """Return the TorchRL spec of ``batch_size`` stacked elements of a Gymnasium space.
+
+    Args:
+        space: a ``Box``, ``Discrete``, ``MultiDiscrete`` or ``MultiBinary`` space.
+        batch_size: number of sub-envs stacked in front.
+        device: device of the spec.
+
+    Returns:
+        A TorchRL ``TensorSpec``. ``Box`` spaces of any float dtype become float32 specs; ``Discrete``
+        spaces become integer ``Categorical`` specs with values in ``[0, n)`` (a ``start`` offset is
+        applied by :class:`GymnasiumVectorEnv`).
+
+    Raises:
+        InputError: for other spaces (``Dict``, ``Tuple``, ``Text``, ...).
+    """
+    if not isinstance(
+        space, (gym.spaces.Box, gym.spaces.Discrete, gym.spaces.MultiDiscrete, gym.spaces.MultiBinary)
+    ):
+        raise InputError(
+            f"Gymnasium space {space} is not supported: use a Box, Discrete, MultiDiscrete or MultiBinary space "
+            "(wrap Dict or Tuple observations with gymnasium.wrappers.FlattenObservation)."
+        )
+    shape = (batch_size, *space.shape)
+    if isinstance(space, gym.spaces.Box):
+        dtype = (
+            torch.float32 if np.issubdtype(space.dtype, np.floating) else torch.from_numpy(space.low).dtype
+        )
+        if np.all(np.isfinite(space.low)) and np.all(np.isfinite(space.high)):
+            low = torch.as_tensor(np.broadcast_to(space.low, shape).copy(), dtype=dtype)
+            high = torch.as_tensor(np.broadcast_to(space.high, shape).copy(), dtype=dtype)
+            return Bounded(low, high, shape=shape, dtype=dtype, device=device)
+        return Unbounded(shape=shape, dtype=dtype, device=device)
+    if isinstance(space, gym.spaces.Discrete):
+        return Categorical(int(space.n), shape=shape, dtype=torch.int64, device=device)
+    if isinstance(space, gym.spaces.MultiDiscrete):
+        return MultiCategorical(
+            torch.as_tensor(space.nvec).expand(shape), shape=shape, dtype=torch.int64, device=device
+        )
+    return Binary(n=shape[-1], shape=shape, dtype=torch.int8, device=device)
+
+
+def unchecked_tensordict(
+    source: dict[str, torch.Tensor], batch_size: torch.Size, device: torch.device
+) -> TensorDict:
+    """A TensorDict of tensors known to have the right shapes and device, built without re-validating them
+    (the envs' hot path: validation costs more than the physics of a small batch)."""
+    return TensorDict._new_unsafe(source, batch_size=batch_size, device=device)
+
+
+def set_specs(env: EnvBase, observation_space: gym.Space, action_space: gym.Space) -> None:
+    """Give a batched env the specs shared by every env of this toolkit.
+
+    ``"observation"`` and ``"action"`` follow the single-env Gymnasium spaces; ``"episode_return"`` and
+    ``"episode_length"`` track each sub-env's episode; ``"reward"`` is float32 and ``"done"``,
+    ``"terminated"`` and ``"truncated"`` are separate flags, all with a trailing dim of 1.
+    """
+    num_envs, device = env.batch_size[0], env.device
+    env.observation_spec = Composite(
+        observation=space_to_spec(observation_space, num_envs, device),
+        **{
+            EPISODE_RETURN_KEY: Unbounded(shape=(num_envs, 1), device=device),
+            EPISODE_LENGTH_KEY: Unbounded(shape=(num_envs, 1), dtype=torch.int64, device=device),
+        },
+        shape=(num_envs,),
+        device=device,
+    )
+    env.action_spec = space_to_spec(action_space, num_envs, device)
+    env.reward_spec = Unbounded(shape=(num_envs, 1), device=device)
+    flag = Categorical(2, shape=(num_envs, 1), dtype=torch.bool, device=device)
+    env.done_spec = Composite(
+        done=flag, terminated=flag.clone(), truncated=flag.clone(), shape=(num_envs,), device=device
+    )

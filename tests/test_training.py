@@ -1,0 +1,130 @@
+"""The run plumbing's own parts: range checks, the quiet helper, the evaluation and checkpoint schedules, and the
+layering of the packages (no import circle, arrows one way)."""
+
+import ast
+from pathlib import Path
+
+import pytest
+
+from errors import InputError
+from recipes import dqn
+from training import check_ranges, quiet
+from training.evaluation import EVAL_SEED_OFFSET, EvaluationSchedule, evaluation_seed
+
+ROOT = Path(__file__).parents[1]
+LAYERS = {"errors": 0, "envs": 1, "agents": 2, "training": 3, "recipes": 4}
+
+
+@pytest.mark.parametrize(
+    "value, valid_range",
+    [
+        (1e-9, "> 0"),
+        (0.0, ">= 0"),
+        (1.0, "(0, 1]"),
+        (0.0, "[0, 1]"),
+        (0.5, "(0, 1)"),
+        (-1.0, "< 0"),
+        (None, "> 0"),
+    ],
+)
+def test_check_ranges_accepts_values_inside(value, valid_range):
+    check_ranges(option=(value, valid_range))
+
+
+@pytest.mark.parametrize(
+    "value, valid_range, message",
+    [
+        (0.0, "> 0", "--learning-rate must be > 0, got 0.0."),
+        (-0.1, ">= 0", "--learning-rate must be >= 0, got -0.1."),
+        (0.0, "(0, 1]", "--learning-rate must be in (0, 1], got 0.0."),
+        (1.5, "[0, 1]", "--learning-rate must be in [0, 1], got 1.5."),
+        (1.0, "[0, 1)", "--learning-rate must be in [0, 1), got 1.0."),
+        (float("nan"), "> 0", "--learning-rate must be > 0, got nan."),
+    ],
+)
+def test_check_ranges_names_the_flag_the_range_and_the_value(value, valid_range, message):
+    with pytest.raises(InputError) as error:
+        check_ranges(learning_rate=(value, valid_range))
+    assert str(error.value) == message
+
+
+def test_check_ranges_reports_the_first_bad_option_and_refuses_unknown_range_syntax():
+    with pytest.raises(InputError, match="--gamma"):
+        check_ranges(lr=(1.0, "> 0"), gamma=(2.0, "(0, 1]"), tau=(5.0, "(0, 1]"))
+    with pytest.raises(ValueError, match="Unknown range"):
+        check_ranges(lr=(1.0, "positive"))
+
+
+def test_config_validate_raises_what_main_would(tmp_path):
+    config = dqn.DQNConfig()
+    config.validate()
+    config.buffer.beta = 2.0
+    with pytest.raises(InputError, match=r"--beta must be in \[0, 1\], got 2.0"):
+        config.validate()
+
+
+def test_quiet_silences_a_config_and_sets_run_options(tmp_path):
+    config = quiet(dqn.DQNConfig(), tmp_path, seed=7, num_envs=2)
+    run = config.run
+    assert (run.output_dir, run.logger, run.video, run.progress) == (tmp_path, "none", False, False)
+    assert (run.seed, run.num_envs) == (7, 2)
+
+
+def test_evaluation_schedule_skips_evaluations_a_large_batch_jumped_over(tmp_path):
+    schedule = EvaluationSchedule(None, 100, 1, 0, None, tmp_path / "evaluations.csv", lambda metrics: None)
+    assert [frames for frames in (50, 100, 150, 420, 450, 500) if schedule.due(frames)] == [100, 420, 500]
+    assert evaluation_seed(3) == 3 + EVAL_SEED_OFFSET
+
+
+def imports_of(path: Path) -> set[str]:
+    """The project modules a file imports, at module level or inside functions."""
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.add(node.module)
+            names.update(f"{node.module}.{alias.name}" for alias in node.names)
+        elif isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+    return names
+
+
+def project_modules() -> dict[str, Path]:
+    modules = {"errors": ROOT / "errors.py"}
+    for package in ("envs", "agents", "training", "recipes"):
+        for path in (ROOT / package).glob("*.py"):
+            modules[package if path.stem == "__init__" else f"{package}.{path.stem}"] = path
+    return modules
+
+
+def test_no_import_circle_and_no_import_against_the_layers():
+    modules = project_modules()
+    graph = {name: imports_of(path) & set(modules) for name, path in modules.items()}
+    upward = [
+        (name, target)
+        for name, targets in graph.items()
+        for target in targets
+        if LAYERS[target.split(".")[0]] > LAYERS[name.split(".")[0]]
+    ]
+    assert not upward, (
+        f"imports against the layering errors <- envs <- agents <- training <- recipes: {upward}"
+    )
+    visiting, done = set(), set()
+
+    def visit(name, path):
+        if name in visiting:
+            raise AssertionError(f"import circle: {' -> '.join([*path, name])}")
+        if name in done:
+            return
+        visiting.add(name)
+        for target in sorted(graph[name]):
+            visit(target, [*path, name])
+        visiting.discard(name)
+        done.add(name)
+
+    for name in sorted(graph):
+        visit(name, [])
+
+
+def test_plumbing_modules_stay_small():
+    sizes = {path.name: len(path.read_text().splitlines()) for path in (ROOT / "training").glob("*.py")}
+    assert max(sizes.values()) <= 400, sizes

@@ -1,0 +1,54 @@
+"""Run plumbing shared by every recipe, one module per concern.
+
+=================  ==========================================================================================
+``config``         :class:`RunConfig` (the options every recipe takes), range checks, ``quiet`` for scripts
+``seeding``        seeding Python, NumPy and torch in one place
+``collectors``     the training env, the collector of ``--collector-backend``, the off-policy collector config
+``distributed``    worker processes and Ray: worker collectors, Evolution Strategies' population on Ray
+``logger``         W&B or CSV logging with the W&B -> CSV fallback
+``metrics``        frames, training returns, progress bar, NaN/Inf checks
+``evaluation``     the evaluation schedule, evaluations.csv, early stop at the target return
+``checkpoints``    agent.ckpt, best_agent.ckpt, resume.ckpt and reading a run back
+``state``          :class:`TrainingState`: what a recipe trains, saved and restored exactly
+``resume``         the resume file and the options of a resumed run
+``signals``        SIGINT/SIGTERM: finish the batch, save, stop; handlers restored
+``plotting``       the learning curve
+``run``            :class:`Run`, what a recipe's loop calls: ``record_batch`` and ``finish``
+``cli``            the command line and its exit codes
+=================  ==========================================================================================
+"""
+
+from training.cli import run_cli
+from training.collectors import (
+    OffPolicyCollectorConfig,
+    make_collector,
+    make_off_policy_collector,
+    make_training_env,
+    single_collector_only,
+)
+from training.config import RunConfig, check_ranges, config_to_dict, quiet, require_positive
+from training.evaluation import EVAL_SEED_OFFSET, evaluation_seed
+from training.run import Run
+from training.seeding import prepare_process
+from training.signals import recipe_main
+from training.state import TrainingState
+
+__all__ = [
+    "EVAL_SEED_OFFSET",
+    "OffPolicyCollectorConfig",
+    "Run",
+    "RunConfig",
+    "TrainingState",
+    "check_ranges",
+    "config_to_dict",
+    "evaluation_seed",
+    "make_collector",
+    "make_off_policy_collector",
+    "make_training_env",
+    "prepare_process",
+    "quiet",
+    "recipe_main",
+    "require_positive",
+    "run_cli",
+    "single_collector_only",
+]

@@ -1,0 +1,111 @@
+"""A run's checkpoints: ``agent.ckpt`` and ``best_agent.ckpt`` (the policy, for ``Agent.load``), ``resume.ckpt``
+(the whole training state, for ``--resume``), when they are due, and reading a run back to resume it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from torchrl.collectors import Collector
+
+from agents.agent import Agent
+from errors import InputError
+from training.resume import (
+    RESUME_FILE,
+    config_differences,
+    load_resume_checkpoint,
+    read_resume_metadata,
+    resume_path,
+    save_resume_checkpoint,
+)
+from training.state import TrainingState
+
+AGENT_FILE = "agent.ckpt"
+BEST_AGENT_FILE = "best_agent.ckpt"
+
+
+class Checkpoints:
+    """Writes a run's checkpoints into ``output_dir``.
+
+    Args:
+        agent: the agent being trained.
+        output_dir: the run's folder.
+        training: the recipe's training state, or None (then no ``resume.ckpt`` is written).
+        every: frames between periodic checkpoints, or None (the agent is saved at the end only).
+    """
+
+    def __init__(self, agent: Agent, output_dir: Path, training: TrainingState | None, every: int | None):
+        self.agent = agent
+        self.output_dir = output_dir
+        self.training = training
+        self.every = every
+        self.next_checkpoint = every
+        self._resume_saved_at: int | None = None
+
+    @property
+    def resumable(self) -> bool:
+        """Whether ``resume.ckpt`` can be written: a training state with a single-process collector."""
+        return self.training is not None and isinstance(self.training.collector, Collector)
+
+    def resume_due(self, frames: int) -> bool:
+        """Whether ``resume.ckpt`` can be written and does not already hold the state at ``frames``."""
+        return self.resumable and self._resume_saved_at != frames
+
+    def due(self, frames: int) -> bool:
+        """Whether a periodic checkpoint is due at ``frames``; if so, the next one is scheduled."""
+        if self.next_checkpoint is None or frames < self.next_checkpoint:
+            return False
+        self.next_checkpoint += self.every * max(1, (frames - self.next_checkpoint) // self.every + 1)
+        return True
+
+    def parameters_finite(self) -> bool:
+        """Whether the agent's floating-point parameters and buffers are free of NaN and Inf."""
+        return all(
+            torch.isfinite(tensor).all()
+            for tensor in self.agent.state_dict().values()
+            if tensor.is_floating_point()
+        )
+
+    def save_agent(self, name: str) -> None:
+        """Save the agent as ``output_dir / name`` (atomically: see ``Agent.save``)."""
+        self.agent.save(self.output_dir / name)
+
+    def save_resume(self, frames: int, run_state: dict[str, Any], metadata: dict[str, Any]) -> None:
+        """Write ``resume.ckpt``: the training state and the run's, unless already written at ``frames``."""
+        if not self.resume_due(frames):
+            return
+        save_resume_checkpoint(
+            self.output_dir / RESUME_FILE,
+            {"training": self.training.state_dict(), "run": run_state},
+            {**metadata, "frames": frames},
+        )
+        self._resume_saved_at = frames
+
+    def written(self) -> list[str]:
+        """The agent checkpoints written so far."""
+        paths = (self.output_dir / AGENT_FILE, self.output_dir / BEST_AGENT_FILE)
+        return [str(path) for path in paths if path.exists()]
+
+
+def read_resume(
+    path: Path, algorithm: str, config: dict[str, Any], training: TrainingState | None
+) -> dict[str, Any]:
+    """The saved state that ``--resume path`` names, after checking it belongs to this recipe and config."""
+    if training is None:
+        raise InputError(f"recipes.{algorithm} cannot resume a run; drop --resume.")
+    training.check_resumable()
+    path = resume_path(path)
+    metadata = read_resume_metadata(path)
+    if metadata["algorithm"] != algorithm:
+        raise InputError(
+            f"{path} was written by recipes.{metadata['algorithm']}; resume it with "
+            f"python -m recipes.{metadata['algorithm']} --resume {path}."
+        )
+    differences = config_differences(metadata["config"], config)
+    if differences:
+        raise InputError(
+            f"{path} was written by a run with other options: {'; '.join(differences)}. A resumed run "
+            "keeps the saved options (on the command line, give --resume alone)."
+        )
+    return load_resume_checkpoint(path)

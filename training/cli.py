@@ -1,0 +1,85 @@
+"""The command line of every recipe: flags parsed into the recipe's config, the run, and exit codes (0 done, 1 a
+failed run, 2 bad input, 128 + N stopped by signal N)."""
+
+from __future__ import annotations
+
+import gc
+import signal
+import sys
+import traceback
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import tyro
+
+from errors import InputError, NonFiniteError
+from training.config import ConfigT
+from training.resume import RESUME_FILE, explicit_options, resumed_config
+
+
+def run_cli(
+    main: Callable[[ConfigT], dict[str, Any]],
+    config_type: type[ConfigT],
+    description: str,
+    adjust: Callable[[ConfigT, set[str]], ConfigT] | None = None,
+) -> None:
+    """Parse the command line into ``config_type`` (flat flags), run ``main`` and report where results are.
+
+    ``adjust(config, given)`` may change the parsed config, knowing the option names given on the command line
+    (a recipe's settings for a kind of task, applied to the options the user left at their defaults). Bad input
+    ends with a one-line ``error: ...`` on stderr and exit status 2.
+    """
+    config = tyro.cli(config_type, description=description, config=(tyro.conf.OmitArgPrefixes,))
+    if adjust is not None and config.run.resume is None:
+        config = adjust(config, explicit_options(sys.argv[1:]))
+    warnings.filterwarnings("ignore", module="pygame")
+    status = 0
+    try:
+        if config.run.resume is not None:
+            config = resumed_config(config_type, config)
+        summary = main(config)
+    except InputError as error:
+        print(f"error: {error}", file=sys.stderr)
+        status = 2
+    except NonFiniteError as error:
+        print(f"error: {error}", file=sys.stderr)
+        status = 1
+    except Exception:  # noqa: BLE001 - an env's or a worker's own error: its traceback, then a prompt exit
+        traceback.print_exc()
+        status = 1
+    if status:
+        # Free the failed run's objects while the interpreter is fully alive: left to its exit, the clean-up of
+        # TorchRL's multi-process collectors can deadlock (it starts a thread to stop its workers).
+        gc.collect()
+        raise SystemExit(status)
+    report(summary)
+
+
+def report(summary: dict[str, Any]) -> None:
+    """Print where a finished run's results are; exit 128 + N if signal N stopped it."""
+    solved = summary["solved_at_frames"]
+    print(
+        f"{summary['algorithm']} on {summary['env_id']}: evaluation return {summary['eval_return_mean']:.1f} "
+        f"± {summary['eval_return_std']:.1f} over {summary['eval_episodes']} episodes after {summary['frames']} frames "
+        f"in {summary['wall_time_s']:.1f} s"
+        + (f"; reached the target at {solved} frames ({summary['solved_at_s']:.1f} s)" if solved else "")
+    )
+    output_dir = Path(summary["output_dir"])
+    print(
+        f"results in {output_dir}/ (summary.json, learning_curve.png, agent.ckpt"
+        + (", video.mp4" if (output_dir / "video.mp4").exists() else "")
+        + ")"
+    )
+    if "wandb_offline_run" in summary:
+        print(
+            f"W&B offline run: {summary['wandb_offline_run']} (upload it with: wandb sync {summary['wandb_offline_run']})"
+        )
+    if summary["interrupted_by"] is not None:
+        resumable = (output_dir / RESUME_FILE).exists()
+        saved = "agent.ckpt and resume.ckpt" if resumable else "agent.ckpt"
+        print(f"stopped by {summary['interrupted_by']} after {summary['frames']} frames; {saved} saved")
+        if resumable:
+            print(f"continue with: --resume {summary['output_dir']}")
+        raise SystemExit(128 + signal.Signals[summary["interrupted_by"]].value)

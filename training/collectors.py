@@ -1,0 +1,149 @@
+"""The training env and the collector that steps it: TorchRL's ``Collector`` in this process, or one over worker
+processes or Ray actors (:mod:`training.distributed`), chosen by ``--collector-backend``."""
+
+from __future__ import annotations
+
+import functools
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+from torchrl.collectors import Collector
+from torchrl.envs import EnvBase
+
+from envs.vector import make_env
+from errors import InputError
+from training.config import RunConfig, check_ranges, require_positive
+
+
+def make_training_env(run: RunConfig, device: torch.device, num_envs: int | None = None):
+    """The batched training env of ``run`` (``num_envs`` envs, default ``run.num_envs``): Gymnasium envs on the
+    CPU, or torch envs on ``device``."""
+    return make_env(
+        run.env_id,
+        num_envs or run.num_envs,
+        device=device if run.env_backend == "torch" else "cpu",
+        seed=run.seed,
+        vectorization=run.vectorization,
+        backend=run.env_backend,
+    )
+
+
+def make_collector(
+    run: RunConfig,
+    env: EnvBase,
+    policy: nn.Module,
+    device: torch.device,
+    frames_per_batch: int,
+    total_frames: int,
+    **options: Any,
+):
+    """The collector of ``run.collector_backend``: TorchRL's ``Collector`` stepping ``env`` here, or one over
+    ``run.num_workers`` processes or Ray actors, each building its share of the envs (worker ``i`` seeded
+    ``seed + WORKER_SEED_STRIDE * i``) and iterated like the single one (see
+    :class:`training.distributed.WorkerCollector`).
+
+    Args:
+        run: the run's options (env id, backend, seed, workers).
+        env: the training env (stepped by the single-process collector; its spec is what workers rebuild).
+        policy: the policy that acts.
+        device: device of the policy and of the batches.
+        frames_per_batch: frames per batch, over all envs.
+        total_frames: the collection budget.
+        options: further collector arguments (``init_random_frames``, ``trajs_per_batch``, ``traj_format``).
+    """
+    if run.collector_backend == "single":
+        return Collector(
+            env,
+            policy,
+            frames_per_batch=frames_per_batch,
+            total_frames=total_frames,
+            env_device=env.device,
+            policy_device=device,
+            storing_device=device,
+            track_traj_ids="trajs_per_batch" in options,  # episodes are stitched by trajectory id
+            auto_register_policy_transforms=False,
+            **options,
+        )
+    from training.distributed import WORKER_SEED_STRIDE, make_worker_collector, make_worker_env
+
+    env_factories = [
+        functools.partial(
+            make_worker_env,
+            os.getpid(),
+            run.env_id,
+            run.num_envs // run.num_workers,
+            device=env.device,
+            seed=run.seed + WORKER_SEED_STRIDE * index,
+            vectorization=run.vectorization,
+            backend=run.env_backend,
+        )
+        for index in range(run.num_workers)
+    ]
+    return make_worker_collector(
+        run.collector_backend,
+        env_factories,
+        policy,
+        frames_per_batch=frames_per_batch,
+        total_frames=total_frames,
+        device=device,
+        ray_address=run.ray_address,
+        **options,
+    )
+
+
+def single_collector_only(run: RunConfig, feature: str) -> None:
+    """Raise :class:`InputError` when ``feature`` (which keeps per-env state outside the env) meets workers."""
+    if run.collector_backend != "single":
+        raise InputError(
+            f"{feature} keeps exploration state beside the training env and runs with --collector-backend single "
+            f"only; drop --collector-backend {run.collector_backend} or {feature}."
+        )
+
+
+@dataclass
+class OffPolicyCollectorConfig:
+    """Collection of the off-policy actor-critic recipes (SAC, TD3, DDPG)."""
+
+    steps_per_env: int = 8
+    """Steps each env takes per collected batch (frames per batch = num_envs * steps_per_env)."""
+    updates_per_frame: float = 1.0
+    """Gradient steps (TD3: critic updates) per collected frame, the update-to-data ratio."""
+    learning_starts: int = 1_000
+    """Frames of uniformly random actions collected before the first update."""
+
+    def validate(self) -> None:
+        """Raise :class:`InputError` for values outside their meaningful range."""
+        require_positive(steps_per_env=self.steps_per_env)
+        check_ranges(
+            updates_per_frame=(self.updates_per_frame, "> 0"), learning_starts=(self.learning_starts, ">= 0")
+        )
+
+    def updates_per_batch(self, frames_per_batch: int) -> int:
+        """Gradient steps after each batch of ``frames_per_batch`` frames (at least one)."""
+        return max(1, round(frames_per_batch * self.updates_per_frame))
+
+
+def make_off_policy_collector(
+    run: RunConfig,
+    env: EnvBase,
+    policy: nn.Module,
+    frames_per_batch: int,
+    learning_starts: int,
+    device: torch.device,
+):
+    """The collector of an off-policy recipe: uniformly random actions for the first ``learning_starts`` frames,
+    then ``policy``; batches of ``frames_per_batch`` on ``device`` until ``run.total_frames`` (rounded up to whole
+    batches)."""
+    num_batches = -(-run.total_frames // frames_per_batch)
+    return make_collector(
+        run,
+        env,
+        policy,
+        device,
+        frames_per_batch,
+        num_batches * frames_per_batch,
+        init_random_frames=learning_starts,
+    )

@@ -1,0 +1,175 @@
+"""The options every recipe shares (:class:`RunConfig`) and the range checks every config declares."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal, TypeVar
+
+import gymnasium as gym
+
+from envs.classic import torch_env_class
+from envs.vector import check_device, check_env_id
+from errors import InputError
+
+LoggerName = Literal["wandb", "csv", "none"]
+ConfigT = TypeVar("ConfigT")
+
+
+@dataclass
+class RunConfig:
+    """Options every recipe accepts."""
+
+    env_id: str = "CartPole-v1"
+    """Gymnasium environment id."""
+    num_envs: int = 8
+    """Number of environments stepped together by the collector."""
+    env_backend: Literal["gymnasium", "torch"] = "gymnasium"
+    """'gymnasium': any Gymnasium env, stepped on the CPU; 'torch': the batched torch classic-control envs
+    (CartPole-v1, Pendulum-v1, MountainCar-v0, MountainCarContinuous-v0, Acrobot-v1), stepped on --device."""
+    vectorization: Literal["sync", "async"] = "sync"
+    """Gymnasium backend: step sub-envs in this process ('sync') or one process each ('async')."""
+    seed: int = 0
+    """Seed for Python, NumPy, torch, the envs and their action spaces."""
+    total_frames: int = 100_000
+    """Training budget in environment steps (summed over all envs)."""
+    device: str = "cpu"
+    """Device of the networks and the loss: 'cpu', 'cuda', 'cuda:1', ... (Gymnasium envs step on the CPU, torch
+    envs on this device)."""
+    output_dir: Path | None = None
+    """Where the run writes its outputs; default runs/ALGORITHM-ENV-SEED-TIMESTAMP."""
+    logger: LoggerName = "csv"
+    """Metrics logger: Weights & Biases, CSV files, or none (evaluations.csv and summary.json are always written)."""
+    wandb_project: str = "rlkit"
+    """Weights & Biases project."""
+    wandb_online: bool = False
+    """Sync the W&B run to the server while training (default: offline, upload later with 'wandb sync')."""
+    eval_every: int = 10_000
+    """Run a deterministic evaluation every this many frames (and at the end)."""
+    eval_episodes: int = 20
+    """Episodes per evaluation."""
+    stop_at_return: float | None = None
+    """Stop once the evaluation mean return reaches this; default: the env's registered reward threshold
+    (475 for CartPole-v1, none for Pendulum-v1). Pass inf to never stop early."""
+    video: bool = True
+    """Record one deterministic episode of the final agent to video.mp4."""
+    progress: bool = True
+    """Show a progress bar."""
+    threads: int = 1
+    """Torch CPU threads; 1 is fastest and steadiest for small networks on a few cores; 0 keeps torch's default."""
+    checkpoint_every: int | None = None
+    """Also save agent.ckpt and resume.ckpt (the whole training state, for --resume) every this many frames
+    (default: agent.ckpt at the end; both on SIGINT/SIGTERM)."""
+    collector_backend: Literal["single", "multiprocess", "ray"] = "single"
+    """Where the envs step: in this process ('single'), in --num-workers processes (TorchRL's multi-process
+    collector) or on --num-workers Ray actors ('ray'; ES: its population). --num-envs is split over the workers."""
+    num_workers: int = 2
+    """Collector workers for --collector-backend multiprocess or ray."""
+    ray_address: str | None = None
+    """Address of a running Ray cluster to join (e.g. 'ray://head:10001' or 'head:6379'); default: start a local
+    one."""
+    resume: Path | None = None
+    """Continue the run saved in this run directory (its resume.ckpt, written with --checkpoint-every and on
+    SIGINT/SIGTERM) or resume checkpoint, with its saved options, exactly where it stopped."""
+
+    def validate(self) -> None:
+        """Raise :class:`InputError` for out-of-range values."""
+        if self.threads < 0:
+            raise InputError(f"--threads must be 0 (torch's default) or positive, got {self.threads}.")
+        require_positive(
+            num_envs=self.num_envs,
+            total_frames=self.total_frames,
+            eval_every=self.eval_every,
+            eval_episodes=self.eval_episodes,
+        )
+        if self.checkpoint_every is not None:
+            require_positive(checkpoint_every=self.checkpoint_every)
+        if self.stop_at_return is not None and math.isnan(self.stop_at_return):
+            raise InputError("--stop-at-return must be a number, got nan.")
+        if self.collector_backend != "single":
+            if self.device != "cpu":
+                raise InputError(
+                    f"--device {self.device} with --collector-backend {self.collector_backend} is not supported: worker "
+                    "collectors run on the CPU (their weights arrive through shared CPU memory or Ray); use --device "
+                    f"cpu, or --collector-backend single to train on {self.device}."
+                )
+            require_positive(num_workers=self.num_workers)
+            if self.num_envs % self.num_workers:
+                raise InputError(
+                    f"--num-envs {self.num_envs} must split evenly over --num-workers {self.num_workers}."
+                )
+        check_device(self.device)
+        check_env_id(self.env_id)
+        if self.env_backend == "torch":
+            torch_env_class(self.env_id)  # raises if there is no torch implementation
+
+    @property
+    def target_return(self) -> float | None:
+        """The evaluation return that ends training early, if any."""
+        if self.stop_at_return is not None:
+            return None if math.isinf(self.stop_at_return) else self.stop_at_return
+        return gym.spec(self.env_id).reward_threshold
+
+
+def require_positive(**values: int) -> None:
+    """Raise :class:`InputError` naming the first option whose value is below 1."""
+    for name, value in values.items():
+        if value < 1:
+            raise InputError(f"--{name.replace('_', '-')} must be a positive integer, got {value}.")
+
+
+_BOUND = re.compile(r"^(>=|>|<=|<)\s*(\S+)$")
+_INTERVAL = re.compile(r"^([\[(])\s*(\S+)\s*,\s*(\S+)\s*([\])])$")
+
+
+def check_ranges(**checks: tuple[float | None, str]) -> None:
+    """Raise :class:`InputError` naming the first option outside its range; ``None`` values (unset) pass.
+
+    Each keyword is an option's field name, each value ``(value, range)`` with ``range`` a bound (``"> 0"``,
+    ``">= 0"``) or an interval (``"(0, 1]"``, ``"[0, 1]"``).
+
+    Examples:
+        >>> check_ranges(lr=(3e-4, "> 0"), gamma=(0.99, "(0, 1]"))
+        >>> check_ranges(gamma=(1.5, "(0, 1]"))
+        Traceback (most recent call last):
+        errors.InputError: --gamma must be in (0, 1], got 1.5.
+    """
+    for name, (value, valid_range) in checks.items():
+        if value is None or _within(value, valid_range):
+            continue
+        expected = valid_range if _BOUND.match(valid_range) else f"in {valid_range}"
+        raise InputError(f"--{name.replace('_', '-')} must be {expected}, got {value}.")
+
+
+def _within(value: float, valid_range: str) -> bool:
+    bound = _BOUND.match(valid_range)
+    if bound:
+        operator, limit = bound.group(1), float(bound.group(2))
+        return {">": value > limit, ">=": value >= limit, "<": value < limit, "<=": value <= limit}[operator]
+    interval = _INTERVAL.match(valid_range)
+    if interval is None:
+        raise ValueError(
+            f"Unknown range {valid_range!r}: use '> x', '>= x', '< x', '<= x' or an interval '(a, b]'."
+        )
+    opening, low, high, closing = interval.groups()
+    above = value >= float(low) if opening == "[" else value > float(low)
+    below = value <= float(high) if closing == "]" else value < float(high)
+    return above and below
+
+
+def config_to_dict(config: Any) -> dict[str, Any]:
+    """A JSON-compatible copy of a (nested) config dataclass."""
+    return json.loads(json.dumps(dataclasses.asdict(config), default=str))
+
+
+def quiet(config: ConfigT, output_dir: str | Path, **run_options: Any) -> ConfigT:
+    """Point a recipe's config at ``output_dir`` with no logger, video or progress bar (scripts, tests and
+    benchmarks); ``run_options`` set further :class:`RunConfig` fields. Returns ``config``, changed in place."""
+    options = {"output_dir": output_dir, "logger": "none", "video": False, "progress": False, **run_options}
+    for name, value in options.items():
+        setattr(config.run, name, value)
+    return config

@@ -1,0 +1,129 @@
+"""The evaluation schedule: a deterministic evaluation every ``eval_every`` frames, its row in evaluations.csv and
+the logger, the best return so far, and early stop at the target return."""
+
+from __future__ import annotations
+
+import csv
+import math
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from agents.agent import Agent, EvaluationResult
+
+EVAL_SEED_OFFSET = 1_000_000  # evaluation episodes are seeded apart from the training envs
+
+
+def evaluation_seed(seed: int) -> int:
+    """The seed of a run's evaluation episodes (episode ``i`` resets with it plus ``i``)."""
+    return seed + EVAL_SEED_OFFSET
+
+
+def run_deterministic(agent: Agent, episodes: int, seed: int, **options: Any) -> EvaluationResult:
+    """Evaluate ``agent`` deterministically on the evaluation seeds of a run seeded ``seed``, leaving its
+    train/eval mode as it was."""
+    was_training = agent.training
+    agent.eval()
+    try:
+        return agent.evaluate(episodes=episodes, deterministic=True, seed=evaluation_seed(seed), **options)
+    finally:
+        agent.train(was_training)
+
+
+class EvaluationSchedule:
+    """When to evaluate, what each evaluation found, and whether the target return is reached.
+
+    Args:
+        agent: the agent being trained.
+        every: frames between evaluations.
+        episodes: episodes per evaluation.
+        seed: the run's seed (evaluations use :func:`evaluation_seed`).
+        target_return: the mean return that ends training early, or None.
+        csv_path: where the rows are written after each evaluation.
+        log: called with each evaluation's ``eval/...`` metrics.
+    """
+
+    def __init__(
+        self,
+        agent: Agent,
+        every: int,
+        episodes: int,
+        seed: int,
+        target_return: float | None,
+        csv_path: Path,
+        log: Callable[[dict[str, float]], None],
+    ):
+        self.agent = agent
+        self.every, self.episodes, self.seed = every, episodes, seed
+        self.target_return = target_return
+        self.csv_path = csv_path
+        self._log = log
+        self.evaluations: list[dict[str, float]] = []
+        self.best_return = -math.inf
+        self.solved_at_frames: int | None = None
+        self.solved_at_s: float | None = None
+        self.next_eval = every
+
+    @property
+    def last_return(self) -> float | None:
+        return self.evaluations[-1]["return_mean"] if self.evaluations else None
+
+    def due(self, frames: int) -> bool:
+        """Whether an evaluation is due at ``frames``; if so, the next one is scheduled (skipping any that a large
+        batch jumped over)."""
+        if frames < self.next_eval:
+            return False
+        self.next_eval += self.every * max(1, (frames - self.next_eval) // self.every + 1)
+        return True
+
+    def evaluate(self, frames: int, elapsed_s: float) -> tuple[bool, bool]:
+        """Evaluate deterministically, log and write the row.
+
+        Returns:
+            ``(improved, solved)``: whether this is the best mean return so far, and whether it reaches the target.
+        """
+        result = run_deterministic(self.agent, self.episodes, self.seed)
+        row = {
+            "frames": frames,
+            "wall_time_s": elapsed_s,
+            "return_mean": result.mean,
+            "return_std": result.std,
+            "length_mean": float(result.lengths.mean()),
+        }
+        self.evaluations.append(row)
+        self._log(
+            {
+                "eval/return_mean": result.mean,
+                "eval/return_std": result.std,
+                "eval/length_mean": row["length_mean"],
+            }
+        )
+        self._write_csv()
+        improved = result.mean > self.best_return
+        if improved:
+            self.best_return = result.mean
+        solved = self.target_return is not None and result.mean >= self.target_return
+        if solved and self.solved_at_frames is None:
+            self.solved_at_frames, self.solved_at_s = frames, elapsed_s
+        return improved, solved
+
+    def _write_csv(self) -> None:
+        with self.csv_path.open("w", newline="") as file:
+            writer = csv.DictWriter(file, fieldnames=list(self.evaluations[0]))
+            writer.writeheader()
+            writer.writerows(self.evaluations)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "evaluations": self.evaluations,
+            "best_return": self.best_return,
+            "solved_at_frames": self.solved_at_frames,
+            "solved_at_s": self.solved_at_s,
+            "next_eval": self.next_eval,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.evaluations = [dict(row) for row in state["evaluations"]]
+        self.best_return = state["best_return"]
+        self.solved_at_frames, self.solved_at_s = state["solved_at_frames"], state["solved_at_s"]
+        self.next_eval = state["next_eval"]

@@ -1,0 +1,206 @@
+"""Exact resume: the whole state of a training run in one file, ``resume.ckpt``, and the means to continue from it.
+
+:class:`training.run.Run` writes ``resume.ckpt`` (its :class:`training.state.TrainingState` and the run's own
+state: frames, evaluation history, W&B run id) with ``--checkpoint-every`` and on SIGINT/SIGTERM, and ``--resume``
+restores it before the first batch. This module holds the file (written atomically, read only after its format
+is checked) and the options of a resumed run (the saved ones; only the reporting options may change).
+
+The file is a TorchRL checkpoint archive of JSON and raw tensors, written beside its target and renamed over
+it; loading it never unpickles anything.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+import types
+import typing
+import uuid
+import zipfile
+from pathlib import Path
+from typing import Any
+
+from torchrl.checkpoint import Checkpoint, CheckpointError
+
+from agents.agent import check_archive
+from errors import InputError
+
+RESUME_FILE = "resume.ckpt"
+RESUME_FORMAT = "rlkit.resume"
+RESUME_FORMAT_VERSION = 1
+
+# options that change where and how a run reports, not what it computes: a resumed run may change them
+REPORTING_OPTIONS = {
+    "resume",
+    "output_dir",
+    "progress",
+    "video",
+    "logger",
+    "wandb_project",
+    "wandb_online",
+    "checkpoint_every",
+}
+
+
+class _StateComponent:
+    """A ``state_dict`` holder for TorchRL's checkpoint: what is saved, or what was loaded."""
+
+    def __init__(self, state: dict[str, Any] | None = None):
+        self.state = state
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.state = state
+
+
+def save_resume_checkpoint(path: Path, state: dict[str, Any], metadata: dict[str, Any]) -> None:
+    """Write ``state`` to ``path`` atomically (beside it, then renamed over it)."""
+    temporary = path.with_name(f".{path.name}.writing-{uuid.uuid4().hex}")
+    try:
+        Checkpoint(format="archive", training=_StateComponent(state)).save(
+            temporary,
+            metadata={"format": RESUME_FORMAT, "format_version": RESUME_FORMAT_VERSION, **metadata},
+        )
+        os.replace(temporary, path)
+    finally:
+        temporary.unlink(missing_ok=True)
+
+
+def resume_path(path: str | Path) -> Path:
+    """The resume checkpoint named by ``--resume``: a run directory (its ``resume.ckpt``) or the file itself."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / RESUME_FILE
+    if not path.exists():
+        raise InputError(
+            f"No resume checkpoint at {path}. Runs write resume.ckpt with --checkpoint-every N and when stopped "
+            "by SIGINT or SIGTERM."
+        )
+    return path
+
+
+def read_resume_metadata(path: Path) -> dict[str, Any]:
+    """The manifest metadata of a resume checkpoint; :class:`InputError` for anything else."""
+    check_archive(path, "resume")
+    try:
+        metadata = Checkpoint.manifest(path).get("metadata", {})
+    except (CheckpointError, OSError, ValueError, zipfile.BadZipFile) as error:
+        raise InputError(f"{path} is not a readable resume checkpoint ({error}).") from None
+    if metadata.get("format") != RESUME_FORMAT:
+        raise InputError(
+            f"{path} is not a resume checkpoint (an agent checkpoint such as agent.ckpt holds the policy only); "
+            "pass the run directory or its resume.ckpt."
+        )
+    if metadata.get("format_version") != RESUME_FORMAT_VERSION:
+        raise InputError(
+            f"{path} has resume format version {metadata.get('format_version')}, expected {RESUME_FORMAT_VERSION}."
+        )
+    return metadata
+
+
+def load_resume_checkpoint(path: Path) -> dict[str, Any]:
+    """The training state saved in ``path`` (JSON and tensors only)."""
+    component = _StateComponent()
+    try:
+        Checkpoint(training=component).load(path, map_location="cpu")
+    except (
+        CheckpointError,
+        OSError,
+        ValueError,
+        RuntimeError,
+        KeyError,
+        TypeError,
+        zipfile.BadZipFile,
+    ) as error:
+        raise InputError(f"Could not read the training state in {path}: {error}") from None
+    return component.state
+
+
+def config_differences(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
+    """``--option (saved X, now Y)`` for every option that differs, except the reporting ones."""
+    differences = []
+    for name in sorted(set(saved) | set(current)):
+        if name in REPORTING_OPTIONS:
+            continue
+        old, new = saved.get(name), current.get(name)
+        if isinstance(old, dict) and isinstance(new, dict):
+            differences += config_differences(old, new)
+        elif old != new:
+            differences.append(f"--{name.replace('_', '-')} (saved {old!r}, now {new!r})")
+    return differences
+
+
+def config_from_dict(config_type: type, data: dict[str, Any]) -> Any:
+    """Rebuild a (nested) config dataclass from its JSON form (``config_to_dict``)."""
+    hints = typing.get_type_hints(config_type)
+    values = {}
+    for field in dataclasses.fields(config_type):
+        if field.name not in data:
+            continue
+        values[field.name] = _field_value(hints[field.name], data[field.name])
+    return config_type(**values)
+
+
+def _field_value(hint: Any, value: Any) -> Any:
+    if value is None:
+        return None
+    origin = typing.get_origin(hint)
+    if dataclasses.is_dataclass(hint):
+        return config_from_dict(hint, value)
+    if origin in (typing.Union, types.UnionType):
+        for option in typing.get_args(hint):
+            if option is not type(None):
+                return _field_value(option, value)
+    if origin is tuple:
+        return tuple(value)
+    if hint is Path:
+        return Path(value)
+    return value
+
+
+def explicit_options(argv: list[str]) -> set[str]:
+    """The option names given on a command line (``--lr 1e-3`` and ``--no-progress`` give lr and progress)."""
+    names = set()
+    for token in argv:
+        if token.startswith("--"):
+            name = token[2:].split("=", 1)[0].replace("-", "_")
+            names.add(name.removeprefix("no_") if name.startswith("no_") else name)
+    return names
+
+
+def resumed_config(config_type: type, config: Any, argv: list[str] | None = None) -> Any:
+    """The configuration of the run that ``config.run.resume`` continues, with the reporting options given on
+    this command line; :class:`InputError` when other options are given (the saved ones apply)."""
+    argv = sys.argv[1:] if argv is None else argv
+    path = resume_path(config.run.resume)
+    saved = read_resume_metadata(path)["config"]
+    changed = sorted(explicit_options(argv) - REPORTING_OPTIONS - {"help"})
+    if changed:
+        raise InputError(
+            "--resume continues the run with its saved options; drop "
+            + ", ".join(f"--{name.replace('_', '-')}" for name in changed)
+            + " (only "
+            + ", ".join(f"--{name.replace('_', '-')}" for name in sorted(REPORTING_OPTIONS - {"resume"}))
+            + " may change)."
+        )
+    resumed = config_from_dict(config_type, saved)
+    resumed.run.output_dir = None  # the checkpoint's directory, wherever the run was moved (unless given)
+    for name in explicit_options(argv) & REPORTING_OPTIONS:
+        setattr(resumed.run, name, getattr(config.run, name))
+    resumed.run.resume = config.run.resume
+    return resumed
+
+
+__all__ = [
+    "RESUME_FILE",
+    "config_differences",
+    "config_from_dict",
+    "load_resume_checkpoint",
+    "read_resume_metadata",
+    "resume_path",
+    "resumed_config",
+    "save_resume_checkpoint",
+]

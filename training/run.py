@@ -1,0 +1,256 @@
+"""One training run, as a recipe's loop sees it: :class:`Run` takes each collected batch and the update's
+metrics (:meth:`Run.record_batch`) and writes the outputs at the end (:meth:`Run.finish`)::
+
+    OUTPUT_DIR/
+      summary.json          algorithm, env, seed, frames, wall time, final evaluation, when it was solved
+      evaluations.csv       one row per deterministic evaluation
+      learning_curve.png    evaluation and training returns against frames
+      agent.ckpt            the final agent (Agent.load reads it); best_agent.ckpt: the best evaluation's
+      resume.ckpt           the whole training state (with --checkpoint-every, and on SIGINT/SIGTERM)
+      video.mp4             one deterministic episode of the final agent (with --video)
+      config.json           the full configuration
+      wandb/ or csv/        the logger's files
+
+Behind that surface each concern has its own part: :class:`training.metrics.Metrics` (frames, returns, logger,
+progress bar), :class:`training.evaluation.EvaluationSchedule` (evaluations, early stop),
+:class:`training.checkpoints.Checkpoints` (checkpoints and resume) and :class:`training.signals.SignalWatcher`.
+"""
+
+from __future__ import annotations
+
+import json
+import warnings
+from datetime import datetime
+from pathlib import Path
+from typing import Any, NoReturn
+
+from tensordict import TensorDictBase
+
+from agents.agent import Agent
+from errors import NonFiniteError
+from training.checkpoints import AGENT_FILE, BEST_AGENT_FILE, Checkpoints, read_resume
+from training.config import RunConfig, config_to_dict
+from training.evaluation import EvaluationSchedule, evaluation_seed
+from training.logger import is_wandb, make_logger
+from training.metrics import Metrics, find_non_finite
+from training.plotting import plot_learning_curve
+from training.signals import SignalWatcher
+from training.state import TrainingState
+
+
+class Run:
+    """Logging, evaluation, early stopping, checkpoints, resume and outputs of one training run.
+
+    Args:
+        algorithm: recipe name, e.g. ``"ppo"``.
+        config: the recipe's full config dataclass (saved and logged).
+        run: its :class:`RunConfig`.
+        agent: the agent being trained (its policy is the one the collector uses).
+        training: what the recipe trains (:class:`training.state.TrainingState`): saved in ``resume.ckpt`` with
+            ``--checkpoint-every`` and on SIGINT/SIGTERM, and restored here with ``--resume``. Recipes without
+            one refuse ``--resume``.
+    """
+
+    def __init__(
+        self, algorithm: str, config: Any, run: RunConfig, agent: Agent, training: TrainingState | None = None
+    ):
+        self.algorithm = algorithm
+        self.run = run
+        self.agent = agent
+        self.config = config_to_dict(config)
+        resumed = None if run.resume is None else read_resume(run.resume, algorithm, self.config, training)
+        self.output_dir = self._output_dir(resumed is not None)
+        self.output_dir.mkdir(parents=True, exist_ok=True)
+        agent.config = self.config
+        (self.output_dir / "config.json").write_text(json.dumps(self.config, indent=2) + "\n")
+        logger = make_logger(
+            run, algorithm, self.output_dir, self.config, wandb_id=resumed and resumed["run"]["wandb_id"]
+        )
+        self.metrics = Metrics(logger, run.total_frames, run.progress)
+        self.schedule = EvaluationSchedule(
+            agent,
+            run.eval_every,
+            run.eval_episodes,
+            run.seed,
+            run.target_return,
+            self.output_dir / "evaluations.csv",
+            self.metrics.log,
+        )
+        self.checkpoints = Checkpoints(agent, self.output_dir, training, run.checkpoint_every)
+        if resumed is not None:
+            self._load_run_state(resumed["run"])
+        self.signals = SignalWatcher()
+        self.signals.install()
+        self.metrics.start_progress()
+        if run.checkpoint_every is not None and training is not None and not self.checkpoints.resumable:
+            warnings.warn(
+                "--checkpoint-every writes agent.ckpt only with worker collectors: resume.ckpt (for --resume) needs "
+                "--collector-backend single.",
+                stacklevel=2,
+            )
+        if resumed is not None:  # last: the RNG states are restored here
+            training.load_state_dict(resumed["training"])
+
+    def _output_dir(self, resumed: bool) -> Path:
+        if self.run.output_dir is not None:
+            return Path(self.run.output_dir)
+        if resumed:  # beside the checkpoint, wherever the run was moved
+            resume = Path(self.run.resume)
+            return resume if resume.is_dir() else resume.parent
+        stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+        return Path(f"runs/{self.algorithm}-{self.run.env_id}-{self.run.seed}-{stamp}")
+
+    # ------------------------------------------------------------------ what the recipe's loop calls
+    @property
+    def frames(self) -> int:
+        """Frames collected so far (a resumed run starts where it stopped)."""
+        return self.metrics.frames
+
+    @property
+    def elapsed(self) -> float:
+        return self.metrics.elapsed
+
+    @property
+    def interrupted_by(self) -> str | None:
+        """``"SIGINT"`` or ``"SIGTERM"`` once one was received, else None."""
+        return self.signals.interrupted_by
+
+    def record_batch(self, batch: TensorDictBase, metrics: dict[str, float]) -> bool:
+        """Account for a collected batch and its update's metrics; evaluate and checkpoint when due.
+
+        Returns:
+            True when training should stop (budget spent, target return reached, SIGINT or SIGTERM received).
+
+        Raises:
+            NonFiniteError: NaN or Inf in the batch's observations or rewards, or in a metric (a loss).
+        """
+        self.metrics.frames += batch.numel()
+        self.check_finite(batch, metrics)
+        self.metrics.record(batch, metrics)
+        self.metrics.show(self.schedule.last_return)
+        frames = self.frames
+        stop = self.schedule.due(frames) and self.evaluate()
+        if self.checkpoints.due(frames):
+            self.save_agent(AGENT_FILE)
+            self.save_resume()
+        stop = stop or frames >= self.run.total_frames or self.interrupted_by is not None
+        if stop and (self.interrupted_by is not None or self.run.checkpoint_every is not None):
+            self.save_resume()  # while the collector still holds its state
+        return stop
+
+    def check_finite(self, batch: TensorDictBase, metrics: dict[str, float]) -> None:
+        """Raise :class:`NonFiniteError` naming where NaN or Inf first appears: observations, rewards, or a metric."""
+        where = find_non_finite(batch, metrics)
+        if where is not None:
+            self._non_finite(where)
+
+    def evaluate(self) -> bool:
+        """Evaluate deterministically, log, keep the best checkpoint; True if the target return is reached."""
+        improved, solved = self.schedule.evaluate(self.frames, self.elapsed)
+        if improved:
+            self.save_agent(BEST_AGENT_FILE)
+        self.metrics.show(self.schedule.last_return, refresh=True)
+        return solved
+
+    # ------------------------------------------------------------------ checkpoints
+    def save_agent(self, name: str) -> None:
+        """Save the agent as ``output_dir / name``, unless its parameters hold NaN or Inf (then stop the run)."""
+        if not self.checkpoints.parameters_finite():
+            self._non_finite("the agent's parameters")
+        self.checkpoints.save_agent(name)
+
+    def save_resume(self) -> None:
+        """Write ``resume.ckpt``: the training state and this run's, for ``--resume`` (single-process collector
+        runs of recipes that provide a :class:`TrainingState`)."""
+        if not self.checkpoints.resume_due(self.frames):
+            return
+        if not self.checkpoints.parameters_finite():
+            self._non_finite("the agent's parameters")
+        metadata = {"algorithm": self.algorithm, "env_id": self.run.env_id, "config": self.config}
+        self.checkpoints.save_resume(self.frames, self._run_state(), metadata)
+
+    def _run_state(self) -> dict[str, Any]:
+        logger = self.metrics.logger
+        return {
+            **self.metrics.state_dict(),
+            **self.schedule.state_dict(),
+            "next_checkpoint": self.checkpoints.next_checkpoint,
+            "wandb_id": logger.experiment.id if is_wandb(logger) else None,
+        }
+
+    def _load_run_state(self, state: dict[str, Any]) -> None:
+        self.metrics.load_state_dict(state)
+        self.schedule.load_state_dict(state)
+        if self.run.checkpoint_every is not None:  # may be given anew on resume
+            self.checkpoints.next_checkpoint = (
+                state["next_checkpoint"] or self.frames + self.run.checkpoint_every
+            )
+
+    def _non_finite(self, where: str) -> NoReturn:
+        self.signals.restore()
+        self.metrics.close_progress()
+        kept = ", ".join(self.checkpoints.written()) or "none written yet"
+        raise NonFiniteError(
+            f"NaN or Inf in {where} at frame {self.frames} of {self.algorithm} on {self.run.env_id}; training "
+            f"stopped. Checkpoints kept (from before it appeared): {kept}."
+        )
+
+    # ------------------------------------------------------------------ the end
+    def finish(self) -> dict[str, Any]:
+        """Final evaluation, checkpoint, video, plot and summary.json; returns the summary.
+
+        After SIGINT or SIGTERM the checkpoint is written first, and the final evaluation (if an earlier one
+        exists) and the video are skipped.
+        """
+        self.signals.restore()
+        self.metrics.close_progress()
+        interrupted = self.interrupted_by is not None
+        evaluations = self.schedule.evaluations
+        if interrupted:
+            self.save_agent(AGENT_FILE)
+        if not evaluations or (not interrupted and evaluations[-1]["frames"] != self.frames):
+            self.evaluate()
+        wall_time = self.elapsed
+        final = evaluations[-1]
+        self.save_agent(AGENT_FILE)
+        if self.run.video and not interrupted:
+            self.agent.evaluate(
+                episodes=1, seed=evaluation_seed(self.run.seed), video_path=self.output_dir / "video.mp4"
+            )
+        plot_learning_curve(
+            evaluations,
+            self.metrics.training_returns,
+            self.output_dir / "learning_curve.png",
+            title=f"{self.algorithm} on {self.run.env_id} (seed {self.run.seed})",
+        )
+        summary = self._summary(wall_time, final)
+        (self.output_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        logger = self.metrics.logger
+        if is_wandb(logger):
+            logger.experiment.summary.update(summary)
+            logger.experiment.finish()
+        return summary
+
+    def _summary(self, wall_time: float, final: dict[str, float]) -> dict[str, Any]:
+        summary = {
+            "algorithm": self.algorithm,
+            "env_id": self.run.env_id,
+            "seed": self.run.seed,
+            "frames": self.frames,
+            "wall_time_s": wall_time,
+            "fps": self.frames / max(wall_time, 1e-9),
+            "eval_return_mean": final["return_mean"],
+            "eval_return_std": final["return_std"],
+            "eval_episodes": self.run.eval_episodes,
+            "best_eval_return_mean": self.schedule.best_return,
+            "target_return": self.schedule.target_return,
+            "solved_at_frames": self.schedule.solved_at_frames,
+            "solved_at_s": self.schedule.solved_at_s,
+            "output_dir": str(self.output_dir),
+            "interrupted_by": self.interrupted_by,
+            "resumed_from": None if self.run.resume is None else str(self.run.resume),
+        }
+        logger = self.metrics.logger
+        if is_wandb(logger) and logger.offline:
+            summary["wandb_offline_run"] = str(Path(logger.experiment.dir).parent)
+        return summary

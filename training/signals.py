@@ -1,0 +1,58 @@
+"""SIGINT and SIGTERM during training: the run finishes its batch, saves and stops; the caller's handlers are
+restored however the run ends."""
+
+from __future__ import annotations
+
+import functools
+import signal
+import threading
+from collections.abc import Callable
+from typing import Any
+
+HANDLED_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+class SignalWatcher:
+    """Turns SIGINT and SIGTERM into a request to stop (:attr:`interrupted_by`) while installed.
+
+    The first signal is recorded and the previous handlers are put back, so a second one acts as usual (a
+    second Ctrl-C stops at once). Python delivers signals to the main thread only: elsewhere nothing is installed.
+    """
+
+    def __init__(self):
+        self.interrupted_by: str | None = None
+        self._previous: dict[int, Any] = {}
+
+    def install(self) -> None:
+        if threading.current_thread() is threading.main_thread():
+            for number in HANDLED_SIGNALS:
+                self._previous[number] = signal.signal(number, self._on_signal)
+
+    def restore(self) -> None:
+        """Put back the handlers found at :meth:`install` (no-op if already restored)."""
+        for number, handler in self._previous.items():
+            signal.signal(number, handler)
+        self._previous = {}
+
+    def _on_signal(self, number: int, frame: Any) -> None:
+        self.interrupted_by = signal.Signals(number).name
+        self.restore()
+
+
+def recipe_main(main: Callable[..., dict[str, Any]]) -> Callable[..., dict[str, Any]]:
+    """Decorate a recipe's ``main``: however it ends (a summary, an error), the SIGINT and SIGTERM handlers are
+    those it started with, so a failed run never leaves its own handler behind in the caller (a notebook, a
+    test session)."""
+
+    @functools.wraps(main)
+    def wrapper(*args: Any, **kwargs: Any) -> dict[str, Any]:
+        if threading.current_thread() is not threading.main_thread():
+            return main(*args, **kwargs)
+        handlers = {number: signal.getsignal(number) for number in HANDLED_SIGNALS}
+        try:
+            return main(*args, **kwargs)
+        finally:
+            for number, handler in handlers.items():
+                signal.signal(number, handler)
+
+    return wrapper

@@ -1,0 +1,172 @@
+"""What a recipe trains, as one ``state_dict`` / ``load_state_dict`` object: :class:`TrainingState`.
+
+A recipe hands :class:`training.run.Run` a :class:`TrainingState` naming what it trains and how: the env, the
+collector, the modules (the loss module holds the networks and their targets), the optimizers, the replay buffer,
+the target updater and any counters of its loop. Saved, it restores weights, target networks, optimizer moments,
+learning-rate and clip-range schedules (functions of the restored counters), the replay buffer with its prioritized
+sampler's priorities, observation-normaliser statistics, Python/NumPy/torch RNG states, the training envs
+mid-episode (their physical state and their generators: see :mod:`envs.runtime_state`) and the collector's frame
+count and pending observation, so that a resumed run collects and updates exactly as the uninterrupted one would
+have. :mod:`training.resume` writes and reads it as ``resume.ckpt``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import warnings
+from typing import Any
+
+import torch
+from tensordict import TensorDict
+from torch import nn
+from torchrl.checkpoint import GlobalRNGState
+from torchrl.collectors import Collector
+from torchrl.data import PrioritizedSampler, ReplayBuffer
+from torchrl.envs import EnvBase
+
+from envs.runtime_state import env_runtime_state, load_env_runtime_state
+from errors import InputError
+
+
+@dataclasses.dataclass
+class TrainingState:
+    """What a recipe trains, as one ``state_dict`` / ``load_state_dict`` object for ``resume.ckpt``.
+
+    Args:
+        env: the training env (its sub-envs' mid-episode state is saved when it can be, see
+            :mod:`envs.runtime_state`).
+        collector: the single-process TorchRL collector stepping ``env``.
+        modules: modules whose ``state_dict`` holds trained state (the loss module: networks, target networks,
+            entropy coefficient; add-ons).
+        optimizers: the optimizers, by name.
+        replay_buffer: the replay buffer (storage, writer, sampler; a prioritized sampler's priorities).
+        target_updater: TorchRL's hard target updater (its step counter); soft updaters have no state.
+        extras: further objects with ``state_dict`` (n-step return windows, exploration noise).
+        counters: the loop's own counters (e.g. gradient steps taken); updated in place on resume.
+    """
+
+    env: EnvBase
+    collector: Any
+    modules: dict[str, nn.Module]
+    optimizers: dict[str, torch.optim.Optimizer]
+    replay_buffer: ReplayBuffer | None = None
+    target_updater: Any = None
+    extras: dict[str, Any] = dataclasses.field(default_factory=dict)
+    counters: dict[str, int] = dataclasses.field(default_factory=dict)
+
+    def check_resumable(self) -> None:
+        """Raise :class:`InputError` when this run's collector keeps state that cannot be saved."""
+        if not isinstance(self.collector, Collector):
+            raise InputError(
+                "Resume state is kept for --collector-backend single only (worker processes and Ray actors hold "
+                "their envs' state out of reach); drop --collector-backend or --resume."
+            )
+
+    def state_dict(self) -> dict[str, Any]:
+        env_state, reason = env_runtime_state(self.env)
+        collector = self.collector
+        collector_state = {
+            "frames": collector._frames,
+            "iter": collector._iter,
+            "carrier": collector._carrier.to_dict(),
+        }
+        if collector.track_traj_ids:
+            collector_state["traj_pool"] = collector._traj_pool.state_dict()
+        return {
+            "modules": {name: module.state_dict() for name, module in self.modules.items()},
+            "optimizers": {name: optimizer.state_dict() for name, optimizer in self.optimizers.items()},
+            "replay_buffer": None if self.replay_buffer is None else _replay_buffer_state(self.replay_buffer),
+            "target_updater": getattr(self.target_updater, "counter", None),
+            "extras": {name: extra.state_dict() for name, extra in self.extras.items()},
+            "counters": dict(self.counters),
+            "collector": collector_state,
+            "env": env_state,
+            "env_not_saved_because": reason,
+            "rng": GlobalRNGState().state_dict(),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        for name, module in self.modules.items():
+            _load_module_state(module, state["modules"][name])
+        for name, optimizer in self.optimizers.items():
+            optimizer.load_state_dict(state["optimizers"][name])
+        if self.replay_buffer is not None:
+            _load_replay_buffer_state(self.replay_buffer, state["replay_buffer"])
+        if state["target_updater"] is not None:
+            self.target_updater.counter = state["target_updater"]
+        for name, extra in self.extras.items():
+            extra.load_state_dict(state["extras"][name])
+        self.counters.update(state["counters"])
+        collector, collector_state = self.collector, state["collector"]
+        collector._frames, collector._iter = collector_state["frames"], collector_state["iter"]
+        if "traj_pool" in collector_state:
+            collector._traj_pool.load_state_dict(collector_state["traj_pool"])
+        if state["env"] is None:
+            warnings.warn(
+                f"The training envs' state was not saved ({state['env_not_saved_because']}): the resumed run "
+                "starts new episodes, so it continues the interrupted one closely but not exactly.",
+                stacklevel=2,
+            )
+        else:
+            load_env_runtime_state(self.env, state["env"])
+            carrier = collector._carrier  # the pending observations, each put back on its tensor's device
+            saved = TensorDict(collector_state["carrier"], batch_size=carrier.batch_size)
+            for key, value in saved.items(True, True):
+                current = carrier.get(key, None)
+                carrier.set(key, value if current is None else value.to(current.device))
+        GlobalRNGState().load_state_dict(state["rng"])
+
+
+def _load_module_state(module: nn.Module, state: dict[str, Any]) -> None:
+    """``module.load_state_dict``, first giving buffers that are still empty (statistics sized on the first
+    batch, such as RND's running returns) the saved shape."""
+    for name, buffer in list(module.named_buffers()):
+        saved = state.get(name)
+        if saved is not None and buffer.numel() == 0 and saved.shape != buffer.shape:
+            owner_name, _, attribute = name.rpartition(".")
+            owner = module.get_submodule(owner_name) if owner_name else module
+            owner._buffers[attribute] = torch.empty(saved.shape, dtype=saved.dtype, device=buffer.device)
+    module.load_state_dict(state)
+
+
+def _replay_buffer_state(buffer: ReplayBuffer) -> dict[str, Any]:
+    sampler = buffer._sampler
+    if isinstance(sampler, PrioritizedSampler):
+        leaves = torch.arange(sampler._max_capacity)
+        sampler_state = {
+            "sum_tree": torch.as_tensor(sampler._sum_tree[leaves]),
+            "min_tree": torch.as_tensor(sampler._min_tree[leaves]),
+            "max_priority": sampler._max_priority,
+            "alpha": sampler._alpha,
+            "beta": sampler._beta,
+            "eps": sampler._eps,
+        }
+    else:
+        sampler_state = sampler.state_dict()
+    return {
+        "storage": buffer._storage.state_dict(),
+        "writer": buffer._writer.state_dict(),
+        "sampler": sampler_state,
+    }
+
+
+def _load_replay_buffer_state(buffer: ReplayBuffer, state: dict[str, Any]) -> None:
+    storage = buffer._storage
+    storage.load_state_dict(state["storage"])
+    device = getattr(storage, "device", None)
+    if storage._storage is not None and device not in (None, "auto"):  # loaded onto the CPU
+        storage._storage = storage._storage.to(device)
+    buffer._writer.load_state_dict(state["writer"])
+    sampler, sampler_state = buffer._sampler, state["sampler"]
+    if isinstance(sampler, PrioritizedSampler):
+        leaves = torch.arange(sampler._max_capacity)
+        sampler._sum_tree[leaves] = sampler_state["sum_tree"]
+        sampler._min_tree[leaves] = sampler_state["min_tree"]
+        sampler._max_priority = sampler_state["max_priority"]
+        sampler._alpha, sampler._beta, sampler._eps = (
+            sampler_state["alpha"],
+            sampler_state["beta"],
+            sampler_state["eps"],
+        )
+    else:
+        sampler.load_state_dict(sampler_state)
