@@ -1,6 +1,9 @@
-"""The exceptions raised for input the toolkit cannot handle and for training that went numerically wrong."""
+"""The exceptions raised for input the toolkit cannot handle and for training that went numerically wrong, and the
+range checks every config declares its options with."""
 
 from __future__ import annotations
+
+import re
 
 
 class InputError(ValueError):
@@ -17,3 +20,49 @@ class NonFiniteError(RuntimeError):
     The message names where it first appeared and at which frame, and lists the checkpoints kept (written before
     it appeared, never after). Recipes' command lines print it on one line and exit with status 1.
     """
+
+
+def require_positive(**values: int) -> None:
+    """Raise :class:`InputError` naming the first option whose value is below 1."""
+    for name, value in values.items():
+        if value < 1:
+            raise InputError(f"--{name.replace('_', '-')} must be a positive integer, got {value}.")
+
+
+_BOUND = re.compile(r"^(>=|>|<=|<)\s*(\S+)$")
+_INTERVAL = re.compile(r"^([\[(])\s*(\S+)\s*,\s*(\S+)\s*([\])])$")
+
+
+def check_ranges(**checks: tuple[float | None, str]) -> None:
+    """Raise :class:`InputError` naming the first option outside its range; ``None`` values (unset) pass.
+
+    Each keyword is an option's field name, each value ``(value, range)`` with ``range`` a bound (``"> 0"``,
+    ``">= 0"``) or an interval (``"(0, 1]"``, ``"[0, 1]"``).
+
+    Examples:
+        >>> check_ranges(lr=(3e-4, "> 0"), gamma=(0.99, "(0, 1]"))
+        >>> check_ranges(gamma=(1.5, "(0, 1]"))
+        Traceback (most recent call last):
+        errors.InputError: --gamma must be in (0, 1], got 1.5.
+    """
+    for name, (value, valid_range) in checks.items():
+        if value is None or _within(value, valid_range):
+            continue
+        expected = valid_range if _BOUND.match(valid_range) else f"in {valid_range}"
+        raise InputError(f"--{name.replace('_', '-')} must be {expected}, got {value}.")
+
+
+def _within(value: float, valid_range: str) -> bool:
+    bound = _BOUND.match(valid_range)
+    if bound:
+        operator, limit = bound.group(1), float(bound.group(2))
+        return {">": value > limit, ">=": value >= limit, "<": value < limit, "<=": value <= limit}[operator]
+    interval = _INTERVAL.match(valid_range)
+    if interval is None:
+        raise ValueError(
+            f"Unknown range {valid_range!r}: use '> x', '>= x', '< x', '<= x' or an interval '(a, b]'."
+        )
+    opening, low, high, closing = interval.groups()
+    above = value >= float(low) if opening == "[" else value > float(low)
+    below = value <= float(high) if closing == "]" else value < float(high)
+    return above and below

@@ -22,7 +22,7 @@ from torchrl.objectives.value import TD0Estimator
 from torchrl.objectives.value.functional import td0_return_estimate
 
 from agents.networks import ACTIVATIONS, observation_encoder
-from errors import InputError
+from errors import InputError, check_ranges
 
 DONE_KEYS = ("done", "terminated", "truncated")
 # what an off-policy recipe stores of a transition (fewer keys: cheaper sampling and loss calls)
@@ -46,14 +46,11 @@ class ExplorationConfig:
 
     def validate(self) -> None:
         """Raise :class:`InputError` for rates outside [0, 1] or a schedule that increases."""
-        for flag, value in (
-            ("--initial-epsilon", self.initial_epsilon),
-            ("--final-epsilon", self.final_epsilon),
-        ):
-            if not 0 <= value <= 1:
-                raise InputError(f"{flag} must be in [0, 1], got {value}.")
-        if not 0 < self.exploration_fraction <= 1:
-            raise InputError(f"--exploration-fraction must be in (0, 1], got {self.exploration_fraction}.")
+        check_ranges(
+            initial_epsilon=(self.initial_epsilon, "[0, 1]"),
+            final_epsilon=(self.final_epsilon, "[0, 1]"),
+            exploration_fraction=(self.exploration_fraction, "(0, 1]"),
+        )
         if self.final_epsilon > self.initial_epsilon:
             raise InputError("--final-epsilon must not exceed --initial-epsilon.")
 

@@ -24,7 +24,14 @@ import torch
 from torchrl.data import LazyTensorStorage, TensorDictReplayBuffer
 from torchrl.objectives import SoftUpdate
 
-from agents import TRANSITION_KEYS, Agent, TensorDDPGLoss, make_exploration_env, make_qvalue_critic
+from agents import (
+    TRANSITION_KEYS,
+    Agent,
+    TensorDDPGLoss,
+    make_deterministic_actor,
+    make_exploration_env,
+    make_qvalue_critic,
+)
 from agents.continuous import check_box_actions
 from errors import InputError
 from training import (
@@ -146,16 +153,16 @@ def main(config: DDPGConfig) -> dict:
         "noise_sigma": network_config.noise_sigma,
         "ou_theta": network_config.ou_theta,
     }
-    agent = Agent.build(
+    policy = make_deterministic_actor(observation_spec, env.action_spec, **policy_kwargs).to(device)
+    agent = Agent(
+        policy,
         run_config.env_id,
         env.single_observation_space,
         env.single_action_space,
         "ddpg",
-        policy_builder="deterministic_actor",
+        policy_builder=make_deterministic_actor,
         policy_kwargs=policy_kwargs,
-        device=device,
     )
-    policy = agent.policy
     actor = policy[0]
     critic = make_qvalue_critic(
         observation_spec, action_spec, network_config.hidden_sizes, network_config.activation

@@ -32,8 +32,15 @@ from torchrl.data import LazyTensorStorage, PrioritizedSampler, RandomSampler, T
 from torchrl.envs.utils import ExplorationType
 from torchrl.modules import reset_noise
 
-from agents import Agent, ExplorationConfig, NStepReturns, TensorDQNLoss, find_normalizer, make_target_updater
-from agents.qvalue import make_q_actor
+from agents import (
+    Agent,
+    ExplorationConfig,
+    NStepReturns,
+    TensorDQNLoss,
+    find_normalizer,
+    make_q_actor,
+    make_target_updater,
+)
 from errors import InputError
 from training import (
     Run,

@@ -32,7 +32,7 @@ import torch
 
 from agents import Agent, find_normalizer
 from agents.agent import EVALUATION_STEP_LIMIT
-from agents.es import PopulationEvaluator, antithetic_gradient, centered_ranks
+from agents.es import PopulationEvaluator, antithetic_gradient, centered_ranks, make_es_policy
 from errors import InputError
 from training import (
     Run,
@@ -144,20 +144,21 @@ def main(config: ESConfig) -> dict:
         "activation": config.network.activation,
         "normalize_obs": config.network.normalize_obs,
     }
+    observation_spec = env.observation_spec["observation"]
     try:
-        agent = Agent.build(
+        policy = make_es_policy(observation_spec, env.action_spec, **policy_kwargs).to(device)
+        agent = Agent(
+            policy,
             run_config.env_id,
             env.single_observation_space,
             env.single_action_space,
             "es",
-            policy_builder="es_policy",
+            policy_builder=make_es_policy,
             policy_kwargs=policy_kwargs,
-            device=device,
         )
     except InputError:
         env.close()
         raise
-    policy = agent.policy
     normalizer = find_normalizer(policy)
     parameters = list(policy.parameters())
     remote = run_config.collector_backend == "ray"

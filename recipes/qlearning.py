@@ -32,7 +32,7 @@ import gymnasium as gym
 import torch
 from torchrl.objectives import DQNLoss, ValueEstimators
 
-from agents import Agent, ExplorationConfig
+from agents import Agent, ExplorationConfig, make_q_table
 from agents.tabular import CELL_KEY, check_finite_bounds, egreedy_module, q_value_actor
 from errors import InputError
 from training import (
@@ -143,14 +143,16 @@ def main(config: QLearningConfig) -> dict:
         raise
 
     # modules: the agent owns the epsilon-greedy policy over the table; the loss trains its Q-value actor
-    agent = Agent.build(
+    policy_kwargs = {"grid_size": config.table.grid_size, "epsilon": exploration_config.initial_epsilon}
+    policy = make_q_table(env.observation_spec["observation"], env.action_spec, **policy_kwargs).to(device)
+    agent = Agent(
+        policy,
         run_config.env_id,
         env.single_observation_space,
         env.single_action_space,
         "qlearning",
-        policy_builder="q_table",
-        policy_kwargs={"grid_size": config.table.grid_size, "epsilon": exploration_config.initial_epsilon},
-        device=device,
+        policy_builder=make_q_table,
+        policy_kwargs=policy_kwargs,
     )
     q_actor, epsilon_greedy = q_value_actor(agent.policy), egreedy_module(agent.policy)
 

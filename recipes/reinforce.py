@@ -34,7 +34,7 @@ from typing import Literal
 import torch
 from torchrl.objectives import A2CLoss
 
-from agents import Agent, find_normalizer
+from agents import Agent, find_normalizer, make_actor
 from agents.policy_gradient import ReturnBaseline, returns_to_go
 from training import (
     Run,
@@ -128,13 +128,15 @@ def main(config: ReinforceConfig) -> dict:
         "activation": config.network.activation,
         "normalize_obs": config.network.normalize_obs,
     }
-    agent = Agent.build(
+    policy = make_actor(env.observation_spec["observation"], env.action_spec, **policy_kwargs).to(device)
+    agent = Agent(
+        policy,
         run_config.env_id,
         env.single_observation_space,
         env.single_action_space,
         "reinforce",
+        policy_builder=make_actor,
         policy_kwargs=policy_kwargs,
-        device=device,
     )
     actor = agent.policy
     normalizer = find_normalizer(actor)

@@ -37,7 +37,9 @@ from agents import (
     RandomNetworkDistillation,
     find_normalizer,
     input_encoder,
+    make_actor,
     make_critic,
+    make_gsde_actor,
     make_gsde_env,
     make_rnd_networks,
 )
@@ -135,15 +137,16 @@ def main(config: RNDPPOConfig, loss_addons: Sequence[LossAddon] = ()) -> dict:
         "activation": config.network.activation,
         "normalize_obs": config.network.normalize_obs,
     }
-    agent = Agent.build(
+    make_policy = make_gsde_actor if config.network.use_sde else make_actor
+    policy = make_policy(observation_spec, env.action_spec, **policy_kwargs).to(device)
+    agent = Agent(
+        policy,
         run_config.env_id,
         env.single_observation_space,
         env.single_action_space,
         "rnd_ppo",
-        policy_builder="gsde_actor" if config.network.use_sde else "mlp_actor",
+        policy_builder=make_policy,
         policy_kwargs=policy_kwargs,
-        config=None,
-        device=device,
     )
     actor = agent.policy
     if config.network.use_sde:  # gSDE noise kept as env state; actions clipped to the Box on their way in

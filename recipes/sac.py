@@ -30,7 +30,7 @@ import torch
 from torchrl.data import LazyTensorStorage, TensorDictReplayBuffer
 from torchrl.objectives import DiscreteSACLoss, SACLoss, SoftUpdate
 
-from agents import Agent, NStepReturns, TensorSACLoss, make_qvalue_critic
+from agents import Agent, NStepReturns, TensorSACLoss, make_actor, make_gsde_actor, make_qvalue_critic
 from agents.continuous import check_box_actions, default_target_entropy
 from agents.gsde import check_sde_options, make_gsde_env
 from errors import InputError
@@ -220,14 +220,16 @@ def main(config: SACConfig) -> dict:
         policy_kwargs["squash"] = True
     elif not discrete:
         policy_kwargs["state_dependent_scale"] = True
-    agent = Agent.build(
+    make_policy = make_gsde_actor if use_sde else make_actor
+    policy = make_policy(observation_spec, env.action_spec, **policy_kwargs).to(device)
+    agent = Agent(
+        policy,
         run_config.env_id,
         env.single_observation_space,
         env.single_action_space,
         "sac",
-        policy_builder="gsde_actor" if use_sde else "mlp_actor",
+        policy_builder=make_policy,
         policy_kwargs=policy_kwargs,
-        device=device,
     )
     actor = agent.policy
     if use_sde:

@@ -23,7 +23,7 @@ import torch
 from torchrl.data import LazyTensorStorage, TensorDictReplayBuffer
 from torchrl.objectives import SoftUpdate
 
-from agents import TRANSITION_KEYS, Agent, TensorTD3Loss, make_qvalue_critic
+from agents import TRANSITION_KEYS, Agent, TensorTD3Loss, make_deterministic_actor, make_qvalue_critic
 from agents.continuous import action_half_range, check_box_actions
 from errors import InputError
 from training import (
@@ -142,16 +142,16 @@ def main(config: TD3Config) -> dict:
         "noise": "gaussian",
         "noise_sigma": config.network.noise_sigma,
     }
-    agent = Agent.build(
+    policy = make_deterministic_actor(observation_spec, env.action_spec, **policy_kwargs).to(device)
+    agent = Agent(
+        policy,
         run_config.env_id,
         env.single_observation_space,
         env.single_action_space,
         "td3",
-        policy_builder="deterministic_actor",
+        policy_builder=make_deterministic_actor,
         policy_kwargs=policy_kwargs,
-        device=device,
     )
-    policy = agent.policy
     actor = policy[0]
     critic = make_qvalue_critic(
         observation_spec, action_spec, config.network.hidden_sizes, config.network.activation

@@ -39,7 +39,7 @@ from typing import Literal
 import torch
 from torchrl.objectives import A2CLoss
 
-from agents import Agent, find_normalizer, input_encoder, make_critic
+from agents import Agent, find_normalizer, input_encoder, make_actor, make_critic
 from agents.policy_gradient import ReturnBaseline, returns_to_go
 from training import (
     Run,
@@ -145,13 +145,15 @@ def main(config: VPGConfig) -> dict:
         "activation": config.network.activation,
         "normalize_obs": config.network.normalize_obs,
     }
-    agent = Agent.build(
+    policy = make_actor(observation_spec, env.action_spec, **policy_kwargs).to(device)
+    agent = Agent(
+        policy,
         run_config.env_id,
         env.single_observation_space,
         env.single_action_space,
         "vpg",
+        policy_builder=make_actor,
         policy_kwargs=policy_kwargs,
-        device=device,
     )
     actor = agent.policy
     normalizer = find_normalizer(actor)

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from errors import InputError
+from errors import InputError, check_ranges
 from recipes import dqn
-from training import check_ranges, quiet
+from training import quiet
 from training.evaluation import EVAL_SEED_OFFSET, EvaluationSchedule, evaluation_seed
 
 ROOT = Path(__file__).parents[1]

@@ -18,6 +18,7 @@
 =================  ==========================================================================================
 """
 
+from errors import check_ranges, require_positive
 from training.cli import run_cli
 from training.collectors import (
     OffPolicyCollectorConfig,
@@ -26,7 +27,7 @@ from training.collectors import (
     make_training_env,
     single_collector_only,
 )
-from training.config import RunConfig, check_ranges, config_to_dict, quiet, require_positive
+from training.config import RunConfig, config_to_dict, quiet
 from training.evaluation import EVAL_SEED_OFFSET, evaluation_seed
 from training.run import Run
 from training.seeding import prepare_process

@@ -14,8 +14,8 @@ from torchrl.collectors import Collector
 from torchrl.envs import EnvBase
 
 from envs.vector import make_env
-from errors import InputError
-from training.config import RunConfig, check_ranges, require_positive
+from errors import InputError, check_ranges, require_positive
+from training.config import RunConfig
 
 
 def make_training_env(run: RunConfig, device: torch.device, num_envs: int | None = None):
