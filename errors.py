@@ -22,6 +22,16 @@ class NonFiniteError(RuntimeError):
     """
 
 
+class WriteError(OSError):
+    """A file of a run could not be written (a full disk, a read-only folder). The message names the file and
+    says whether its previous version is intact (writes are atomic: it always is). Recipes' command lines print
+    it on one line and exit with status 1.
+    """
+
+    def __str__(self) -> str:
+        return str(self.strerror)
+
+
 def require_positive(**values: int) -> None:
     """Raise :class:`InputError` naming the first option whose value is below 1."""
     for name, value in values.items():

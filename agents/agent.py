@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import json
-import os
-import re
-import uuid
+import math
 import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -21,19 +19,23 @@ from torchrl.checkpoint import Checkpoint, CheckpointError
 from torchrl.envs.utils import ExplorationType, set_exploration_type
 from torchrl.modules import OrnsteinUhlenbeckProcessModule
 
+from agents.archive import check_archive, component_of, state_shapes
 from agents.continuous import make_deterministic_actor
 from agents.es import make_es_policy
+from agents.files import write_atomically
 from agents.gsde import make_gsde_actor
 from agents.networks import find_normalizer, make_actor
+from agents.policy_size import check_description_fits
 from agents.qvalue import make_q_actor
 from agents.tabular import make_q_table
 from envs.atari import is_atari, make_atari_env
 from envs.rendering import use_headless_video_driver
 from envs.specs import space_to_spec
-from envs.vector import check_env_id
+from envs.vector import check_device, check_env_id
 from errors import InputError
 
 FORMAT = "rlkit.agent"
+RESUME_FORMAT = "rlkit.resume"  # training.resume's file: the whole training state
 FORMAT_VERSION = 1
 EVALUATION_STEP_LIMIT = 1_000  # episode cap in evaluate() for ids registered without a time limit
 
@@ -85,11 +87,21 @@ def space_to_json(space: gym.Space) -> dict[str, Any]:
     raise InputError(f"Space {space} cannot be saved: use Box, Discrete, MultiDiscrete or MultiBinary.")
 
 
-def space_from_json(data: dict[str, Any]) -> gym.Space:
-    """Inverse of :func:`space_to_json`."""
+def space_from_json(data: dict[str, Any], max_elements: int | None = None) -> gym.Space:
+    """Inverse of :func:`space_to_json`; with ``max_elements``, :class:`InputError` for a space of more elements
+    (a description that would allocate more than its file justifies)."""
+    if not isinstance(data, dict):
+        raise InputError(f"Unknown space description {data!r} in checkpoint.")
     kind = data.get("type")
     if kind == "Box":
         dtype, shape = np.dtype(data["dtype"]), tuple(data["shape"])
+        if not all(isinstance(size, int) and size >= 0 for size in shape):
+            raise InputError(f"Box shape {list(shape)} in checkpoint is not a list of sizes.")
+        if max_elements is not None and math.prod(shape) > max_elements:
+            raise InputError(
+                f"The checkpoint describes a Box of shape {list(shape)} ({math.prod(shape)} elements), more than "
+                "its file can hold the network for; refusing to build it."
+            )
         low, high = (np.broadcast_to(np.array(data[key], dtype=dtype), shape) for key in ("low", "high"))
         return gym.spaces.Box(low, high, shape=shape, dtype=dtype)
     if kind == "Discrete":
@@ -394,16 +406,10 @@ class Agent(nn.Module):
         The file is a TorchRL checkpoint archive: a JSON manifest with the env id, spaces, policy builder and
         config, and the policy's tensors (normaliser statistics included) in TensorDict's format.
         """
-        path = Path(path)
         # written beside the target, then renamed over it in one step (os.replace): at every moment the path
-        # holds either the previous complete file or the new one
-        temporary = path.with_name(f".{path.name}.writing-{uuid.uuid4().hex}")
-        try:
-            Checkpoint(format="archive", policy=self.policy).save(temporary, metadata=self.metadata())
-            os.replace(temporary, path)
-        finally:
-            temporary.unlink(missing_ok=True)
-        return path
+        # holds either the previous complete file or the new one, and a link at the path is replaced, not followed
+        checkpoint = Checkpoint(format="archive", policy=self.policy)
+        return write_atomically(path, lambda temporary: checkpoint.save(temporary, metadata=self.metadata()))
 
     @classmethod
     def load(cls, path: str | Path, device: torch.device | str = "cpu") -> Agent:
@@ -415,15 +421,25 @@ class Agent(nn.Module):
             InputError: the file is missing, is not an agent checkpoint, or is damaged.
         """
         path = Path(path)
+        device = check_device(str(device))
         if path.is_dir():
             path = path / "agent.ckpt"
         if not path.exists():
             raise InputError(f"No agent checkpoint at {path}.")
-        check_archive(path)
+        tensors = check_archive(path)
         try:
             metadata = Checkpoint.manifest(path).get("metadata", {})
+        except RecursionError:
+            raise InputError(f"{path} holds JSON nested too deeply; refusing to load it.") from None
         except (CheckpointError, OSError, ValueError) as error:
             raise InputError(f"{path} is not a readable agent checkpoint ({error}).") from None
+        if not isinstance(metadata, dict):
+            raise InputError(f"{path} is a TorchRL checkpoint but not an agent saved by this toolkit.")
+        if metadata.get("format") == RESUME_FORMAT:
+            raise InputError(
+                f"{path} is a resume checkpoint (the whole training state, for --resume); pass the agent.ckpt or "
+                f"best_agent.ckpt beside it, or the run directory {path.parent}."
+            )
         if metadata.get("format") != FORMAT:
             raise InputError(f"{path} is a TorchRL checkpoint but not an agent saved by this toolkit.")
         if metadata.get("format_version") != FORMAT_VERSION:
@@ -431,53 +447,46 @@ class Agent(nn.Module):
                 f"{path} has agent format version {metadata.get('format_version')}, expected {FORMAT_VERSION}."
             )
         try:
+            observation_space, action_space = (
+                space_from_json(metadata[key], max_elements=max(2**20, path.stat().st_size))
+                for key in ("observation_space", "action_space")
+            )
+            builder, policy_kwargs = builder_name(metadata["policy_builder"]), metadata["policy_kwargs"]
+            if not isinstance(policy_kwargs, dict):
+                raise TypeError("policy_kwargs is not a mapping")
+            component = component_of(tensors, "policy")
+            saved = state_shapes(path, component, tensors[component])
+            check_description_fits(
+                path, builder, POLICY_BUILDERS[builder], observation_space, action_space, policy_kwargs, saved
+            )
             agent = cls.build(
                 env_id=metadata["env_id"],
-                observation_space=space_from_json(metadata["observation_space"]),
-                action_space=space_from_json(metadata["action_space"]),
+                observation_space=observation_space,
+                action_space=action_space,
                 algorithm=metadata["algorithm"],
-                policy_builder=metadata["policy_builder"],
-                policy_kwargs=metadata["policy_kwargs"],
+                policy_builder=builder,
+                policy_kwargs=policy_kwargs,
                 config=metadata["config"],
             )
-        except (KeyError, TypeError, ValueError) as error:
+        except InputError:
+            raise
+        except (KeyError, TypeError, ValueError, OverflowError) as error:
             raise InputError(f"{path} has an incomplete or invalid agent description ({error!r}).") from None
         try:
             Checkpoint(policy=agent.policy).load(path, map_location="cpu")
         except (CheckpointError, OSError, ValueError, RuntimeError, KeyError, zipfile.BadZipFile) as error:
             raise InputError(f"Could not read the weights in {path}: {error}") from None
+        non_finite = [
+            name
+            for name, tensor in agent.policy.state_dict().items()
+            if tensor.is_floating_point() and not torch.isfinite(tensor).all()
+        ]
+        if non_finite:
+            raise InputError(
+                f"{path} holds NaN or Inf in {', '.join(non_finite[:3])}{' ...' if len(non_finite) > 3 else ''}; "
+                "a healthy run never saves such weights. Refusing to load it."
+            )
         return agent.to(device)
-
-
-# An agent archive holds JSON and raw tensor files only. TensorDict's loader would unpickle an "other.pickle"
-# sidecar and import the classes that meta.json names, so anything else is refused before loading.
-_ARCHIVE_ENTRY = re.compile(
-    r"manifest\.json|components/[\w.-]+/state\.json|components/[\w.-]+/state/(meta\.json|\w+\.memmap)"
-)
-_TENSOR_LEAF_KEYS = {"device", "shape", "dtype", "is_nested"}
-
-
-def check_archive(path: Path, kind: str = "agent") -> None:
-    """Raise :class:`InputError` unless ``path`` is a zip holding only a checkpoint's JSON and plain tensors
-    (``kind`` names the checkpoint in messages: "agent", "resume")."""
-    if not zipfile.is_zipfile(path):
-        raise InputError(
-            f"{path} is not {'an' if kind[0] in 'aeiou' else 'a'} {kind} checkpoint (not a checkpoint archive)."
-        )
-    try:
-        with zipfile.ZipFile(path) as archive:
-            for name in archive.namelist():
-                if not _ARCHIVE_ENTRY.fullmatch(name):
-                    raise InputError(f"{path} holds an unexpected file {name!r}; refusing to load it.")
-                if name.endswith("/meta.json"):
-                    meta = json.loads(archive.read(name))
-                    leaves = [value for key, value in meta.items() if key not in ("shape", "device", "_type")]
-                    if meta.get("_type") != str(TensorDict) or any(
-                        not isinstance(leaf, dict) or not set(leaf) <= _TENSOR_LEAF_KEYS for leaf in leaves
-                    ):
-                        raise InputError(f"{path} describes something other than plain tensors in {name!r}.")
-    except (zipfile.BadZipFile, OSError, json.JSONDecodeError) as error:
-        raise InputError(f"{path} is not a readable {kind} checkpoint ({error}).") from None
 
 
 def _exploration(deterministic: bool) -> ExplorationType:
@@ -488,9 +497,13 @@ def write_video(frames: list[np.ndarray], path: str | Path, fps: int = 30) -> Pa
     """Write RGB frames to an MP4 file."""
     import imageio.v2 as imageio
 
+    def write(temporary: Path) -> None:
+        with imageio.get_writer(
+            temporary, format="FFMPEG", fps=fps, codec="libx264", macro_block_size=1
+        ) as writer:
+            for frame in frames:
+                writer.append_data(frame)
+
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    with imageio.get_writer(path, fps=fps, codec="libx264", macro_block_size=1) as writer:
-        for frame in frames:
-            writer.append_data(frame)
-    return path
+    return write_atomically(path, write)

@@ -10,6 +10,7 @@ step, so termination and truncation stay separate and value estimators can boots
 from __future__ import annotations
 
 import functools
+import json
 import warnings
 from typing import Any, Literal
 
@@ -202,6 +203,25 @@ def check_env_id(env_id: str) -> None:
             f"Unknown Gymnasium env id {env_id!r} ({error}). Use a registered id such as 'CartPole-v1'; "
             "gymnasium.pprint_registry() lists them all."
         ) from None
+
+
+def registration(env_id: str) -> dict[str, Any]:
+    """How ``env_id`` is registered with Gymnasium, as JSON-compatible data: its entry point, keyword arguments and
+    time limit (what builds the env: a resumed run checks it is unchanged)."""
+    check_env_id(env_id)
+    spec = gym.spec(env_id)
+    return json.loads(
+        json.dumps(
+            {
+                "entry_point": spec.entry_point
+                if isinstance(spec.entry_point, str)
+                else repr(spec.entry_point),
+                "kwargs": spec.kwargs,
+                "max_episode_steps": spec.max_episode_steps,
+            },
+            default=repr,
+        )
+    )
 
 
 def _to_same_step(vector_env: gym.vector.VectorEnv) -> gym.vector.VectorEnv:

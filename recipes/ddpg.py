@@ -39,6 +39,7 @@ from training import (
     Run,
     RunConfig,
     TrainingState,
+    check_batch_fits_buffer,
     check_ranges,
     make_off_policy_collector,
     make_training_env,
@@ -47,6 +48,7 @@ from training import (
     require_positive,
     run_cli,
     single_collector_only,
+    warn_if_never_updated,
 )
 
 
@@ -114,6 +116,7 @@ class DDPGConfig:
         require_positive(buffer_size=buffer.buffer_size, batch_size=buffer.batch_size)
         check_ranges(lr=(self.optim.lr, "> 0"), gamma=(loss.gamma, "(0, 1]"), tau=(loss.tau, "(0, 1]"))
         self.collector.validate()
+        check_batch_fits_buffer(buffer.batch_size, buffer.buffer_size)
         if self.network.noise == "ou":
             single_collector_only(self.run, "--noise ou")
         check_ranges(ou_theta=(self.network.ou_theta, "> 0"))
@@ -228,6 +231,7 @@ def main(config: DDPGConfig) -> dict:
         if run.record_batch(batch, metrics):
             break
     collector.shutdown()
+    warn_if_never_updated(run.frames, learning_starts, len(replay_buffer), buffer_config.batch_size)
     env.close()
     return run.finish()
 

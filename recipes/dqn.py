@@ -46,6 +46,7 @@ from training import (
     Run,
     RunConfig,
     TrainingState,
+    check_batch_fits_buffer,
     check_ranges,
     make_collector,
     make_training_env,
@@ -53,6 +54,7 @@ from training import (
     recipe_main,
     require_positive,
     run_cli,
+    warn_if_never_updated,
 )
 
 
@@ -178,6 +180,7 @@ class DQNConfig:
             learning_starts=(collector.learning_starts, ">= 0"),
         )
         self.exploration.validate()
+        check_batch_fits_buffer(buffer.batch_size, buffer.buffer_size)
 
 
 @recipe_main
@@ -258,7 +261,6 @@ def main(config: DQNConfig) -> dict:
     replay_buffer = TensorDictReplayBuffer(
         storage=LazyTensorStorage(buffer_config.buffer_size, device=device),
         sampler=sampler,
-        batch_size=buffer_config.batch_size,
         priority_key="td_error",
     )
     n_step_returns = NStepReturns(n_steps, loss_config.gamma)  # n_steps 1: one-step transitions
@@ -281,6 +283,7 @@ def main(config: DQNConfig) -> dict:
 
     max_grad_norm = config.optim.max_grad_norm
     learning_starts, updates_per_batch = config.collector.learning_starts, config.collector.updates_per_batch
+    batch_size = buffer_config.batch_size
 
     def update(sample):
         loss = loss_module(sample)["loss"]
@@ -300,18 +303,16 @@ def main(config: DQNConfig) -> dict:
         epsilon_greedy.eps.fill_(exploration.epsilon(frames, run_config.total_frames))
         n_step_returns.extend(replay_buffer, batch)
         metrics = {"train/epsilon": epsilon_greedy.eps.item()}
-        if frames >= learning_starts and len(replay_buffer) >= buffer_config.batch_size:
+        if frames >= learning_starts and len(replay_buffer) >= batch_size:
             if prioritized:
                 sampler.beta = buffer_config.beta + (1.0 - buffer_config.beta) * min(
                     1.0, frames / run_config.total_frames
                 )
             losses, grad_norms = [], []
             if prioritized:  # each draw sees the priorities the previous update wrote
-                samples = (replay_buffer.sample() for _ in range(updates_per_batch))
+                samples = (replay_buffer.sample(batch_size) for _ in range(updates_per_batch))
             else:  # uniform draws from an unchanging buffer: one sampler call gives them all
-                samples = replay_buffer.sample(buffer_config.batch_size * updates_per_batch).split(
-                    buffer_config.batch_size
-                )
+                samples = replay_buffer.sample(batch_size * updates_per_batch).split(batch_size)
             for sample in samples:
                 loss, grad_norm = update(sample)
                 if prioritized:
@@ -327,6 +328,7 @@ def main(config: DQNConfig) -> dict:
         if run.record_batch(batch, metrics):
             break
     collector.shutdown()
+    warn_if_never_updated(run.frames, learning_starts, len(replay_buffer), batch_size)
     env.close()
     return run.finish()
 

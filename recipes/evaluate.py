@@ -16,7 +16,7 @@ import tyro
 
 from agents import Agent
 from envs.vector import check_device, check_env_id
-from errors import InputError
+from errors import InputError, WriteError
 
 
 @dataclass
@@ -79,4 +79,7 @@ if __name__ == "__main__":
     except InputError as error:
         print(f"error: {error}", file=sys.stderr)
         raise SystemExit(2) from None
+    except WriteError as error:  # the video could not be written
+        print(f"error: {error}", file=sys.stderr)
+        raise SystemExit(1) from None
     print(json.dumps(summary, indent=2))

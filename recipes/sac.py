@@ -39,6 +39,7 @@ from training import (
     Run,
     RunConfig,
     TrainingState,
+    check_batch_fits_buffer,
     check_ranges,
     make_off_policy_collector,
     make_training_env,
@@ -47,6 +48,7 @@ from training import (
     require_positive,
     run_cli,
     single_collector_only,
+    warn_if_never_updated,
 )
 
 DISCRETE_ENTROPY_WEIGHT = 0.2  # discrete SAC's target entropy, as a fraction of the uniform policy's log(n)
@@ -130,6 +132,7 @@ class SACConfig:
         require_positive(buffer_size=buffer.buffer_size, batch_size=buffer.batch_size, n_steps=buffer.n_steps)
         check_ranges(lr=(optim.lr, "> 0"), gamma=(loss.gamma, "(0, 1]"), tau=(loss.tau, "(0, 1]"))
         self.collector.validate()
+        check_batch_fits_buffer(buffer.batch_size, buffer.buffer_size)
         check_ranges(
             actor_lr=(optim.actor_lr, "> 0"),
             alpha_init=(loss.alpha_init, "> 0"),
@@ -337,6 +340,7 @@ def main(config: SACConfig) -> dict:
         if run.record_batch(batch, metrics):
             break
     collector.shutdown()
+    warn_if_never_updated(run.frames, learning_starts, len(replay_buffer), buffer_config.batch_size)
     env.close()
     return run.finish()
 

@@ -31,6 +31,7 @@ from training import (
     Run,
     RunConfig,
     TrainingState,
+    check_batch_fits_buffer,
     check_ranges,
     make_off_policy_collector,
     make_training_env,
@@ -38,6 +39,7 @@ from training import (
     recipe_main,
     require_positive,
     run_cli,
+    warn_if_never_updated,
 )
 
 
@@ -109,6 +111,7 @@ class TD3Config:
         )
         check_ranges(lr=(self.optim.lr, "> 0"), gamma=(loss.gamma, "(0, 1]"), tau=(loss.tau, "(0, 1]"))
         self.collector.validate()
+        check_batch_fits_buffer(buffer.batch_size, buffer.buffer_size)
         check_ranges(
             target_noise=(loss.target_noise, ">= 0"), target_noise_clip=(loss.target_noise_clip, ">= 0")
         )
@@ -241,6 +244,7 @@ def main(config: TD3Config) -> dict:
         if run.record_batch(batch, metrics):
             break
     collector.shutdown()
+    warn_if_never_updated(run.frames, learning_starts, len(replay_buffer), buffer_config.batch_size)
     env.close()
     return run.finish()
 

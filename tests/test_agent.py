@@ -178,3 +178,21 @@ def test_agent_records_the_builder_a_recipe_called(tmp_path):
             policy_builder=len,
         )
     env.close()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the machine has a GPU")
+def test_loading_onto_a_missing_gpu_is_one_line(tmp_path):
+    agent = Agent.build("CartPole-v1", gym.spaces.Box(-1, 1, (4,)), gym.spaces.Discrete(2), "test")
+    agent.save(tmp_path / "agent.ckpt")
+    with pytest.raises(InputError, match="no CUDA device is available"):
+        Agent.load(tmp_path / "agent.ckpt", device="cuda")
+
+
+def test_loading_a_resume_checkpoint_as_an_agent_names_the_file_to_pass(tmp_path):
+    from training.resume import save_resume_checkpoint
+
+    save_resume_checkpoint(tmp_path / "resume.ckpt", {"run": {"frames": 0}}, {"algorithm": "ppo"})
+    with pytest.raises(
+        InputError, match=r"is a resume checkpoint .*pass the agent.ckpt or best_agent.ckpt beside it"
+    ):
+        Agent.load(tmp_path / "resume.ckpt")

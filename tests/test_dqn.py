@@ -3,6 +3,7 @@
 import math
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -439,3 +440,10 @@ def test_cli_refuses_a_box_action_space_in_one_line(tmp_path):
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: DQN needs a Discrete action space")
     assert "recipes.ppo" in lines[0]
+
+
+def test_dqn_run_gives_no_conflicting_batch_size_warning(output_dir):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        dqn.main(tiny_dqn(output_dir, buffer__prioritized=False))
+    assert not [warning for warning in caught if "conflicting batch_sizes" in str(warning.message)]

@@ -14,7 +14,7 @@ from agents.continuous import default_target_entropy, make_deterministic_actor, 
 from agents.gsde import make_gsde_actor
 from envs import make_env
 from errors import InputError
-from recipes import ddpg, sac, td3
+from recipes import ddpg, dqn, sac, td3
 from training import RunConfig, quiet
 
 OBSERVATION_SPEC = Unbounded(shape=(1, 3))
@@ -395,3 +395,24 @@ def test_discrete_settings_leave_the_options_given_on_the_command_line():
         config.optim.lr == sac.SACConfig().optim.lr
         and config.buffer.batch_size == sac.SACConfig().buffer.batch_size
     )
+
+
+@pytest.mark.parametrize("module", [dqn, sac, td3, ddpg], ids=["dqn", "sac", "td3", "ddpg"])
+def test_a_batch_larger_than_the_buffer_is_refused(module, tmp_path):
+    config = quiet(
+        {dqn: dqn.DQNConfig, sac: sac.SACConfig, td3: td3.TD3Config, ddpg: ddpg.DDPGConfig}[module](),
+        tmp_path,
+    )
+    config.buffer.batch_size, config.buffer.buffer_size = 256, 100
+    with pytest.raises(InputError, match="--batch-size 256 exceeds --buffer-size 100"):
+        module.main(config)
+
+
+@pytest.mark.parametrize("module", [dqn, sac], ids=["dqn", "sac"])
+def test_a_run_that_never_updates_says_so(module, tmp_path):
+    config = quiet(
+        {dqn: dqn.DQNConfig, sac: sac.SACConfig}[module](), tmp_path, total_frames=256, eval_episodes=1
+    )
+    config.collector.learning_starts = 1_000
+    with pytest.warns(UserWarning, match="ended without a gradient step.*--learning-starts 1000"):
+        module.main(config)

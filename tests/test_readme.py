@@ -1,6 +1,7 @@
 """The README's examples run exactly as written."""
 
 import re
+import warnings
 from pathlib import Path
 
 README = Path(__file__).parents[1] / "README.md"
@@ -15,7 +16,10 @@ def readme_example(name: str) -> str:
 def test_own_loop_example_trains_and_saves(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     namespace: dict = {}
-    exec(compile(readme_example("own-loop"), "README.md", "exec"), namespace)  # noqa: S102 - the README's own code
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        exec(compile(readme_example("own-loop"), "README.md", "exec"), namespace)  # noqa: S102 - the README's own code
+    assert not [warning for warning in caught if issubclass(warning.category, FutureWarning)]
     assert "return" in capsys.readouterr().out
     assert namespace["result"].mean > 100  # a random policy scores about 20
     assert (tmp_path / "my_agent.ckpt").exists()

@@ -22,10 +22,12 @@ from errors import check_ranges, require_positive
 from training.cli import run_cli
 from training.collectors import (
     OffPolicyCollectorConfig,
+    check_batch_fits_buffer,
     make_collector,
     make_off_policy_collector,
     make_training_env,
     single_collector_only,
+    warn_if_never_updated,
 )
 from training.config import RunConfig, config_to_dict, quiet
 from training.evaluation import EVAL_SEED_OFFSET, evaluation_seed
@@ -40,6 +42,7 @@ __all__ = [
     "Run",
     "RunConfig",
     "TrainingState",
+    "check_batch_fits_buffer",
     "check_ranges",
     "config_to_dict",
     "evaluation_seed",
@@ -52,4 +55,5 @@ __all__ = [
     "require_positive",
     "run_cli",
     "single_collector_only",
+    "warn_if_never_updated",
 ]

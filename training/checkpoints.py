@@ -10,6 +10,7 @@ import torch
 from torchrl.collectors import Collector
 
 from agents.agent import Agent
+from envs.vector import registration
 from errors import InputError
 from training.resume import (
     RESUME_FILE,
@@ -108,4 +109,30 @@ def read_resume(
             f"{path} was written by a run with other options: {'; '.join(differences)}. A resumed run "
             "keeps the saved options (on the command line, give --resume alone)."
         )
+    saved, current = metadata.get("env_registration"), registration(metadata["env_id"])
+    if saved is not None and saved != current:
+        changed = ", ".join(
+            f"{key} (saved {saved.get(key)!r}, now {current.get(key)!r})"
+            for key in sorted(set(saved) | set(current))
+            if saved.get(key) != current.get(key)
+        )
+        raise InputError(
+            f"{metadata['env_id']} is registered with other settings than when {path} was saved: {changed}. A resumed "
+            "run continues the saved envs with the saved settings: register the env as it was, or start a new run."
+        )
     return load_resume_checkpoint(path)
+
+
+def restore_training(training: TrainingState, state: dict[str, Any], path: Path) -> None:
+    """Load ``state`` into ``training``, or raise :class:`InputError` saying the checkpoint does not fit this run
+    (a damaged file, or one written by other code): called before the run writes anything."""
+    try:
+        training.load_state_dict(state)
+    except InputError:
+        raise
+    except (KeyError, RuntimeError, TypeError, ValueError, IndexError, AttributeError) as error:
+        detail = str(error).splitlines()[0] if str(error) else "no detail"
+        raise InputError(
+            f"The training state in {resume_path(path)} does not fit this run ({type(error).__name__}: {detail}); "
+            "nothing in the run folder was changed."
+        ) from None

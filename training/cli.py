@@ -14,7 +14,7 @@ from typing import Any
 
 import tyro
 
-from errors import InputError, NonFiniteError
+from errors import InputError, NonFiniteError, WriteError
 from training.config import ConfigT
 from training.resume import RESUME_FILE, explicit_options, resumed_config
 
@@ -43,7 +43,7 @@ def run_cli(
     except InputError as error:
         print(f"error: {error}", file=sys.stderr)
         status = 2
-    except NonFiniteError as error:
+    except (NonFiniteError, WriteError) as error:
         print(f"error: {error}", file=sys.stderr)
         status = 1
     except Exception:  # noqa: BLE001 - an env's or a worker's own error: its traceback, then a prompt exit

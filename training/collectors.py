@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import os
+import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -124,6 +125,30 @@ class OffPolicyCollectorConfig:
     def updates_per_batch(self, frames_per_batch: int) -> int:
         """Gradient steps after each batch of ``frames_per_batch`` frames (at least one)."""
         return max(1, round(frames_per_batch * self.updates_per_frame))
+
+
+def check_batch_fits_buffer(batch_size: int, buffer_size: int) -> None:
+    """Raise :class:`InputError` when a gradient step would sample more transitions than the buffer holds (no
+    update would ever run)."""
+    if batch_size > buffer_size:
+        raise InputError(
+            f"--batch-size {batch_size} exceeds --buffer-size {buffer_size}: every gradient step samples batch-size "
+            "transitions from the replay buffer, so no update would ever run; lower --batch-size or raise "
+            "--buffer-size."
+        )
+
+
+def warn_if_never_updated(frames: int, learning_starts: int, stored: int, batch_size: int) -> None:
+    """Warn when an off-policy run ends without a gradient step: it updates once ``frames >= learning_starts``
+    and the buffer holds ``batch_size`` transitions, and both only grow, so if they fail at the end they always
+    did."""
+    if frames < learning_starts or stored < batch_size:
+        warnings.warn(
+            f"The run ended without a gradient step: it collected {frames} frames (updates start at "
+            f"--learning-starts {learning_starts}) and stored {stored} transitions (a step samples --batch-size "
+            f"{batch_size}); the agent is untrained. Raise --total-frames or lower --learning-starts or --batch-size.",
+            stacklevel=2,
+        )
 
 
 def make_off_policy_collector(

@@ -71,12 +71,17 @@ class RunConfig:
     ray_address: str | None = None
     """Address of a running Ray cluster to join (e.g. 'ray://head:10001' or 'head:6379'); default: start a local
     one."""
+    overwrite: bool = False
+    """Replace the run already in --output-dir (its outputs are removed first; other files there are kept).
+    Without it a new run refuses a folder that holds one."""
     resume: Path | None = None
     """Continue the run saved in this run directory (its resume.ckpt, written with --checkpoint-every and on
     SIGINT/SIGTERM) or resume checkpoint, with its saved options, exactly where it stopped."""
 
     def validate(self) -> None:
         """Raise :class:`InputError` for out-of-range values."""
+        if not 0 <= self.seed < 2**32:
+            raise InputError(f"--seed must be in [0, 2**32), got {self.seed}.")
         if self.threads < 0:
             raise InputError(f"--threads must be 0 (torch's default) or positive, got {self.threads}.")
         require_positive(

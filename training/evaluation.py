@@ -4,12 +4,14 @@ the logger, the best return so far, and early stop at the target return."""
 from __future__ import annotations
 
 import csv
+import io
 import math
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from agents.agent import Agent, EvaluationResult
+from agents.files import write_text
 
 EVAL_SEED_OFFSET = 1_000_000  # evaluation episodes are seeded apart from the training envs
 
@@ -108,10 +110,11 @@ class EvaluationSchedule:
         return improved, solved
 
     def _write_csv(self) -> None:
-        with self.csv_path.open("w", newline="") as file:
-            writer = csv.DictWriter(file, fieldnames=list(self.evaluations[0]))
-            writer.writeheader()
-            writer.writerows(self.evaluations)
+        rows = io.StringIO(newline="")
+        writer = csv.DictWriter(rows, fieldnames=list(self.evaluations[0]))
+        writer.writeheader()
+        writer.writerows(self.evaluations)
+        write_text(self.csv_path, rows.getvalue())
 
     def state_dict(self) -> dict[str, Any]:
         return {

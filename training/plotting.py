@@ -6,6 +6,8 @@ from pathlib import Path
 
 import numpy as np
 
+from agents.files import write_atomically
+
 
 def plot_learning_curve(
     evaluations: list[dict[str, float]], training_returns: list[tuple[int, float]], path: Path, title: str
@@ -34,6 +36,8 @@ def plot_learning_curve(
     ax.grid(alpha=0.3)
     ax.legend(loc="lower right")
     fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
+    try:
+        write_atomically(path, lambda temporary: fig.savefig(temporary, format="png"))
+    finally:
+        plt.close(fig)
     return path

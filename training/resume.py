@@ -12,22 +12,21 @@ it; loading it never unpickles anything.
 from __future__ import annotations
 
 import dataclasses
-import os
 import sys
 import types
 import typing
-import uuid
 import zipfile
 from pathlib import Path
 from typing import Any
 
 from torchrl.checkpoint import Checkpoint, CheckpointError
 
-from agents.agent import check_archive
+from agents.agent import RESUME_FORMAT
+from agents.archive import check_archive
+from agents.files import write_atomically
 from errors import InputError
 
 RESUME_FILE = "resume.ckpt"
-RESUME_FORMAT = "rlkit.resume"
 RESUME_FORMAT_VERSION = 1
 
 # options that change where and how a run reports, not what it computes: a resumed run may change them
@@ -40,6 +39,7 @@ REPORTING_OPTIONS = {
     "wandb_project",
     "wandb_online",
     "checkpoint_every",
+    "overwrite",
 }
 
 
@@ -58,15 +58,9 @@ class _StateComponent:
 
 def save_resume_checkpoint(path: Path, state: dict[str, Any], metadata: dict[str, Any]) -> None:
     """Write ``state`` to ``path`` atomically (beside it, then renamed over it)."""
-    temporary = path.with_name(f".{path.name}.writing-{uuid.uuid4().hex}")
-    try:
-        Checkpoint(format="archive", training=_StateComponent(state)).save(
-            temporary,
-            metadata={"format": RESUME_FORMAT, "format_version": RESUME_FORMAT_VERSION, **metadata},
-        )
-        os.replace(temporary, path)
-    finally:
-        temporary.unlink(missing_ok=True)
+    checkpoint = Checkpoint(format="archive", training=_StateComponent(state))
+    metadata = {"format": RESUME_FORMAT, "format_version": RESUME_FORMAT_VERSION, **metadata}
+    write_atomically(path, lambda temporary: checkpoint.save(temporary, metadata=metadata))
 
 
 def resume_path(path: str | Path) -> Path:

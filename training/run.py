@@ -20,19 +20,21 @@ from __future__ import annotations
 
 import json
 import warnings
-from datetime import datetime
 from pathlib import Path
 from typing import Any, NoReturn
 
 from tensordict import TensorDictBase
 
 from agents.agent import Agent
+from agents.files import write_text
+from envs.vector import registration
 from errors import NonFiniteError
-from training.checkpoints import AGENT_FILE, BEST_AGENT_FILE, Checkpoints, read_resume
+from training.checkpoints import AGENT_FILE, BEST_AGENT_FILE, Checkpoints, read_resume, restore_training
 from training.config import RunConfig, config_to_dict
 from training.evaluation import EvaluationSchedule, evaluation_seed
 from training.logger import is_wandb, make_logger
 from training.metrics import Metrics, find_non_finite
+from training.outputs import prepare_run_folder
 from training.plotting import plot_learning_curve
 from training.signals import SignalWatcher
 from training.state import TrainingState
@@ -59,10 +61,11 @@ class Run:
         self.agent = agent
         self.config = config_to_dict(config)
         resumed = None if run.resume is None else read_resume(run.resume, algorithm, self.config, training)
-        self.output_dir = self._output_dir(resumed is not None)
-        self.output_dir.mkdir(parents=True, exist_ok=True)
+        self.output_dir = prepare_run_folder(algorithm, run, resumed is not None)
+        if resumed is not None:  # before anything is written: a checkpoint that does not fit changes nothing
+            restore_training(training, resumed["training"], run.resume)
         agent.config = self.config
-        (self.output_dir / "config.json").write_text(json.dumps(self.config, indent=2) + "\n")
+        write_text(self.output_dir / "config.json", json.dumps(self.config, indent=2) + "\n")
         logger = make_logger(
             run, algorithm, self.output_dir, self.config, wandb_id=resumed and resumed["run"]["wandb_id"]
         )
@@ -88,17 +91,8 @@ class Run:
                 "--collector-backend single.",
                 stacklevel=2,
             )
-        if resumed is not None:  # last: the RNG states are restored here
-            training.load_state_dict(resumed["training"])
-
-    def _output_dir(self, resumed: bool) -> Path:
-        if self.run.output_dir is not None:
-            return Path(self.run.output_dir)
-        if resumed:  # beside the checkpoint, wherever the run was moved
-            resume = Path(self.run.resume)
-            return resume if resume.is_dir() else resume.parent
-        stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
-        return Path(f"runs/{self.algorithm}-{self.run.env_id}-{self.run.seed}-{stamp}")
+        if resumed is not None:  # last, so that nothing above draws from the restored generators
+            training.restore_rng(resumed["training"])
 
     # ------------------------------------------------------------------ what the recipe's loop calls
     @property
@@ -166,7 +160,12 @@ class Run:
             return
         if not self.checkpoints.parameters_finite():
             self._non_finite("the agent's parameters")
-        metadata = {"algorithm": self.algorithm, "env_id": self.run.env_id, "config": self.config}
+        metadata = {
+            "algorithm": self.algorithm,
+            "env_id": self.run.env_id,
+            "env_registration": registration(self.run.env_id),
+            "config": self.config,
+        }
         self.checkpoints.save_resume(self.frames, self._run_state(), metadata)
 
     def _run_state(self) -> dict[str, Any]:
@@ -224,7 +223,7 @@ class Run:
             title=f"{self.algorithm} on {self.run.env_id} (seed {self.run.seed})",
         )
         summary = self._summary(wall_time, final)
-        (self.output_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        write_text(self.output_dir / "summary.json", json.dumps(summary, indent=2) + "\n")
         logger = self.metrics.logger
         if is_wandb(logger):
             logger.experiment.summary.update(summary)

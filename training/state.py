@@ -114,6 +114,11 @@ class TrainingState:
             for key, value in saved.items(True, True):
                 current = carrier.get(key, None)
                 carrier.set(key, value if current is None else value.to(current.device))
+        self.restore_rng(state)
+
+    @staticmethod
+    def restore_rng(state: dict[str, Any]) -> None:
+        """Put Python's, NumPy's and torch's global generators back where ``state`` found them."""
         GlobalRNGState().load_state_dict(state["rng"])
 
 

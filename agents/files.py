@@ -1,0 +1,103 @@
+"""Writing files the safe way: complete or not at all, never through a link, and no temporary file left for ever.
+
+Every file the toolkit writes is first written to a hidden temporary file in the same folder, then renamed over its
+final path in one step (``os.replace``). At every moment the path holds the previous complete file or the new one;
+a link planted at the path is replaced, not followed, so nothing outside the folder is written. A temporary file
+carries the id of the process writing it: one whose process is gone (a run killed mid-write) is removed at the next
+write into the same folder; another live process's never is.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import re
+import shutil
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+
+from errors import WriteError
+
+# ".NAME.writing-PID-HEX.SUFFIX", and TorchRL's staging folder for it, "..NAME.writing-PID-HEX.SUFFIX.stage-HEX"
+_TEMPORARY = re.compile(r"\.\.?.+\.writing-(?:(?P<pid>\d+)-)?[0-9a-f]{32}(?:\.\w+)?(?:\.stage-[0-9a-f]{32})?")
+LEGACY_STALE_AFTER_S = 600.0  # temporaries named without a process id are stale once untouched this long
+
+
+def temporary_path(path: Path) -> Path:
+    """A hidden path beside ``path`` that names this process (see :func:`remove_stale_temporaries`) and ends with
+    ``path``'s suffix (writers that choose a format by it, such as video encoders, see the same one)."""
+    return path.with_name(f".{path.name}.writing-{os.getpid()}-{uuid.uuid4().hex}{path.suffix}")
+
+
+def write_atomically(path: str | Path, write: Callable[[Path], object]) -> Path:
+    """Call ``write(temporary)`` to write the file's content, then rename it over ``path`` in one step.
+
+    Raises:
+        WriteError: the write failed (a full disk, a read-only folder); the message names ``path`` and says that
+            the previous file, if any, is intact. The temporary file is removed.
+    """
+    path = Path(path)
+    remove_stale_temporaries(path.parent)
+    temporary = temporary_path(path)
+    try:
+        write(temporary)
+        os.replace(temporary, path)
+    except OSError as error:
+        kept = f"the previous {path.name} is intact" if path.exists() else f"no {path.name} was written"
+        raise WriteError(
+            error.errno or errno.EIO, f"Could not write {path} ({error.strerror or error}); {kept}."
+        ) from None
+    finally:
+        _remove(temporary)
+    return path
+
+
+def write_text(path: str | Path, text: str) -> Path:
+    """Write ``text`` to ``path`` atomically (see :func:`write_atomically`)."""
+    return write_atomically(path, lambda temporary: temporary.write_text(text))
+
+
+def remove_stale_temporaries(folder: str | Path) -> list[Path]:
+    """Remove the temporary files and staging folders that interrupted writes left in ``folder``; returns them.
+
+    Those of a process still running are kept; so are those of this process (it may be writing them now).
+    """
+    folder = Path(folder)
+    removed = []
+    try:
+        entries = list(folder.iterdir())
+    except OSError:
+        return removed
+    for entry in entries:
+        match = _TEMPORARY.fullmatch(entry.name)
+        if match is None or not _is_stale(entry, match.group("pid")):
+            continue
+        _remove(entry)
+        removed.append(entry)
+    return removed
+
+
+def _is_stale(entry: Path, pid: str | None) -> bool:
+    if pid is None:
+        try:
+            return time.time() - entry.lstat().st_mtime > LEGACY_STALE_AFTER_S
+        except OSError:
+            return False
+    if int(pid) == os.getpid():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except (PermissionError, OverflowError, ValueError):
+        return False  # alive under another user, or not a process id at all: leave it
+    return False
+
+
+def _remove(path: Path) -> None:
+    if path.is_symlink() or path.is_file():
+        path.unlink(missing_ok=True)
+    elif path.is_dir():
+        shutil.rmtree(path, ignore_errors=True)

@@ -1,0 +1,167 @@
+"""Loading a checkpoint is bounded by the file: forged sizes, compressed entries, oversized descriptions, deep JSON
+and NaN weights are refused in one line, before anything large is allocated or extracted."""
+
+import json
+import zipfile
+
+import gymnasium as gym
+import pytest
+import torch
+
+from agents import Agent
+from errors import InputError
+from training.resume import load_resume_checkpoint, read_resume_metadata, save_resume_checkpoint
+
+
+def saved_agent(tmp_path, builder="mlp_actor", observation_space=None, action_space=None, **kwargs):
+    agent = Agent.build(
+        "CartPole-v1",
+        observation_space or gym.spaces.Box(-1, 1, (4,)),
+        action_space or gym.spaces.Discrete(2),
+        "test",
+        policy_builder=builder,
+        policy_kwargs={**({} if builder == "q_table" else {"hidden_sizes": [16]}), **kwargs},
+    )
+    return agent.save(tmp_path / "agent.ckpt")
+
+
+def rewrite(path, change, compression=zipfile.ZIP_STORED):
+    """Rewrite the archive at ``path`` with ``change(entries)`` applied to its {name: bytes}."""
+    with zipfile.ZipFile(path) as archive:
+        entries = {name: archive.read(name) for name in archive.namelist()}
+    change(entries)
+    path.unlink()
+    with zipfile.ZipFile(path, "w", compression=compression) as archive:
+        for name, data in entries.items():
+            archive.writestr(name, data)
+
+
+def manifest_metadata(entries, change):
+    manifest = json.loads(entries["manifest.json"])
+    change(manifest["metadata"])
+    entries["manifest.json"] = json.dumps(manifest).encode()
+
+
+def first_tensor(entries):
+    return min(name for name in entries if name.endswith(".memmap"))
+
+
+def test_a_compressed_entry_is_refused_before_extraction(tmp_path):
+    path = saved_agent(tmp_path)
+    rewrite(
+        path, lambda entries: entries.update({first_tensor(entries): bytes(64 * 2**20)}), zipfile.ZIP_DEFLATED
+    )
+    assert path.stat().st_size < 2**20  # 64 MiB of zeros in a file of well under 1 MiB
+    with pytest.raises(InputError, match="compressed entry .*stored uncompressed"):
+        Agent.load(path)
+
+
+@pytest.mark.parametrize("size", [0, 10, 10_000], ids=["empty", "short", "long"])
+def test_a_tensor_file_of_another_size_than_declared_is_refused(tmp_path, size):
+    path = saved_agent(tmp_path)
+    rewrite(path, lambda entries: entries.update({first_tensor(entries): bytes(size)}))
+    with pytest.raises(InputError, match=r"declares tensor .* but holds \d+ bytes"):
+        Agent.load(path)
+
+
+def test_a_declared_shape_beyond_the_file_is_refused(tmp_path):
+    path = saved_agent(tmp_path)
+
+    def grow(entries):
+        name = next(name for name in entries if name.endswith("meta.json"))
+        meta = json.loads(entries[name])
+        key = next(key for key, leaf in meta.items() if isinstance(leaf, dict) and "shape" in leaf)
+        meta[key]["shape"] = [100_000, 100_000]
+        entries[name] = json.dumps(meta).encode()
+
+    rewrite(path, grow)
+    with pytest.raises(InputError, match=r"shape \(100000, 100000\).*40000000000 bytes"):
+        Agent.load(path)
+
+
+@pytest.mark.parametrize(
+    "builder, change, message",
+    [
+        (
+            "mlp_actor",
+            {"hidden_sizes": [1_000_000, 1_000_000]},
+            "whose tensors differ from those the file holds",
+        ),
+        ("q_actor", {"hidden_sizes": [100_000] * 3}, "whose tensors differ from those the file holds"),
+        (
+            "gsde_actor",
+            {"hidden_sizes": [1_000_000, 1_000_000]},
+            r"describes a policy \(gsde_actor\) of about",
+        ),
+    ],
+)
+def test_a_description_larger_than_the_tensors_is_refused_without_building_it(
+    tmp_path, builder, change, message
+):
+    action_space = gym.spaces.Box(-1, 1, (1,)) if builder == "gsde_actor" else gym.spaces.Discrete(2)
+    path = saved_agent(tmp_path, builder, action_space=action_space)
+    rewrite(
+        path, lambda entries: manifest_metadata(entries, lambda meta: meta["policy_kwargs"].update(change))
+    )
+    with pytest.raises(InputError, match=message):
+        Agent.load(path)  # building a million-unit MLP would need terabytes
+
+
+def test_a_huge_grid_or_observation_shape_is_refused(tmp_path):
+    path = saved_agent(tmp_path, "q_table", gym.spaces.Box(-1, 1, (4,)), grid_size=3)
+    rewrite(
+        path,
+        lambda entries: manifest_metadata(
+            entries, lambda meta: meta["policy_kwargs"].update(grid_size=10**4)
+        ),
+    )
+    with pytest.raises(InputError, match=r"describes a policy \(q_table\) of about"):
+        Agent.load(path)
+    path = saved_agent(tmp_path)
+    rewrite(
+        path,
+        lambda entries: manifest_metadata(
+            entries, lambda meta: meta["observation_space"].update(shape=[10**6, 10**6])
+        ),
+    )
+    with pytest.raises(InputError, match=r"describes a Box of shape \[1000000, 1000000\]"):
+        Agent.load(path)
+
+
+def test_deeply_nested_json_is_one_line(tmp_path):
+    path = saved_agent(tmp_path)
+    nested = "[" * 100_000 + "]" * 100_000
+    rewrite(
+        path,
+        lambda entries: entries.update(
+            {"manifest.json": entries["manifest.json"].rstrip()[:-1] + f', "deep": {nested}}}'.encode()}
+        ),
+    )
+    with pytest.raises(InputError, match="nested too deeply"):
+        Agent.load(path)
+
+
+def test_nan_weights_are_refused(tmp_path):
+    path = saved_agent(tmp_path)
+    rewrite(
+        path,
+        lambda entries: entries.update(
+            {
+                first_tensor(entries): torch.full((len(entries[first_tensor(entries)]) // 4,), float("nan"))
+                .numpy()
+                .tobytes()
+            }
+        ),
+    )
+    with pytest.raises(InputError, match="holds NaN or Inf in .*Refusing to load it"):
+        Agent.load(path)
+
+
+def test_a_forged_resume_checkpoint_is_refused_before_loading(tmp_path):
+    path = tmp_path / "resume.ckpt"
+    save_resume_checkpoint(path, {"weights": torch.zeros(1000)}, {"algorithm": "ppo"})
+    assert read_resume_metadata(path)["algorithm"] == "ppo"
+    assert load_resume_checkpoint(path)["weights"].shape == (1000,)
+    rewrite(path, lambda entries: entries.update({first_tensor(entries): bytes(400)}))
+    with pytest.raises(InputError, match=r"declares tensor .* \(4000 bytes\) but holds 400 bytes"):
+        read_resume_metadata(path)

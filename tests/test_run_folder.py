@@ -1,0 +1,248 @@
+"""A run never writes into another run's folder unless told to, never writes through a link out of its folder,
+fails to resume before it changes anything, and cleans up what interrupted writes left behind."""
+
+import errno
+import json
+import math
+import os
+import subprocess
+import sys
+from datetime import datetime, timedelta
+from pathlib import Path
+
+import gymnasium as gym
+import pytest
+
+from agents import Agent
+from agents.files import remove_stale_temporaries, write_text
+from errors import InputError, WriteError
+from recipes import dqn, ppo
+from training import Run, RunConfig, quiet
+from training.state import TrainingState
+
+ROOT = Path(__file__).parents[1]
+
+
+def tiny_ppo(output_dir, **run):
+    options = {"num_envs": 4, "total_frames": 512, "eval_every": 512, "eval_episodes": 1, **run}
+    config = quiet(ppo.PPOConfig(), output_dir, stop_at_return=math.inf, **options)
+    config.collector.steps_per_env, config.optim.minibatch_size, config.optim.num_epochs = 32, 64, 1
+    return config
+
+
+def run_recipe(*args, cwd=ROOT):
+    return subprocess.run(
+        [sys.executable, "-m", *args], check=False, capture_output=True, text=True, timeout=300, cwd=cwd
+    )
+
+
+def dead_pid():
+    process = subprocess.Popen([sys.executable, "-c", "pass"])
+    process.wait()
+    return process.pid
+
+
+def test_a_new_run_refuses_a_folder_that_holds_a_run_and_overwrite_replaces_only_the_run(output_dir):
+    ppo.main(tiny_ppo(output_dir))
+    summary = json.loads((output_dir / "summary.json").read_text())
+    (output_dir / "notes.txt").write_text("mine")
+    with pytest.raises(InputError, match=r"already holds a run .*--resume .*--overwrite"):
+        dqn.main(quiet(dqn.DQNConfig(), output_dir, total_frames=256))
+    assert json.loads((output_dir / "summary.json").read_text()) == summary  # nothing was touched
+    ppo.main(tiny_ppo(output_dir, overwrite=True, seed=1))
+    assert json.loads((output_dir / "summary.json").read_text())["seed"] == 1
+    assert (output_dir / "notes.txt").read_text() == "mine"  # not the run's: kept
+    assert not (output_dir / "csv").exists() or not any((output_dir / "csv").rglob("*.csv"))
+
+
+def test_command_line_refusal_is_one_line_and_default_folders_never_collide(tmp_path):
+    base = [
+        "recipes.ppo",
+        "--total-frames",
+        "256",
+        "--num-envs",
+        "4",
+        "--eval-every",
+        "256",
+        "--eval-episodes",
+        "1",
+    ]
+    base += ["--minibatch-size", "64", "--logger", "none", "--no-video", "--no-progress"]
+    assert run_recipe(*base, "--output-dir", str(tmp_path / "run")).returncode == 0
+    result = run_recipe(*base, "--output-dir", str(tmp_path / "run"))
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "already holds a run" in errors[0]
+    # the default folder of every second of the next minute already holds a run: the new one takes a suffix
+    now = datetime.now()
+    taken = [
+        tmp_path / "runs" / f"ppo-CartPole-v1-0-{(now + timedelta(seconds=second)).strftime('%Y%m%d-%H%M%S')}"
+        for second in range(60)
+    ]
+    for folder in taken:
+        folder.mkdir(parents=True)
+        (folder / "summary.json").write_text("{}")
+    assert run_recipe(*base, cwd=tmp_path).returncode == 0
+    new = [folder for folder in (tmp_path / "runs").iterdir() if folder not in taken]
+    assert len(new) == 1 and new[0].name.endswith("-2") and (new[0] / "agent.ckpt").exists()
+    assert all((folder / "summary.json").read_text() == "{}" for folder in taken)
+
+
+@pytest.mark.parametrize(
+    "make_path, message",
+    [
+        (lambda tmp: (tmp / "file").write_text("x") and tmp / "file", "is a file"),
+        (
+            lambda tmp: (tmp / "file").write_text("x") and tmp / "file" / "run",
+            r"Cannot create the run folder .*Not a directory",
+        ),
+    ],
+    ids=["a-file", "under-a-file"],
+)
+def test_output_dir_that_cannot_be_a_folder_is_one_line(tmp_path, make_path, message):
+    with pytest.raises(InputError, match=message):
+        ppo.main(tiny_ppo(make_path(tmp_path)))
+
+
+def test_an_unwritable_output_dir_is_one_line(tmp_path, monkeypatch):
+    def read_only(self, *args, **kwargs):
+        raise OSError(errno.EROFS, "Read-only file system")
+
+    monkeypatch.setattr(Path, "touch", read_only)
+    with pytest.raises(InputError, match=r"Cannot write in the run folder .*Read-only file system"):
+        ppo.main(tiny_ppo(tmp_path / "run"))
+
+
+def interrupt_at(monkeypatch, frames):
+    """Make the run behave as if SIGINT arrived during the batch that reaches ``frames`` (then resume.ckpt is written)."""
+    original = Run.record_batch
+
+    def record_batch(self, batch, metrics):
+        if self.frames + batch.numel() >= frames and self.run.resume is None:
+            self.signals.interrupted_by = "SIGINT"
+        return original(self, batch, metrics)
+
+    monkeypatch.setattr(Run, "record_batch", record_batch)
+
+
+def test_links_in_a_run_folder_are_replaced_never_followed(tmp_path, monkeypatch):
+    output_dir, outside = tmp_path / "run", tmp_path / "outside"
+    outside.mkdir()
+    interrupt_at(monkeypatch, 256)
+    ppo.main(tiny_ppo(output_dir))
+    victims = {}
+    for name in ("config.json", "summary.json", "evaluations.csv", "learning_curve.png", "agent.ckpt"):
+        victims[name] = outside / name
+        victims[name].write_text("precious")
+        (output_dir / name).unlink()
+        (output_dir / name).symlink_to(victims[name])
+    summary = ppo.main(tiny_ppo(output_dir, resume=output_dir))
+    assert summary["frames"] == 512
+    for name, victim in victims.items():
+        assert victim.read_text() == "precious", name
+        assert not (output_dir / name).is_symlink(), name
+    # an evaluation video written over a link replaces the link
+    (outside / "video.mp4").write_text("precious")
+    (output_dir / "video.mp4").symlink_to(outside / "video.mp4")
+    result = run_recipe("recipes.evaluate", str(output_dir), "--episodes", "1", "--video")
+    assert result.returncode == 0, result.stderr
+    assert (outside / "video.mp4").read_text() == "precious" and not (output_dir / "video.mp4").is_symlink()
+
+
+def test_a_resume_checkpoint_that_does_not_fit_fails_before_anything_is_written(tmp_path, monkeypatch):
+    output_dir = tmp_path / "run"
+    ppo.main(tiny_ppo(output_dir, checkpoint_every=256))
+    before = {path.name: path.read_bytes() for path in output_dir.iterdir() if path.is_file()}
+
+    def broken(self, state):
+        raise RuntimeError("size mismatch for critic.0.weight")
+
+    monkeypatch.setattr(TrainingState, "load_state_dict", broken)
+    with pytest.raises(InputError, match=r"does not fit this run .*size mismatch.*nothing in the run folder"):
+        ppo.main(tiny_ppo(output_dir, resume=output_dir, checkpoint_every=256))
+    assert {path.name: path.read_bytes() for path in output_dir.iterdir() if path.is_file()} == before
+
+
+def test_resume_refuses_an_env_registered_with_other_settings(tmp_path):
+    env_id = "RunFolderTestCartPole-v0"
+    gym.register(env_id, entry_point="gymnasium.envs.classic_control:CartPoleEnv", max_episode_steps=200)
+    try:
+        output_dir = tmp_path / "run"
+        ppo.main(tiny_ppo(output_dir, env_id=env_id, checkpoint_every=256))
+        gym.register(env_id, entry_point="gymnasium.envs.classic_control:CartPoleEnv", max_episode_steps=50)
+        with pytest.raises(
+            InputError, match=r"registered with other settings.*max_episode_steps \(saved 200, now 50\)"
+        ):
+            ppo.main(tiny_ppo(output_dir, env_id=env_id, resume=output_dir, checkpoint_every=256))
+    finally:
+        gym.registry.pop(env_id, None)
+
+
+def test_stale_temporaries_of_dead_processes_are_removed_at_the_next_save(tmp_path):
+    hex32 = "0123456789abcdef" * 2
+    stale_file = tmp_path / f".agent.ckpt.writing-{dead_pid()}-{hex32}.ckpt"
+    stale_stage = tmp_path / f"..agent.ckpt.writing-{dead_pid()}-{hex32}.ckpt.stage-{hex32}"
+    live = tmp_path / f".agent.ckpt.writing-{os.getppid()}-{hex32}.ckpt"  # a process that is running
+    legacy_old, legacy_new = (
+        tmp_path / f".resume.ckpt.writing-{hex32}",
+        tmp_path / f".agent.ckpt.writing-{'f' * 32}",
+    )
+    unrelated = tmp_path / ".agent.ckpt.writing-notes"
+    for path in (stale_file, live, legacy_old, legacy_new, unrelated):
+        path.write_bytes(b"x" * 1000)
+    stale_stage.mkdir()
+    (stale_stage / "manifest.json").write_text("{}")
+    os.utime(legacy_old, (0, 0))  # untouched for decades
+    agent = Agent.build("CartPole-v1", gym.spaces.Box(-1, 1, (4,)), gym.spaces.Discrete(2), "test")
+    agent.save(tmp_path / "agent.ckpt")
+    assert not stale_file.exists() and not stale_stage.exists() and not legacy_old.exists()
+    assert live.exists() and legacy_new.exists() and unrelated.exists()
+    assert remove_stale_temporaries(tmp_path) == []
+
+
+def test_a_failed_write_names_the_file_and_keeps_the_previous_one(tmp_path, monkeypatch):
+    path = tmp_path / "summary.json"
+    write_text(path, "previous")
+
+    def full_disk(self, *args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(Path, "write_text", full_disk)
+    with pytest.raises(WriteError) as error:
+        write_text(path, "new")
+    assert (
+        str(error.value)
+        == f"Could not write {path} (No space left on device); the previous summary.json is intact."
+    )
+    monkeypatch.undo()
+    assert path.read_text() == "previous" and [entry.name for entry in tmp_path.iterdir()] == ["summary.json"]
+
+
+def test_a_full_disk_during_a_checkpoint_ends_the_command_with_one_line(tmp_path):
+    script = (
+        "import errno, sys; from torchrl.checkpoint import Checkpoint\n"
+        "def full(self, *a, **k): raise OSError(errno.ENOSPC, 'No space left on device')\n"
+        "Checkpoint.save = full\n"
+        "from recipes import ppo; from training import run_cli\n"
+        "sys.argv = ['ppo', '--total-frames', '256', '--num-envs', '4', '--eval-every', '256', '--eval-episodes', '1',"
+        " '--minibatch-size', '64', '--logger', 'none', '--no-video', '--no-progress', '--output-dir', sys.argv[1]]\n"
+        "run_cli(ppo.main, ppo.PPOConfig, 'ppo')\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script, str(tmp_path / "run")],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+    )
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert (
+        len(errors) == 1 and errors[0].startswith("error: Could not write ") and "No space left" in errors[0]
+    )
+
+
+def test_run_config_refuses_seeds_numpy_cannot_take():
+    with pytest.raises(InputError, match=r"--seed must be in \[0, 2\*\*32\), got -1"):
+        RunConfig(seed=-1).validate()

@@ -1,0 +1,124 @@
+"""The run folder: which one a run writes into, never another run's unless asked, and the files a run leaves there.
+
+A new run writes into ``--output-dir`` only if that folder holds no run yet (none of :data:`RUN_FILES`); with
+``--overwrite`` it first removes those files (and nothing else the folder holds). Without ``--output-dir`` it
+claims a fresh ``runs/ALGORITHM-ENV-SEED-TIMESTAMP`` folder, with a ``-2``, ``-3``, ... suffix when another run
+took that name in the same second. A resumed run writes into the folder it continues.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from datetime import datetime
+from pathlib import Path
+
+from agents.files import remove_stale_temporaries
+from errors import InputError
+from training.config import RunConfig
+
+# what a run writes into its folder: finding any of them means the folder holds a run
+RUN_FILES = (
+    "config.json",
+    "summary.json",
+    "evaluations.csv",
+    "learning_curve.png",
+    "agent.ckpt",
+    "best_agent.ckpt",
+    "resume.ckpt",
+    "video.mp4",
+)
+RUN_FOLDERS = ("csv", "wandb")  # the loggers' files
+
+
+def run_files(folder: Path) -> list[str]:
+    """The names of the run outputs ``folder`` holds (files or links of :data:`RUN_FILES`, :data:`RUN_FOLDERS`)."""
+    names = RUN_FILES + RUN_FOLDERS
+    return [name for name in names if (folder / name).exists() or (folder / name).is_symlink()]
+
+
+def prepare_run_folder(algorithm: str, run: RunConfig, resumed: bool) -> Path:
+    """The folder this run writes into, created and checked: a folder (not a file), writable, and holding no other
+    run (or cleared of it with ``run.overwrite``).
+
+    Raises:
+        InputError: the folder is a file, cannot be created or written, or holds another run.
+    """
+    if run.output_dir is not None:
+        folder = Path(run.output_dir)
+    elif resumed:  # beside the checkpoint, wherever the run was moved
+        resume = Path(run.resume)
+        folder = resume if resume.is_dir() else resume.parent
+    else:
+        return _fresh_folder(algorithm, run)
+    if folder.exists() and not folder.is_dir():
+        raise InputError(f"--output-dir {folder} is a file; name a folder for the run's outputs.")
+    _make_folder(folder)
+    continues_here = resumed and folder.resolve() == _resume_folder(run.resume).resolve()
+    existing = [] if continues_here else run_files(folder)
+    if existing and not run.overwrite:
+        raise InputError(
+            f"{folder} already holds a run ({', '.join(existing)}); continue it with --resume {folder}, replace it "
+            "with --overwrite, or choose another --output-dir."
+        )
+    if existing:
+        clear_run(folder)
+    _check_writable(folder)
+    return folder
+
+
+def clear_run(folder: Path) -> None:
+    """Remove a run's outputs from ``folder`` (the files and folders a run writes, links among them included),
+    leaving everything else there."""
+    for name in RUN_FILES + RUN_FOLDERS:
+        path = folder / name
+        if path.is_symlink() or path.is_file():
+            path.unlink()
+        elif path.is_dir():
+            shutil.rmtree(path)
+    remove_stale_temporaries(folder)
+
+
+def _resume_folder(resume: Path) -> Path:
+    resume = Path(resume)
+    return resume if resume.is_dir() else resume.parent
+
+
+def _fresh_folder(algorithm: str, run: RunConfig) -> Path:
+    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+    base = Path("runs") / f"{algorithm}-{run.env_id.replace('/', '_')}-{run.seed}-{stamp}"
+    _make_folder(base.parent)
+    for index in range(1, 1000):
+        folder = base if index == 1 else base.with_name(f"{base.name}-{index}")
+        try:
+            folder.mkdir()  # claims the name: another run starting this second gets the next one
+        except FileExistsError:
+            continue
+        except OSError as error:
+            raise InputError(
+                f"Cannot create the run folder {folder} ({error.strerror}); pass --output-dir."
+            ) from None
+        return folder
+    raise InputError(f"Too many runs named {base}-N; pass --output-dir.")
+
+
+def _make_folder(folder: Path) -> None:
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:
+        raise InputError(f"--output-dir {folder}: a file stands in its path; name another folder.") from None
+    except OSError as error:
+        raise InputError(
+            f"Cannot create the run folder {folder} ({error.strerror}); choose another --output-dir."
+        ) from None
+
+
+def _check_writable(folder: Path) -> None:
+    probe = folder / f".write-test-{os.getpid()}"
+    try:
+        probe.touch()
+        probe.unlink()
+    except OSError as error:
+        raise InputError(
+            f"Cannot write in the run folder {folder} ({error.strerror}); choose another --output-dir."
+        ) from None
