@@ -161,3 +161,74 @@ def test_torch_backend_bad_input():
         make_env("CartPole-v1", backend="torch", env_kwargs={"max_episode_steps": 0})
     with pytest.raises(InputError, match="only max_episode_steps"):
         make_env("CartPole-v1", backend="torch", env_kwargs={"sutton_barto_reward": True})
+
+
+DISCRETE = [env_id for env_id in TORCH_ENVS if isinstance(gym.make(env_id).action_space, gym.spaces.Discrete)]
+
+
+def gymnasium_error(make, action):
+    env = make()
+    env.reset(seed=0)
+    with pytest.raises(Exception) as error:
+        env.step(action)
+    env.close()
+    return error
+
+
+@pytest.mark.parametrize("env_id", DISCRETE)
+def test_an_invalid_action_raises_what_gymnasium_raises(env_id):
+    expected = gymnasium_error(lambda: gym.make(env_id), 7)
+    got = gymnasium_error(lambda: gym.make(f"rlkit/{env_id}"), 7)
+    assert got.type is expected.type and str(got.value) == str(expected.value)
+    expected = gymnasium_error(
+        lambda: gym.make_vec(env_id, num_envs=2, vectorization_mode="sync"), np.array([0, 7])
+    )
+    got = gymnasium_error(lambda: gym.make_vec(f"rlkit/{env_id}", num_envs=2), np.array([0, 7]))
+    assert got.type is expected.type and str(got.value) == str(expected.value)
+
+
+@pytest.mark.parametrize("env_id", TORCH_ENVS)
+def test_registration_and_vector_api_match_gymnasium(env_id):
+    assert gym.spec(f"rlkit/{env_id}").max_episode_steps == gym.spec(env_id).max_episode_steps
+    ours = gym.make_vec(f"rlkit/{env_id}", num_envs=2, render_mode="rgb_array")
+    theirs = gym.make_vec(
+        env_id,
+        num_envs=2,
+        vectorization_mode="sync",
+        render_mode="rgb_array",
+        vector_kwargs={"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP},
+    )
+    # per-env seed lists are taken, and the same list gives the same batch
+    first, _ = ours.reset(seed=[3, 4])
+    again, _ = ours.reset(seed=[3, 4])
+    theirs.reset(seed=[3, 4])
+    np.testing.assert_array_equal(first, again)
+    with pytest.raises(ValueError, match="Expected 2 seeds"):
+        ours.reset(seed=[1, 2, 3])
+    # one RGB frame per sub-env, as Gymnasium draws them
+    frames, reference = ours.render(), theirs.render()
+    assert len(frames) == len(reference) == 2 and frames[0].shape == reference[0].shape
+    # a finished sub-env reports its final observation and a dict of final infos
+    ours.reset(seed=0)
+    theirs.reset(seed=0)
+    infos = {}
+    for name, env in (("ours", ours), ("theirs", theirs)):
+        for _ in range(1_000):
+            *_, terminated, truncated, info = env.step(env.action_space.sample())
+            if (terminated | truncated).any():
+                infos[name] = info
+                break
+    assert sorted(infos["ours"]) == sorted(infos["theirs"])
+    assert (
+        isinstance(infos["ours"]["final_info"], dict)
+        and infos["ours"]["final_info"] == infos["theirs"]["final_info"]
+    )
+    ours.close()
+    theirs.close()
+
+
+def test_unsupported_dtype_and_render_mode_are_clear_errors():
+    with pytest.raises(InputError, match="dtype must be one of"):
+        gym.make("rlkit/CartPole-v1", dtype="float16")
+    with pytest.raises(gym.error.Error, match="renders only with render_mode='rgb_array'"):
+        gym.make_vec("rlkit/CartPole-v1", num_envs=2, render_mode="human")
