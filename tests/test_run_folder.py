@@ -246,3 +246,31 @@ def test_a_full_disk_during_a_checkpoint_ends_the_command_with_one_line(tmp_path
 def test_run_config_refuses_seeds_numpy_cannot_take():
     with pytest.raises(InputError, match=r"--seed must be in \[0, 2\*\*32\), got -1"):
         RunConfig(seed=-1).validate()
+
+
+def test_a_link_among_the_csv_logs_of_a_continued_run_is_refused(tmp_path, monkeypatch):
+    output_dir, outside = tmp_path / "run", tmp_path / "outside.csv"
+    interrupt_at(monkeypatch, 256)
+    ppo.main(tiny_ppo(output_dir, logger="csv"))
+    log = next((output_dir / "csv").rglob("*.csv"))
+    outside.write_text("precious")
+    log.unlink()
+    log.symlink_to(outside)
+    with pytest.raises(
+        InputError, match="is a symbolic link; a run appends its CSV logs only to files inside"
+    ):
+        ppo.main(tiny_ppo(output_dir, logger="csv", resume=output_dir))
+    assert outside.read_text() == "precious"
+
+
+def test_loading_extracts_only_into_a_temporary_folder_it_removes(tmp_path, monkeypatch):
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    monkeypatch.setattr("tempfile.tempdir", str(scratch))
+    agent = Agent.build("CartPole-v1", gym.spaces.Box(-1, 1, (4,)), gym.spaces.Discrete(2), "test")
+    path = agent.save(tmp_path / "agent.ckpt")
+    Agent.load(path)
+    assert list(scratch.iterdir()) == [] and sorted(entry.name for entry in tmp_path.iterdir()) == [
+        "agent.ckpt",
+        "scratch",
+    ]

@@ -64,6 +64,7 @@ def prepare_run_folder(algorithm: str, run: RunConfig, resumed: bool) -> Path:
     if existing:
         clear_run(folder)
     _check_writable(folder)
+    _refuse_links_in_log_folders(folder)
     return folder
 
 
@@ -77,6 +78,20 @@ def clear_run(folder: Path) -> None:
         elif path.is_dir():
             shutil.rmtree(path)
     remove_stale_temporaries(folder)
+
+
+def _refuse_links_in_log_folders(folder: Path) -> None:
+    """The CSV logger appends to the files of a continued run: a link among them would be followed out of the
+    folder, so it is refused (the files the run replaces whole are written atomically instead)."""
+    csv_folder = folder / "csv"
+    links = [csv_folder] if csv_folder.is_symlink() else []
+    if csv_folder.is_dir() and not links:
+        links = [path for path in csv_folder.rglob("*") if path.is_symlink()]
+    if links:
+        raise InputError(
+            f"{links[0]} is a symbolic link; a run appends its CSV logs only to files inside its folder. Remove the "
+            "link (or pass --logger none)."
+        )
 
 
 def _resume_folder(resume: Path) -> Path:
