@@ -31,7 +31,7 @@ from agents.tabular import make_q_table
 from envs.atari import is_atari, make_atari_env
 from envs.rendering import use_headless_video_driver
 from envs.specs import space_to_spec
-from envs.vector import check_device, check_env_id
+from envs.vector import check_device, check_env_id, env_spec
 from errors import InputError
 
 FORMAT = "rlkit.agent"
@@ -328,8 +328,10 @@ class Agent(nn.Module):
                     return make_atari_env(env, training=False, render_mode=render_mode)
                 # An env registered without a time limit (CliffWalking-v1) gets one, so that a policy which never
                 # finishes an episode cannot hang the evaluation.
-                max_steps = gym.spec(env).max_episode_steps or EVALUATION_STEP_LIMIT
-                return gym.make(env, render_mode=render_mode, max_episode_steps=max_steps)
+                max_steps = env_spec(env).max_episode_steps or EVALUATION_STEP_LIMIT
+                # render_mode only when a frame is wanted: a user's env need not take the argument otherwise
+                options = {} if render_mode is None else {"render_mode": render_mode}
+                return gym.make(env, max_episode_steps=max_steps, **options)
 
             envs = [make(i) for i in range(min(episodes, max_parallel_envs))]
             owned = True

@@ -10,6 +10,7 @@ step, so termination and truncation stay separate and value estimators can boots
 from __future__ import annotations
 
 import functools
+import importlib
 import json
 import warnings
 from typing import Any, Literal
@@ -191,31 +192,52 @@ class GymnasiumVectorEnv(EnvBase):
         super().close(raise_if_closed=raise_if_closed)
 
 
-def check_env_id(env_id: str) -> None:
-    """Raise :class:`InputError` unless ``env_id`` is registered with Gymnasium (``ALE/...`` ids are registered
-    first, which needs ``ale-py``)."""
+def env_spec(env_id: str) -> gym.envs.registration.EnvSpec:
+    """Gymnasium's spec of ``env_id``, importing the module of a ``"module:EnvId"`` id first (the form
+    ``gymnasium.make`` takes for an env registered by the user's own module); ``ALE/...`` ids are registered first,
+    which needs ``ale-py``.
+
+    Raises:
+        InputError: the module cannot be imported or the id is not registered.
+    """
     if is_atari(env_id):
         register_atari_envs()
+    module, separator, name = env_id.rpartition(":")
+    if separator:
+        try:
+            importlib.import_module(module)
+        except ImportError as error:
+            raise InputError(
+                f"Env id {env_id!r} names the module {module!r}, which cannot be imported ({error}); put it on "
+                "PYTHONPATH (or install it) so that importing it registers the env."
+            ) from None
     try:
-        gym.spec(env_id)
+        return gym.spec(name if separator else env_id)
     except gym.error.Error as error:
         raise InputError(
-            f"Unknown Gymnasium env id {env_id!r} ({error}). Use a registered id such as 'CartPole-v1'; "
-            "gymnasium.pprint_registry() lists them all."
+            f"Unknown Gymnasium env id {env_id!r} ({error}). Use a registered id such as 'CartPole-v1', or "
+            "'my_module:MyEnv-v0' for an env that my_module registers; gymnasium.pprint_registry() lists them all."
         ) from None
+
+
+def check_env_id(env_id: str) -> None:
+    """Raise :class:`InputError` unless ``env_id`` is registered with Gymnasium (see :func:`env_spec`)."""
+    env_spec(env_id)
 
 
 def registration(env_id: str) -> dict[str, Any]:
     """How ``env_id`` is registered with Gymnasium, as JSON-compatible data: its entry point, keyword arguments and
     time limit (what builds the env: a resumed run checks it is unchanged)."""
-    check_env_id(env_id)
-    spec = gym.spec(env_id)
+    spec = env_spec(env_id)
+    entry_point = spec.entry_point
+    if not isinstance(entry_point, str):  # a class or function: named the way an entry-point string names it
+        entry_point = (
+            f"{getattr(entry_point, '__module__', '?')}:{getattr(entry_point, '__qualname__', entry_point)}"
+        )
     return json.loads(
         json.dumps(
             {
-                "entry_point": spec.entry_point
-                if isinstance(spec.entry_point, str)
-                else repr(spec.entry_point),
+                "entry_point": entry_point,
                 "kwargs": spec.kwargs,
                 "max_episode_steps": spec.max_episode_steps,
             },

@@ -27,12 +27,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-import gymnasium as gym
 import torch
 
 from agents import Agent, find_normalizer
 from agents.agent import EVALUATION_STEP_LIMIT
 from agents.es import PopulationEvaluator, antithetic_gradient, centered_ranks, make_es_policy
+from envs.vector import env_spec
 from errors import InputError
 from training import (
     Run,
@@ -134,7 +134,7 @@ def main(config: ESConfig) -> dict:
     pairs = population_size // 2
     episodes_per_member = search_config.episodes_per_member
     num_envs = population_size * episodes_per_member
-    max_steps = gym.spec(run_config.env_id).max_episode_steps or EVALUATION_STEP_LIMIT
+    max_steps = env_spec(run_config.env_id).max_episode_steps or EVALUATION_STEP_LIMIT
 
     # env + modules: the agent owns theta (the policy); the population is run by an evaluator on a batched env
     # of P * k envs (member i acting in envs i*k .. i*k + k - 1), here or on Ray workers

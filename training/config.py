@@ -9,10 +9,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
-import gymnasium as gym
-
 from envs.classic import torch_env_class
-from envs.vector import check_device, check_env_id
+from envs.vector import check_device, check_env_id, env_spec
 from errors import InputError, require_positive
 
 LoggerName = Literal["wandb", "csv", "none"]
@@ -116,7 +114,7 @@ class RunConfig:
         """The evaluation return that ends training early, if any."""
         if self.stop_at_return is not None:
             return None if math.isinf(self.stop_at_return) else self.stop_at_return
-        return gym.spec(self.env_id).reward_threshold
+        return env_spec(self.env_id).reward_threshold
 
 
 def config_to_dict(config: Any) -> dict[str, Any]:

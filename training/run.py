@@ -28,7 +28,7 @@ from tensordict import TensorDictBase
 from agents.agent import Agent
 from agents.files import write_text
 from envs.vector import registration
-from errors import NonFiniteError
+from errors import NonFiniteError, WriteError
 from training.checkpoints import AGENT_FILE, BEST_AGENT_FILE, Checkpoints, read_resume, restore_training
 from training.config import RunConfig, config_to_dict
 from training.evaluation import EvaluationSchedule, evaluation_seed
@@ -213,9 +213,7 @@ class Run:
         final = evaluations[-1]
         self.save_agent(AGENT_FILE)
         if self.run.video and not interrupted:
-            self.agent.evaluate(
-                episodes=1, seed=evaluation_seed(self.run.seed), video_path=self.output_dir / "video.mp4"
-            )
+            self._record_video()
         plot_learning_curve(
             evaluations,
             self.metrics.training_returns,
@@ -229,6 +227,24 @@ class Run:
             logger.experiment.summary.update(summary)
             logger.experiment.finish()
         return summary
+
+    def _record_video(self) -> None:
+        """Write video.mp4, or warn in one line why it cannot be (an env that does not render, a missing OpenGL
+        backend): a video is never worth the rest of a run's outputs."""
+        try:
+            self.agent.evaluate(
+                episodes=1, seed=evaluation_seed(self.run.seed), video_path=self.output_dir / "video.mp4"
+            )
+        except WriteError:
+            raise
+        except Exception as error:  # noqa: BLE001 - renderers fail in many ways (TypeError, OpenGL, missing libs)
+            detail = str(error).splitlines()[0] if str(error) else type(error).__name__
+            warnings.warn(
+                f"No video.mp4: {self.run.env_id} could not be rendered ({type(error).__name__}: {detail}). Everything "
+                "else of the run is saved; an env renders for videos when it takes render_mode='rgb_array' (MuJoCo on "
+                "a machine without a display: set MUJOCO_GL=egl or osmesa), or pass --no-video.",
+                stacklevel=3,
+            )
 
     def _summary(self, wall_time: float, final: dict[str, float]) -> dict[str, Any]:
         summary = {
