@@ -147,6 +147,8 @@ class Agent(nn.Module):
             its name is saved, and loading rebuilds the policy with it.
         policy_kwargs: JSON-compatible keyword arguments of that builder.
         config: the training configuration, kept for reference.
+        env_kwargs: keyword arguments of the env's constructor (``gymnasium.make(env_id, **env_kwargs)``), used
+            whenever the agent makes its own env (evaluation, videos).
 
     Examples:
         >>> agent = Agent.load("runs/demo/agent.ckpt")
@@ -164,6 +166,7 @@ class Agent(nn.Module):
         policy_builder: str | Callable[..., nn.Module] = "mlp_actor",
         policy_kwargs: dict[str, Any] | None = None,
         config: dict[str, Any] | None = None,
+        env_kwargs: dict[str, Any] | None = None,
     ):
         super().__init__()
         policy_builder = builder_name(policy_builder)
@@ -175,6 +178,7 @@ class Agent(nn.Module):
         self.policy_builder = policy_builder
         self.policy_kwargs = dict(policy_kwargs or {})
         self.config = dict(config or {})
+        self.env_kwargs = dict(env_kwargs or {})
 
     @classmethod
     def build(
@@ -187,6 +191,7 @@ class Agent(nn.Module):
         policy_kwargs: dict[str, Any] | None = None,
         config: dict[str, Any] | None = None,
         device: torch.device | str = "cpu",
+        env_kwargs: dict[str, Any] | None = None,
     ) -> Agent:
         """Build an agent with a fresh policy from ``policy_builder`` (see :data:`POLICY_BUILDERS`)."""
         policy_builder = builder_name(policy_builder)
@@ -194,7 +199,15 @@ class Agent(nn.Module):
             space_to_spec(observation_space, 1), space_to_spec(action_space, 1), **(policy_kwargs or {})
         )
         agent = cls(
-            policy, env_id, observation_space, action_space, algorithm, policy_builder, policy_kwargs, config
+            policy,
+            env_id,
+            observation_space,
+            action_space,
+            algorithm,
+            policy_builder,
+            policy_kwargs,
+            config,
+            env_kwargs,
         )
         return agent.to(device)
 
@@ -315,6 +328,7 @@ class Agent(nn.Module):
         """
         if episodes < 1:
             raise InputError(f"episodes must be at least 1, got {episodes}.")
+        env_kwargs = self.env_kwargs if env is None or env == self.env_id else {}
         env = self.env_id if env is None else env
         if isinstance(env, str):
             check_env_id(env)
@@ -325,12 +339,19 @@ class Agent(nn.Module):
             def make(index: int) -> gym.Env:
                 render_mode = "rgb_array" if video_path is not None and index == 0 else None
                 if is_atari(env):
-                    return make_atari_env(env, training=False, render_mode=render_mode)
+                    return make_atari_env(env, training=False, render_mode=render_mode, **env_kwargs)
+                options = dict(env_kwargs)
                 # An env registered without a time limit (CliffWalking-v1) gets one, so that a policy which never
                 # finishes an episode cannot hang the evaluation.
-                max_steps = env_spec(env).max_episode_steps or EVALUATION_STEP_LIMIT
-                # render_mode only when a frame is wanted: a user's env need not take the argument otherwise
-                options = {} if render_mode is None else {"render_mode": render_mode}
+                max_steps = (
+                    options.pop("max_episode_steps", None)
+                    or env_spec(env).max_episode_steps
+                    or EVALUATION_STEP_LIMIT
+                )
+                if (
+                    render_mode is not None
+                ):  # only when a frame is wanted: a user's env need not take it otherwise
+                    options["render_mode"] = render_mode
                 return gym.make(env, max_episode_steps=max_steps, **options)
 
             envs = [make(i) for i in range(min(episodes, max_parallel_envs))]
@@ -400,6 +421,7 @@ class Agent(nn.Module):
             "policy_builder": self.policy_builder,
             "policy_kwargs": self.policy_kwargs,
             "config": json.loads(json.dumps(self.config, default=str)),
+            "env_kwargs": json.loads(json.dumps(self.env_kwargs, default=str)),
         }
 
     def save(self, path: str | Path) -> Path:
@@ -469,6 +491,7 @@ class Agent(nn.Module):
                 policy_builder=builder,
                 policy_kwargs=policy_kwargs,
                 config=metadata["config"],
+                env_kwargs=metadata.get("env_kwargs") or {},
             )
         except InputError:
             raise

@@ -175,6 +175,7 @@ def main(config: ESConfig) -> dict:
             policy_kwargs=policy_kwargs,
             steps_per_env=search_config.steps_per_env,
             max_steps=max_steps,
+            env_kwargs=run_config.env_options or None,
             max_restarts=config.workers.worker_restarts,
         )
     else:

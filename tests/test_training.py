@@ -9,6 +9,7 @@ import pytest
 from errors import InputError, check_ranges
 from recipes import dqn
 from training import quiet
+from training.config import parse_env_kwargs
 from training.evaluation import EVAL_SEED_OFFSET, EvaluationSchedule, evaluation_seed
 
 ROOT = Path(__file__).parents[1]
@@ -128,3 +129,45 @@ def test_no_import_circle_and_no_import_against_the_layers():
 def test_plumbing_modules_stay_small():
     sizes = {path.name: len(path.read_text().splitlines()) for path in (ROOT / "training").glob("*.py")}
     assert max(sizes.values()) <= 400, sizes
+
+
+def test_env_kwargs_are_parsed_as_json_where_they_parse():
+    assert parse_env_kwargs(("continuous=true", "gravity=-9.5", "map_name=8x8", "sizes=[1, 2]", "name=")) == {
+        "continuous": True,
+        "gravity": -9.5,
+        "map_name": "8x8",
+        "sizes": [1, 2],
+        "name": "",
+    }
+    for bad, message in (("continuous", "KEY=VALUE"), ("1x=2", "KEY=VALUE"), ("a=1 a=2", None)):
+        items = tuple(bad.split()) if message is None else (bad,)
+        with pytest.raises(InputError, match=message or "gives a twice"):
+            parse_env_kwargs(items)
+
+
+def test_env_kwargs_reach_the_training_envs_the_workers_and_the_saved_agent(tmp_path):
+    from agents import Agent
+    from recipes import qlearning, sac
+
+    config = quiet(
+        sac.SACConfig(), tmp_path / "sac", env_id="LunarLander-v3", env_kwargs=("continuous=true",)
+    )
+    config.run.total_frames, config.run.eval_every, config.run.eval_episodes = 300, 300, 1
+    config.collector.learning_starts = 100
+    sac.main(config)
+    agent = Agent.load(tmp_path / "sac")
+    assert agent.env_kwargs == {"continuous": True} and agent.action_space.shape == (2,)
+    assert agent.evaluate(episodes=1, seed=0).returns.shape == (1,)  # its own env is made continuous again
+    config = quiet(
+        qlearning.QLearningConfig(),
+        tmp_path / "q",
+        env_id="FrozenLake-v1",
+        env_kwargs=("map_name=8x8",),
+        collector_backend="multiprocess",
+        num_envs=4,
+        total_frames=512,
+        eval_every=512,
+        eval_episodes=2,
+    )
+    qlearning.main(config)
+    assert Agent.load(tmp_path / "q").observation_space.n == 64  # the 8x8 map, on both worker processes

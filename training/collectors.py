@@ -29,6 +29,7 @@ def make_training_env(run: RunConfig, device: torch.device, num_envs: int | None
         seed=run.seed,
         vectorization=run.vectorization,
         backend=run.env_backend,
+        env_kwargs=run.env_options or None,
     )
 
 
@@ -80,6 +81,7 @@ def make_collector(
             seed=run.seed + WORKER_SEED_STRIDE * index,
             vectorization=run.vectorization,
             backend=run.env_backend,
+            env_kwargs=run.env_options or None,
         )
         for index in range(run.num_workers)
     ]

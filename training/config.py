@@ -25,6 +25,10 @@ class RunConfig:
     """Gymnasium environment id."""
     num_envs: int = 8
     """Number of environments stepped together by the collector."""
+    env_kwargs: tuple[str, ...] = ()
+    """Keyword arguments of the env's constructor as KEY=VALUE, values read as JSON where they parse (true, 3, 0.5,
+    [1, 2]) and as text otherwise, e.g. --env-kwargs continuous=true; applied to the training and evaluation envs
+    and saved with the agent."""
     env_backend: Literal["gymnasium", "torch"] = "gymnasium"
     """'gymnasium': any Gymnasium env, stepped on the CPU; 'torch': the batched torch classic-control envs
     (CartPole-v1, Pendulum-v1, MountainCar-v0, MountainCarContinuous-v0, Acrobot-v1), stepped on --device."""
@@ -106,8 +110,14 @@ class RunConfig:
                 )
         check_device(self.device)
         check_env_id(self.env_id)
+        self.env_options  # noqa: B018 - parsing raises InputError for a malformed item
         if self.env_backend == "torch":
             torch_env_class(self.env_id)  # raises if there is no torch implementation
+
+    @property
+    def env_options(self) -> dict[str, Any]:
+        """``env_kwargs`` as a dict (see :func:`parse_env_kwargs`)."""
+        return parse_env_kwargs(self.env_kwargs)
 
     @property
     def target_return(self) -> float | None:
@@ -115,6 +125,27 @@ class RunConfig:
         if self.stop_at_return is not None:
             return None if math.isinf(self.stop_at_return) else self.stop_at_return
         return env_spec(self.env_id).reward_threshold
+
+
+def parse_env_kwargs(items: tuple[str, ...] | list[str]) -> dict[str, Any]:
+    """``("continuous=true", "gravity=-9.5", "map_name=8x8")`` -> ``{"continuous": True, "gravity": -9.5,
+    "map_name": "8x8"}``: each value read as JSON where it parses, as text otherwise.
+
+    Raises:
+        InputError: an item without ``=``, a key that is not a Python identifier, or a key given twice.
+    """
+    options: dict[str, Any] = {}
+    for item in items:
+        key, separator, text = str(item).partition("=")
+        if not separator or not key.isidentifier():
+            raise InputError(f"--env-kwargs takes KEY=VALUE items such as continuous=true, got {item!r}.")
+        if key in options:
+            raise InputError(f"--env-kwargs gives {key} twice.")
+        try:
+            options[key] = json.loads(text)
+        except ValueError:
+            options[key] = text
+    return options
 
 
 def config_to_dict(config: Any) -> dict[str, Any]:

@@ -65,6 +65,9 @@ class Run:
         if resumed is not None:  # before anything is written: a checkpoint that does not fit changes nothing
             restore_training(training, resumed["training"], run.resume)
         agent.config = self.config
+        agent.env_kwargs = (
+            run.env_options
+        )  # the agent makes its evaluation envs as the run made its training envs
         write_text(self.output_dir / "config.json", json.dumps(self.config, indent=2) + "\n")
         logger = make_logger(
             run, algorithm, self.output_dir, self.config, wandb_id=resumed and resumed["run"]["wandb_id"]
