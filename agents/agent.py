@@ -29,7 +29,7 @@ from agents.policy_size import check_description_fits
 from agents.qvalue import make_q_actor
 from agents.tabular import make_q_table
 from envs.atari import is_atari, make_atari_env
-from envs.rendering import use_headless_video_driver
+from envs.rendering import headless_rendering
 from envs.specs import space_to_spec
 from envs.vector import check_device, check_env_id, env_spec
 from errors import InputError
@@ -326,14 +326,26 @@ class Agent(nn.Module):
         Returns:
             An :class:`EvaluationResult` with ``episodes`` returns and lengths.
         """
+        if video_path is None:
+            return self._evaluate(env, episodes, deterministic, seed, None, max_parallel_envs)
+        with headless_rendering():
+            return self._evaluate(env, episodes, deterministic, seed, video_path, max_parallel_envs)
+
+    def _evaluate(
+        self,
+        env: str | gym.Env | None,
+        episodes: int,
+        deterministic: bool,
+        seed: int | None,
+        video_path: str | Path | None,
+        max_parallel_envs: int,
+    ) -> EvaluationResult:
         if episodes < 1:
             raise InputError(f"episodes must be at least 1, got {episodes}.")
         env_kwargs = self.env_kwargs if env is None or env == self.env_id else {}
         env = self.env_id if env is None else env
         if isinstance(env, str):
             check_env_id(env)
-        if video_path is not None:
-            use_headless_video_driver()
         if isinstance(env, str):
 
             def make(index: int) -> gym.Env:

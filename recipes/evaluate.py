@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import sys
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated
@@ -53,13 +54,22 @@ def main(config: EvaluateConfig) -> dict:
     video_path = None
     if config.video or config.video_path is not None:
         video_path = config.video_path or checkpoint.parent / "video.mp4"
-    result = agent.evaluate(
-        config.env_id,
-        episodes=config.episodes,
-        deterministic=not config.stochastic,
-        seed=config.seed,
-        video_path=video_path,
-    )
+    options = {"episodes": config.episodes, "deterministic": not config.stochastic, "seed": config.seed}
+    try:
+        result = agent.evaluate(config.env_id, video_path=video_path, **options)
+    except (InputError, WriteError):
+        raise
+    except Exception as error:
+        if video_path is None:
+            raise
+        detail = str(error).splitlines()[0] if str(error) else type(error).__name__
+        warnings.warn(
+            f"No video: the env could not be rendered ({type(error).__name__}: {detail}); evaluating without one "
+            "(MuJoCo on a machine without a display: set MUJOCO_GL=egl or osmesa).",
+            stacklevel=2,
+        )
+        video_path = None
+        result = agent.evaluate(config.env_id, **options)
     return {
         "checkpoint": str(checkpoint),
         "env_id": config.env_id or agent.env_id,

@@ -1,0 +1,92 @@
+"""Smoke tests on the envs people judge a toolkit by: every recipe that fits runs a few hundred frames on a MuJoCo
+env (Hopper-v5) and on Box2D's LunarLander-v3, and videos render headless (MuJoCo through EGL), or are skipped with
+one warning where no OpenGL backend can draw them."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from agents import Agent
+from recipes import a2c, ddpg, dqn, ppo, sac, td3
+from training import quiet
+
+ROOT = Path(__file__).parents[1]
+
+
+def smoke(recipe, config_type, env_id, output_dir, **run):
+    config = quiet(
+        config_type(), output_dir, env_id=env_id, total_frames=300, eval_every=300, eval_episodes=1, **run
+    )
+    if hasattr(config.collector, "learning_starts"):
+        config.collector.learning_starts = 100
+    if hasattr(config.optim, "minibatch_size"):
+        config.run.num_envs, config.collector.steps_per_env, config.optim.minibatch_size = 4, 32, 64
+    return recipe.main(config)
+
+
+@pytest.mark.parametrize(
+    "recipe, config_type",
+    [
+        (sac, sac.SACConfig),
+        (td3, td3.TD3Config),
+        (ddpg, ddpg.DDPGConfig),
+        (ppo, ppo.PPOConfig),
+        (a2c, a2c.A2CConfig),
+    ],
+    ids=["sac", "td3", "ddpg", "ppo", "a2c"],
+)
+def test_recipes_run_on_mujoco(recipe, config_type, tmp_path):
+    summary = smoke(recipe, config_type, "Hopper-v5", tmp_path)
+    assert summary["frames"] >= 300
+    agent = Agent.load(tmp_path)
+    assert agent.observation_space.shape == (11,) and agent.action_space.shape == (3,)
+
+
+@pytest.mark.parametrize(
+    "recipe, config_type, env_kwargs",
+    [(dqn, dqn.DQNConfig, ()), (ppo, ppo.PPOConfig, ()), (sac, sac.SACConfig, ("continuous=true",))],
+    ids=["dqn", "ppo", "sac-continuous"],
+)
+def test_recipes_run_on_lunar_lander(recipe, config_type, env_kwargs, tmp_path):
+    summary = smoke(recipe, config_type, "LunarLander-v3", tmp_path, env_kwargs=env_kwargs)
+    assert summary["frames"] >= 300
+
+
+def test_mujoco_video_renders_headless(tmp_path):
+    environment = {key: value for key, value in os.environ.items() if key not in ("DISPLAY", "MUJOCO_GL")}
+    smoke_command = [sys.executable, "-m", "recipes.sac", "--env-id", "Hopper-v5", "--total-frames", "300"]
+    smoke_command += ["--eval-every", "300", "--eval-episodes", "1", "--logger", "none", "--no-progress"]
+    result = subprocess.run(
+        [*smoke_command, "--output-dir", str(tmp_path / "run")],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+        env=environment,
+    )
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "run" / "video.mp4").stat().st_size > 0
+    assert "MUJOCO_GL" not in os.environ  # set only while frames were drawn
+
+
+def test_without_an_opengl_backend_runs_keep_everything_but_the_video(tmp_path, monkeypatch):
+    from gymnasium.envs.mujoco.mujoco_rendering import MujocoRenderer
+
+    from recipes import evaluate
+
+    def no_opengl(self, *args, **kwargs):
+        raise RuntimeError("Cannot initialize a EGL device display.")
+
+    monkeypatch.setattr(MujocoRenderer, "render", no_opengl)
+    with pytest.warns(
+        UserWarning, match="No video.mp4: Hopper-v5 could not be rendered .*MUJOCO_GL=egl or osmesa"
+    ):
+        smoke(sac, sac.SACConfig, "Hopper-v5", tmp_path, video=True)
+    assert not (tmp_path / "video.mp4").exists() and (tmp_path / "agent.ckpt").exists()
+    with pytest.warns(UserWarning, match="No video: the env could not be rendered"):
+        summary = evaluate.main(evaluate.EvaluateConfig(path=tmp_path, episodes=1, video=True))
+    assert summary["video"] is None and len(summary["returns"]) == 1
