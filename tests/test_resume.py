@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from run_helpers import interrupt_at
 
 from agents import Agent
 from errors import InputError
@@ -87,18 +88,6 @@ def tiny_es(output_dir, **run):
     )
     config.network.hidden_sizes = (8,)
     return config
-
-
-def interrupt_at(monkeypatch, frames):
-    """Make the run behave as if SIGINT arrived during the batch that reaches ``frames``."""
-    original = Run.record_batch
-
-    def record_batch(self, batch, metrics):
-        if self.frames + batch.numel() >= frames and self.run.resume is None:
-            self.signals.interrupted_by = "SIGINT"
-        return original(self, batch, metrics)
-
-    monkeypatch.setattr(Run, "record_batch", record_batch)
 
 
 def parameters(output_dir):

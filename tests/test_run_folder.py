@@ -12,12 +12,13 @@ from pathlib import Path
 
 import gymnasium as gym
 import pytest
+from run_helpers import interrupt_at
 
 from agents import Agent
 from agents.files import remove_stale_temporaries, write_text
 from errors import InputError, WriteError
 from recipes import dqn, ppo
-from training import Run, RunConfig, quiet
+from training import RunConfig, quiet
 from training.state import TrainingState
 
 ROOT = Path(__file__).parents[1]
@@ -111,18 +112,6 @@ def test_an_unwritable_output_dir_is_one_line(tmp_path, monkeypatch):
     monkeypatch.setattr(Path, "touch", read_only)
     with pytest.raises(InputError, match=r"Cannot write in the run folder .*Read-only file system"):
         ppo.main(tiny_ppo(tmp_path / "run"))
-
-
-def interrupt_at(monkeypatch, frames):
-    """Make the run behave as if SIGINT arrived during the batch that reaches ``frames`` (then resume.ckpt is written)."""
-    original = Run.record_batch
-
-    def record_batch(self, batch, metrics):
-        if self.frames + batch.numel() >= frames and self.run.resume is None:
-            self.signals.interrupted_by = "SIGINT"
-        return original(self, batch, metrics)
-
-    monkeypatch.setattr(Run, "record_batch", record_batch)
 
 
 def test_links_in_a_run_folder_are_replaced_never_followed(tmp_path, monkeypatch):
