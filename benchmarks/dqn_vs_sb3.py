@@ -68,7 +68,8 @@ def run_ours(seed: int, zoo: bool) -> dict:
         OptimConfig,
         main,
     )
-    from training import ExplorationConfig, RunConfig, quiet
+    from agents import ExplorationConfig
+    from training import RunConfig, quiet
 
     output_dir = f"runs/bench-dqn-{'zoo' if zoo else 'default'}-{seed}"
     if zoo:
