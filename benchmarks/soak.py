@@ -121,7 +121,7 @@ def main() -> None:
         while time.perf_counter() < deadline:
             config = getattr(module, config_name)()
             run = config.run
-            quiet(config, Path(directory), logger="csv")
+            quiet(config, Path(directory), logger="csv", overwrite=True)  # each cycle replaces the last
             run.seed, run.total_frames = sampler.cycle, args.frames_per_cycle or default_frames
             run.checkpoint_every, run.stop_at_return = args.checkpoint_every, float("inf")
             if args.env_id:
