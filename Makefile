@@ -13,7 +13,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 demo: install
-	$(PYTHON) -m recipes.ppo --output-dir runs/demo --logger wandb
+	$(PYTHON) -m recipes.ppo --output-dir runs/demo --overwrite --logger wandb
 
 test: install
 	$(PYTHON) -m pytest -n 2 --dist loadgroup -q
