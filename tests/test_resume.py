@@ -335,3 +335,13 @@ def test_a_run_that_crashed_resumes_exactly_from_its_last_periodic_checkpoint(tm
     expected, actual = parameters(tmp_path / "straight"), parameters(tmp_path / "crashed")
     for key in expected:
         assert torch.equal(expected[key], actual[key]), key
+
+
+def test_a_checkpoint_from_before_an_option_existed_still_resumes():
+    from training.resume import config_differences
+
+    saved = {"run": {"env_id": "CartPole-v1", "seed": 0}, "loss": {"gamma": 0.99}}
+    current = {"run": {"env_id": "CartPole-v1", "seed": 0, "env_kwargs": []}, "loss": {"gamma": 0.99}}
+    assert config_differences(saved, current) == []
+    current["loss"]["gamma"] = 0.9
+    assert config_differences(saved, current) == ["--gamma (saved 0.99, now 0.9)"]

@@ -114,10 +114,11 @@ def load_resume_checkpoint(path: Path) -> dict[str, Any]:
 
 
 def config_differences(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
-    """``--option (saved X, now Y)`` for every option that differs, except the reporting ones."""
+    """``--option (saved X, now Y)`` for every option that differs, except the reporting ones and the options a
+    checkpoint written by an earlier version does not hold (a resumed run gives them their defaults)."""
     differences = []
     for name in sorted(set(saved) | set(current)):
-        if name in REPORTING_OPTIONS:
+        if name in REPORTING_OPTIONS or name not in saved:
             continue
         old, new = saved.get(name), current.get(name)
         if isinstance(old, dict) and isinstance(new, dict):
