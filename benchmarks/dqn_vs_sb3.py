@@ -59,6 +59,7 @@ def run_sb3(seed: int) -> dict:
 
 
 def run_ours(seed: int, zoo: bool) -> dict:
+    from agents import ExplorationConfig
     from recipes.dqn import (
         BufferConfig,
         CollectorConfig,
@@ -68,7 +69,6 @@ def run_ours(seed: int, zoo: bool) -> dict:
         OptimConfig,
         main,
     )
-    from agents import ExplorationConfig
     from training import RunConfig, quiet
 
     output_dir = f"runs/bench-dqn-{'zoo' if zoo else 'default'}-{seed}"
