@@ -235,7 +235,7 @@ def make_gsde_actor(
         hidden_sizes: widths of the hidden layers; the last is the latent width. ``()`` uses the encoded
             observation as the latent.
         activation: ``"tanh"``, ``"relu"``, ``"elu"`` or ``"silu"``.
-        normalize_obs: put an :class:`envs.normalization.ObservationNormalizer` in front of the network.
+        normalize_obs: put an :class:`agents.normalization.ObservationNormalizer` in front of the network.
         sigma_init: initial ``sigma_ij`` (see :class:`GSDEHead`).
         detach_latent: stop the gradient of the exploration scale into the features (see :class:`GSDEHead`).
         encoder: an input module to share with a critic; built when None.

@@ -90,7 +90,7 @@ def make_q_network(
 ) -> nn.Sequential:
     """A network mapping observations to one Q-value per action.
 
-    Vector observations go through an MLP (after an optional :class:`~envs.ObservationNormalizer`), images
+    Vector observations go through an MLP (after an optional :class:`~agents.ObservationNormalizer`), images
     through the encoder :func:`agents.networks.observation_encoder` picks for them.
 
     Args:
