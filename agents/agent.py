@@ -31,7 +31,7 @@ from agents.tabular import make_q_table
 from envs.atari import is_atari, make_atari_env
 from envs.rendering import headless_rendering
 from envs.specs import space_to_spec
-from envs.vector import check_device, check_env_id, env_spec
+from envs.vector import check_device, env_spec
 from errors import InputError
 
 FORMAT = "rlkit.agent"
@@ -343,9 +343,10 @@ class Agent(nn.Module):
         if episodes < 1:
             raise InputError(f"episodes must be at least 1, got {episodes}.")
         env_kwargs = self.env_kwargs if env is None or env == self.env_id else {}
-        env = self.env_id if env is None else env
+        own_env = env is None  # the id read from the checkpoint: its module is never imported here
+        env = self.env_id if own_env else env
         if isinstance(env, str):
-            check_env_id(env)
+            env_spec(env, import_module=not own_env)
         if isinstance(env, str):
 
             def make(index: int) -> gym.Env:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import importlib
 import json
+import sys
 import warnings
 from typing import Any, Literal
 
@@ -192,21 +193,40 @@ class GymnasiumVectorEnv(EnvBase):
         super().close(raise_if_closed=raise_if_closed)
 
 
-def env_spec(env_id: str) -> gym.envs.registration.EnvSpec:
+def env_spec(env_id: str, import_module: bool = True) -> gym.envs.registration.EnvSpec:
     """Gymnasium's spec of ``env_id``, importing the module of a ``"module:EnvId"`` id first (the form
     ``gymnasium.make`` takes for an env registered by the user's own module); ``ALE/...`` ids are registered first,
     which needs ``ale-py``.
 
+    Args:
+        env_id: a registered id, or ``"module:EnvId"``.
+        import_module: import the module a ``"module:EnvId"`` id names. Pass False for an id read from a file
+            (a checkpoint): then the module must already be imported, since loading a file never runs code.
+
     Raises:
-        InputError: the module cannot be imported or the id is not registered.
+        InputError: the module name is malformed, cannot be (or, without ``import_module``, is not) imported, or
+            the id is not registered.
     """
+    if not isinstance(env_id, str):
+        raise InputError(f"An env id is a string such as 'CartPole-v1', got {env_id!r}.")
     if is_atari(env_id):
         register_atari_envs()
     module, separator, name = env_id.rpartition(":")
     if separator:
+        if not module or not all(part.isidentifier() for part in module.split(".")):
+            raise InputError(
+                f"Env id {env_id!r} names the module {module!r}, which is not an importable module name (a dotted "
+                "name such as my_package.my_envs)."
+            )
+        if not import_module and module not in sys.modules:
+            raise InputError(
+                f"Env id {env_id!r} names the module {module!r}, which is not imported; a checkpoint never makes "
+                f"this toolkit import code. Import {module} yourself first, or name the env explicitly (for "
+                f"recipes.evaluate: --env-id {env_id})."
+            )
         try:
             importlib.import_module(module)
-        except ImportError as error:
+        except (ImportError, ValueError, TypeError) as error:
             raise InputError(
                 f"Env id {env_id!r} names the module {module!r}, which cannot be imported ({error}); put it on "
                 "PYTHONPATH (or install it) so that importing it registers the env."

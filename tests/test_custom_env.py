@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import gymnasium as gym
 import pytest
 
 from agents import Agent
@@ -57,7 +58,7 @@ def test_a_users_own_env_trains_to_its_target_with_a_video_and_evaluates_from_th
         "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]),
     }
     result = subprocess.run(
-        [sys.executable, "-m", "recipes.evaluate", str(tmp_path), "--episodes", "2"],
+        [sys.executable, "-m", "recipes.evaluate", str(tmp_path), "--episodes", "2", "--env-id", ENV_ID],
         check=False,
         capture_output=True,
         text=True,
@@ -83,3 +84,42 @@ def test_an_env_that_cannot_render_keeps_the_run_and_warns(tmp_path, on_path, mo
         summary = ppo.main(config)
     assert not (tmp_path / "video.mp4").exists()
     assert (tmp_path / "summary.json").exists() and summary["frames"] >= 640
+
+
+def test_a_checkpoint_never_makes_the_toolkit_import_the_module_its_env_id_names(tmp_path):
+    """A downloaded run folder holding ``evil.py`` and an agent whose env id is ``evil:CartPole-v1``."""
+    (tmp_path / "evil_module_for_tests.py").write_text(
+        f"open({str(tmp_path / 'ran')!r}, 'w').write('code ran')\n"
+    )
+    agent = Agent.build(
+        "evil_module_for_tests:CartPole-v1",
+        gym.spaces.Box(-5, 5, (4,)),
+        gym.spaces.Discrete(2),
+        "ppo",
+        policy_kwargs={"hidden_sizes": [8]},
+    )
+    agent.save(tmp_path / "agent.ckpt")
+    result = subprocess.run(
+        [sys.executable, "-m", "recipes.evaluate", ".", "--episodes", "1"],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )
+    assert (
+        result.returncode == 2
+        and "is not imported; a checkpoint never makes this toolkit import code" in result.stderr
+    )
+    assert not (tmp_path / "ran").exists()
+    with pytest.raises(InputError, match="is not imported"):
+        Agent.load(tmp_path / "agent.ckpt").evaluate(episodes=1)
+    assert not (tmp_path / "ran").exists()
+
+
+@pytest.mark.parametrize("env_id", [":CartPole-v1", ".relative:CartPole-v1", "a..b:CartPole-v1"])
+def test_a_malformed_module_name_is_one_line(env_id):
+    from envs.vector import env_spec
+
+    with pytest.raises(InputError, match="not an importable module name"):
+        env_spec(env_id)
