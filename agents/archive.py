@@ -64,7 +64,7 @@ def check_archive(path: Path, kind: str = "agent") -> dict[str, TensorShapes]:
     try:
         with zipfile.ZipFile(path) as archive:
             return _check_entries(path, archive)
-    except (zipfile.BadZipFile, OSError, EOFError) as error:
+    except (zipfile.BadZipFile, OSError, EOFError, NotImplementedError) as error:
         raise InputError(f"{path} is not a readable {kind} checkpoint ({error}).") from None
 
 
@@ -81,14 +81,76 @@ def _check_entries(path: Path, archive: zipfile.ZipFile) -> dict[str, TensorShap
     if sum(info.compress_size for info in entries) > path.stat().st_size:
         raise InputError(f"{path} declares more bytes than the file holds: it is truncated or forged.")
     sizes = {info.filename: info.file_size for info in entries}
+    documents = {
+        info.filename: read_json(path, archive, info.filename)
+        for info in entries
+        if info.filename.endswith(".json")
+    }
     components = {}
-    for info in entries:
-        if info.filename.endswith(".json"):
-            document = read_json(path, archive, info.filename)
-            if info.filename.endswith("/meta.json"):
-                folder = info.filename.removesuffix("/state/meta.json")
-                components[folder] = _check_tensors(path, info.filename, document, sizes)
+    for name, document in documents.items():
+        if name.endswith("/meta.json"):
+            components[name.removesuffix("/state/meta.json")] = _check_tensors(path, name, document, sizes)
+    for name, document in documents.items():
+        if name.endswith("/state.json"):
+            _check_state(path, name, document, components.get(name.removesuffix("/state.json"), {}))
     return components
+
+
+# what a state description may hold (TorchRL's state-dict schema), and what a NumPy value may be decoded as
+_STATE_KINDS = {
+    "tensor", "numpy", "dict", "ordered_dict", "torch_size", "tuple", "list", "set", "frozenset", "slice", "range",
+    "torch_device", "torch_dtype", "path", "bytes", "bytearray", "complex", "numpy_scalar", "ellipsis", "value",
+}  # fmt: skip
+_NUMPY_KINDS = "biufc"
+
+
+def _check_state(path: Path, name: str, state: Any, tensors: TensorShapes) -> None:
+    """Refuse a state description that decodes to more than the archive holds: unknown kinds, NumPy values of
+    other than plain numeric dtypes (a ``(10**8,)f8`` sub-array dtype would allocate gigabytes from one number),
+    and tensors referenced more often than they are stored."""
+    held = sum(math.prod(shape) * dtype.itemsize for shape, dtype in tensors.values())
+    referenced = 0
+    pending = [state]
+    while pending:  # iterative: a deep description cannot exhaust the stack
+        node = pending.pop()
+        if isinstance(node, list):
+            pending.extend(node)
+            continue
+        if not isinstance(node, dict):
+            continue
+        kind = node.get("kind")
+        if kind is not None and kind not in _STATE_KINDS:
+            raise InputError(f"{path} describes an unknown kind of value {kind!r} in {name!r}.")
+        if kind in ("numpy", "numpy_scalar"):
+            itemsize = _plain_dtype(path, name, node.get("dtype")).itemsize
+        if kind in ("tensor", "numpy"):
+            key = node.get("key")
+            if key not in tensors:
+                raise InputError(f"{path} refers to a tensor {key!r} it does not hold in {name!r}.")
+            shape, dtype = tensors[key]
+            scale = max(1.0, itemsize / dtype.itemsize) if kind == "numpy" else 1.0
+            referenced += int(math.prod(shape) * dtype.itemsize * scale)
+        if kind != "value":  # a plain value's payload is data, never a description
+            pending.extend(node.values())
+    if referenced > 2 * held + 2**20:
+        raise InputError(
+            f"{path} refers to its tensors in {name!r} for {referenced} bytes but holds {held}: the file is damaged "
+            "or forged. Refusing to load it."
+        )
+
+
+def _plain_dtype(path: Path, name: str, text: Any):
+    import numpy as np
+
+    try:
+        dtype = np.dtype(text)
+    except (TypeError, ValueError, SyntaxError):
+        dtype = None
+    if dtype is None or dtype.shape != () or dtype.kind not in _NUMPY_KINDS or dtype.itemsize > 16:
+        raise InputError(
+            f"{path} declares a NumPy dtype {text!r} in {name!r} that is not a plain number type."
+        )
+    return dtype
 
 
 def read_json(path: Path, archive: zipfile.ZipFile, name: str) -> Any:
@@ -97,7 +159,7 @@ def read_json(path: Path, archive: zipfile.ZipFile, name: str) -> Any:
         return json.loads(archive.read(name))
     except RecursionError:
         raise InputError(f"{path} holds JSON nested too deeply in {name!r}; refusing to load it.") from None
-    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+    except ValueError as error:  # not JSON, not UTF-8, or an integer too long to convert
         raise InputError(f"{path} holds damaged JSON in {name!r} ({error}).") from None
 
 
@@ -156,3 +218,24 @@ def component_of(tensors: dict[str, TensorShapes], name: str) -> str:
 
 def nbytes(shapes: TensorShapes) -> int:
     return sum(math.prod(shape) * dtype.itemsize for shape, dtype in shapes.values())
+
+
+def first_line(error: BaseException) -> str:
+    """An error's message on one line (TorchRL's and PyTorch's can span pages)."""
+    text = str(error).strip()
+    return text.splitlines()[0][:300] if text else "no detail"
+
+
+def read_manifest_metadata(path: Path, kind: str) -> dict[str, Any]:
+    """The ``metadata`` of a checked archive's manifest (see :func:`check_archive`); :class:`InputError` for a
+    manifest that is not a JSON object."""
+    with zipfile.ZipFile(path) as archive:
+        manifest = (
+            read_json(path, archive, "manifest.json") if "manifest.json" in archive.namelist() else None
+        )
+    metadata = manifest.get("metadata") if isinstance(manifest, dict) else None
+    if not isinstance(metadata, dict):
+        raise InputError(
+            f"{path} is not {'an' if kind[0] in 'aeiou' else 'a'} {kind} checkpoint saved by this toolkit."
+        )
+    return metadata

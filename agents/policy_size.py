@@ -69,8 +69,12 @@ def _check_estimate(
     held: int,
 ) -> None:
     if builder == "q_table" and isinstance(observation_space, gym.spaces.Box):
-        cells = int(policy_kwargs.get("grid_size") or 1) ** math.prod(observation_space.shape)
-        estimate = cells * int(getattr(action_space, "n", 1)) * 4
+        grid_size, dims = int(policy_kwargs.get("grid_size") or 1), math.prod(observation_space.shape)
+        # in log space first: a forged grid_size ** dims could take minutes to compute, let alone allocate
+        if grid_size > 1 and dims * math.log2(grid_size) > math.log2(2 * held + SLACK_BYTES + 1):
+            estimate = 2 * held + SLACK_BYTES + 1
+        else:
+            estimate = grid_size**dims * int(getattr(action_space, "n", 1)) * 4
     else:  # an MLP actor with extra exploration modules: about the size of a plain MLP actor
         defaults = inspect.signature(make_policy).parameters
         network = {

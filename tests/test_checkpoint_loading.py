@@ -159,9 +159,88 @@ def test_nan_weights_are_refused(tmp_path):
 
 def test_a_forged_resume_checkpoint_is_refused_before_loading(tmp_path):
     path = tmp_path / "resume.ckpt"
-    save_resume_checkpoint(path, {"weights": torch.zeros(1000)}, {"algorithm": "ppo"})
+    save_resume_checkpoint(
+        path, {"weights": torch.zeros(1000)}, {"algorithm": "ppo", "env_id": "CartPole-v1", "config": {}}
+    )
     assert read_resume_metadata(path)["algorithm"] == "ppo"
     assert load_resume_checkpoint(path)["weights"].shape == (1000,)
     rewrite(path, lambda entries: entries.update({first_tensor(entries): bytes(400)}))
     with pytest.raises(InputError, match=r"declares tensor .* \(4000 bytes\) but holds 400 bytes"):
         read_resume_metadata(path)
+
+
+def forge_state(path, change):
+    """Apply ``change`` to the decoded state.json of the archive's first component."""
+
+    def edit(entries):
+        name = next(name for name in entries if name.endswith("/state.json"))
+        state = json.loads(entries[name])
+        change(state)
+        entries[name] = json.dumps(state).encode()
+
+    rewrite(path, edit)
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        ({"kind": "numpy", "key": "tensor_00000000", "dtype": "(100000000,)f8"}, "not a plain number type"),
+        ({"kind": "numpy_scalar", "dtype": "V1000000000", "value": 0}, "not a plain number type"),
+        ({"kind": "pickle", "value": "x"}, "unknown kind of value 'pickle'"),
+        (
+            {
+                "kind": "list",
+                "items": [{"kind": "tensor", "key": "tensor_00000000", "device": "cpu"}] * 20_000,
+            },
+            "refers to its tensors",
+        ),
+        ({"kind": "tensor", "key": "tensor_99999999", "device": "cpu"}, "does not hold"),
+    ],
+    ids=["numpy-subarray", "void-scalar", "unknown-kind", "many-references", "missing-tensor"],
+)
+def test_a_state_description_that_decodes_to_more_than_the_file_is_refused(tmp_path, extra, message):
+    path = saved_agent(tmp_path, hidden_sizes=[64])
+    forge_state(path, lambda state: state.update(metadata=extra))
+    with pytest.raises(InputError, match=message):
+        Agent.load(path)
+
+
+def test_forged_descriptions_fail_in_one_line_not_in_a_traceback(tmp_path):
+    path = saved_agent(tmp_path)
+    rewrite(
+        path,
+        lambda entries: manifest_metadata(
+            entries, lambda meta: meta["observation_space"].update(dtype="V2000000000")
+        ),
+    )
+    with pytest.raises(InputError, match="not a plain number type"):
+        Agent.load(path)
+    path = saved_agent(tmp_path, "q_table", gym.spaces.Box(-1, 1, (4,)), grid_size=3)
+    rewrite(
+        path,
+        lambda entries: manifest_metadata(
+            entries, lambda meta: meta["policy_kwargs"].update(grid_size=10**4000)
+        ),
+    )
+    with pytest.raises(InputError, match="describes a policy"):
+        Agent.load(path)  # decided in log space: the power itself would take minutes
+    path = saved_agent(tmp_path, "gsde_actor", action_space=gym.spaces.Box(-1, 1, (1,)))
+    rewrite(
+        path,
+        lambda entries: manifest_metadata(
+            entries, lambda meta: meta["policy_kwargs"].update(hidden_sizes=[-5])
+        ),
+    )
+    with pytest.raises(InputError, match="invalid agent description"):
+        Agent.load(path)
+    path = saved_agent(tmp_path)
+    rewrite(path, lambda entries: entries.update({"manifest.json": b"[1, 2]"}))
+    with pytest.raises(InputError, match="not an agent checkpoint saved by this toolkit"):
+        Agent.load(path)
+    path = saved_agent(tmp_path)
+    rewrite(
+        path,
+        lambda entries: entries.update({"manifest.json": b'{"metadata": {"format": ' + b"1" * 5000 + b"}}"}),
+    )
+    with pytest.raises(InputError, match="damaged JSON"):
+        Agent.load(path)

@@ -15,14 +15,13 @@ import dataclasses
 import sys
 import types
 import typing
-import zipfile
 from pathlib import Path
 from typing import Any
 
-from torchrl.checkpoint import Checkpoint, CheckpointError
+from torchrl.checkpoint import Checkpoint
 
 from agents.agent import RESUME_FORMAT
-from agents.archive import check_archive
+from agents.archive import check_archive, first_line, read_manifest_metadata
 from agents.files import write_atomically
 from errors import InputError
 
@@ -79,10 +78,7 @@ def resume_path(path: str | Path) -> Path:
 def read_resume_metadata(path: Path) -> dict[str, Any]:
     """The manifest metadata of a resume checkpoint; :class:`InputError` for anything else."""
     check_archive(path, "resume")
-    try:
-        metadata = Checkpoint.manifest(path).get("metadata", {})
-    except (CheckpointError, OSError, ValueError, zipfile.BadZipFile) as error:
-        raise InputError(f"{path} is not a readable resume checkpoint ({error}).") from None
+    metadata = read_manifest_metadata(path, "resume")
     if metadata.get("format") != RESUME_FORMAT:
         raise InputError(
             f"{path} is not a resume checkpoint (an agent checkpoint such as agent.ckpt holds the policy only); "
@@ -92,6 +88,14 @@ def read_resume_metadata(path: Path) -> dict[str, Any]:
         raise InputError(
             f"{path} has resume format version {metadata.get('format_version')}, expected {RESUME_FORMAT_VERSION}."
         )
+    if not (
+        isinstance(metadata.get("algorithm"), str)
+        and isinstance(metadata.get("env_id"), str)
+        and isinstance(metadata.get("config"), dict)
+    ):
+        raise InputError(
+            f"{path} has an incomplete description (algorithm, env_id, config); it is damaged or forged."
+        )
     return metadata
 
 
@@ -100,16 +104,10 @@ def load_resume_checkpoint(path: Path) -> dict[str, Any]:
     component = _StateComponent()
     try:
         Checkpoint(training=component).load(path, map_location="cpu")
-    except (
-        CheckpointError,
-        OSError,
-        ValueError,
-        RuntimeError,
-        KeyError,
-        TypeError,
-        zipfile.BadZipFile,
-    ) as error:
-        raise InputError(f"Could not read the training state in {path}: {error}") from None
+    except Exception as error:  # noqa: BLE001 - damaged archives fail TorchRL's reader in many ways
+        raise InputError(
+            f"Could not read the training state in {path}: {type(error).__name__}: {first_line(error)}"
+        ) from None
     return component.state
 
 
