@@ -10,9 +10,11 @@ write into the same folder; another live process's never is.
 from __future__ import annotations
 
 import errno
+import hashlib
 import os
 import re
 import shutil
+import socket
 import time
 import uuid
 from collections.abc import Callable
@@ -20,15 +22,22 @@ from pathlib import Path
 
 from errors import WriteError
 
-# ".NAME.writing-PID-HEX.SUFFIX", and TorchRL's staging folder for it, "..NAME.writing-PID-HEX.SUFFIX.stage-HEX"
-_TEMPORARY = re.compile(r"\.\.?.+\.writing-(?:(?P<pid>\d+)-)?[0-9a-f]{32}(?:\.\w+)?(?:\.stage-[0-9a-f]{32})?")
-LEGACY_STALE_AFTER_S = 600.0  # temporaries named without a process id are stale once untouched this long
+# ".NAME.writing-HOST-PID-HEX.SUFFIX", and TorchRL's staging folder for it, "..NAME.writing-...SUFFIX.stage-HEX"
+_TEMPORARY = re.compile(
+    r"\.\.?.+\.writing-(?:(?P<host>[0-9a-f]{8})-)?(?:(?P<pid>\d+)-)?[0-9a-f]{32}(?:\.\w+)?(?:\.stage-[0-9a-f]{32})?"
+)
+# this machine, as temporary names carry it (a process id means something only on the machine that issued it)
+_HOST = hashlib.sha1(socket.gethostname().encode()).hexdigest()[:8]
+DEAD_STALE_AFTER_S = (
+    60.0  # a dead process's temporary must also be this long untouched (another PID namespace)
+)
+UNKNOWN_STALE_AFTER_S = 600.0  # another machine's, or one named without a process, once untouched this long
 
 
 def temporary_path(path: Path) -> Path:
-    """A hidden path beside ``path`` that names this process (see :func:`remove_stale_temporaries`) and ends with
-    ``path``'s suffix (writers that choose a format by it, such as video encoders, see the same one)."""
-    return path.with_name(f".{path.name}.writing-{os.getpid()}-{uuid.uuid4().hex}{path.suffix}")
+    """A hidden path beside ``path`` that names this machine and process (see :func:`remove_stale_temporaries`)
+    and ends with ``path``'s suffix (writers that choose a format by it, such as video encoders, see the same one)."""
+    return path.with_name(f".{path.name}.writing-{_HOST}-{os.getpid()}-{uuid.uuid4().hex}{path.suffix}")
 
 
 def write_atomically(path: str | Path, write: Callable[[Path], object]) -> Path:
@@ -62,7 +71,9 @@ def write_text(path: str | Path, text: str) -> Path:
 def remove_stale_temporaries(folder: str | Path) -> list[Path]:
     """Remove the temporary files and staging folders that interrupted writes left in ``folder``; returns them.
 
-    Those of a process still running are kept; so are those of this process (it may be writing them now).
+    One is stale when the process that wrote it, on this machine, is gone and it has been untouched for a minute
+    (a process in another PID namespace may use the same number), or, written on another machine or named without
+    a process, when it has been untouched for ten minutes. This process's own are kept (it may be writing them now).
     """
     folder = Path(folder)
     removed = []
@@ -72,20 +83,18 @@ def remove_stale_temporaries(folder: str | Path) -> list[Path]:
         return removed
     for entry in entries:
         match = _TEMPORARY.fullmatch(entry.name)
-        if match is None or not _is_stale(entry, match.group("pid")):
+        if match is None or not _is_stale(entry, match.group("host"), match.group("pid")):
             continue
         _remove(entry)
         removed.append(entry)
     return removed
 
 
-def _is_stale(entry: Path, pid: str | None) -> bool:
-    if pid is None:
-        try:
-            return time.time() - entry.lstat().st_mtime > LEGACY_STALE_AFTER_S
-        except OSError:
-            return False
-    if int(pid) == os.getpid():
+def _is_stale(entry: Path, host: str | None, pid: str | None) -> bool:
+    age = time.time() - _last_touched(entry)
+    if pid is None or host != _HOST:
+        return age > UNKNOWN_STALE_AFTER_S
+    if int(pid) == os.getpid() or age <= DEAD_STALE_AFTER_S:
         return False
     try:
         os.kill(int(pid), 0)
@@ -94,6 +103,17 @@ def _is_stale(entry: Path, pid: str | None) -> bool:
     except (PermissionError, OverflowError, ValueError):
         return False  # alive under another user, or not a process id at all: leave it
     return False
+
+
+def _last_touched(entry: Path) -> float:
+    """The newest modification time of ``entry`` and, for a staging folder, of what it holds."""
+    try:
+        times = [entry.lstat().st_mtime]
+        if entry.is_dir() and not entry.is_symlink():
+            times += [path.lstat().st_mtime for path in entry.rglob("*")]
+    except OSError:
+        return time.time()  # vanishing as we look: someone is at work on it
+    return max(times)
 
 
 def _remove(path: Path) -> None:

@@ -249,21 +249,27 @@ def registration(env_id: str) -> dict[str, Any]:
     """How ``env_id`` is registered with Gymnasium, as JSON-compatible data: its entry point, keyword arguments and
     time limit (what builds the env: a resumed run checks it is unchanged)."""
     spec = env_spec(env_id)
-    entry_point = spec.entry_point
-    if not isinstance(entry_point, str):  # a class or function: named the way an entry-point string names it
-        entry_point = (
-            f"{getattr(entry_point, '__module__', '?')}:{getattr(entry_point, '__qualname__', entry_point)}"
-        )
     return json.loads(
         json.dumps(
             {
-                "entry_point": entry_point,
+                "entry_point": _stable_name(spec.entry_point),
                 "kwargs": spec.kwargs,
                 "max_episode_steps": spec.max_episode_steps,
             },
-            default=repr,
+            default=_stable_name,
         )
     )
+
+
+def _stable_name(value: Any) -> Any:
+    """A name for a registration value that is the same in every process: strings as they are, classes and
+    functions as ``module:qualname`` (an entry-point string's form), other objects by their type (their repr may
+    hold a memory address)."""
+    if isinstance(value, str):
+        return value
+    if callable(value) and hasattr(value, "__qualname__"):
+        return f"{getattr(value, '__module__', '?')}:{value.__qualname__}"
+    return f"<{type(value).__module__}.{type(value).__qualname__}>"
 
 
 def _to_same_step(vector_env: gym.vector.VectorEnv) -> gym.vector.VectorEnv:

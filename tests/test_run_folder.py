@@ -7,6 +7,7 @@ import math
 import os
 import subprocess
 import sys
+import time
 from datetime import datetime, timedelta
 from pathlib import Path
 
@@ -14,7 +15,7 @@ import gymnasium as gym
 import pytest
 from run_helpers import interrupt_at
 
-from agents import Agent
+from agents import Agent, files
 from agents.files import remove_stale_temporaries, write_text
 from errors import InputError, WriteError
 from recipes import dqn, ppo
@@ -168,24 +169,37 @@ def test_resume_refuses_an_env_registered_with_other_settings(tmp_path):
 
 
 def test_stale_temporaries_of_dead_processes_are_removed_at_the_next_save(tmp_path):
-    hex32 = "0123456789abcdef" * 2
-    stale_file = tmp_path / f".agent.ckpt.writing-{dead_pid()}-{hex32}.ckpt"
-    stale_stage = tmp_path / f"..agent.ckpt.writing-{dead_pid()}-{hex32}.ckpt.stage-{hex32}"
-    live = tmp_path / f".agent.ckpt.writing-{os.getppid()}-{hex32}.ckpt"  # a process that is running
-    legacy_old, legacy_new = (
-        tmp_path / f".resume.ckpt.writing-{hex32}",
-        tmp_path / f".agent.ckpt.writing-{'f' * 32}",
+    hex32, host, other = (
+        "0123456789abcdef" * 2,
+        files._HOST,
+        "ffffffff" if files._HOST != "ffffffff" else "eeeeeeee",
     )
-    unrelated = tmp_path / ".agent.ckpt.writing-notes"
-    for path in (stale_file, live, legacy_old, legacy_new, unrelated):
+    old = [  # untouched for two minutes or more
+        stale_file := tmp_path / f".agent.ckpt.writing-{host}-{dead_pid()}-{hex32}.ckpt",
+        live := tmp_path
+        / f".agent.ckpt.writing-{host}-{os.getppid()}-{hex32}.ckpt",  # a process that is running
+        other_recent := tmp_path / f".best_agent.ckpt.writing-{other}-{dead_pid()}-{hex32}.ckpt",
+        unnamed_old := tmp_path / f".resume.ckpt.writing-{hex32}",
+        unrelated := tmp_path / ".agent.ckpt.writing-notes",
+    ]
+    dead_recent = (
+        tmp_path / f".summary.json.writing-{host}-{dead_pid()}-{hex32}.json"
+    )  # maybe another namespace's
+    other_old = tmp_path / f".video.mp4.writing-{other}-1-{hex32}.mp4"
+    stale_stage = tmp_path / f"..agent.ckpt.writing-{host}-{dead_pid()}-{hex32}.ckpt.stage-{hex32}"
+    for path in (*old, dead_recent, other_old):
         path.write_bytes(b"x" * 1000)
     stale_stage.mkdir()
     (stale_stage / "manifest.json").write_text("{}")
-    os.utime(legacy_old, (0, 0))  # untouched for decades
+    for path in (*old, stale_stage, stale_stage / "manifest.json"):
+        os.utime(path, (time.time() - 120, time.time() - 120))
+    os.utime(unnamed_old, (0, 0))
+    os.utime(other_old, (0, 0))
     agent = Agent.build("CartPole-v1", gym.spaces.Box(-1, 1, (4,)), gym.spaces.Discrete(2), "test")
     agent.save(tmp_path / "agent.ckpt")
-    assert not stale_file.exists() and not stale_stage.exists() and not legacy_old.exists()
-    assert live.exists() and legacy_new.exists() and unrelated.exists()
+    removed = (stale_file, stale_stage, unnamed_old, other_old)
+    kept = (live, other_recent, dead_recent, unrelated)
+    assert not any(path.exists() for path in removed) and all(path.exists() for path in kept)
     assert remove_stale_temporaries(tmp_path) == []
 
 
@@ -263,3 +277,59 @@ def test_loading_extracts_only_into_a_temporary_folder_it_removes(tmp_path, monk
         "agent.ckpt",
         "scratch",
     ]
+
+
+def test_a_failed_resume_into_an_overwrite_target_leaves_the_target_alone(tmp_path, monkeypatch):
+    source, target = tmp_path / "source", tmp_path / "target"
+    ppo.main(tiny_ppo(source, checkpoint_every=256))
+    ppo.main(tiny_ppo(target))
+    before = sorted(path.name for path in target.iterdir())
+
+    def broken(self, state):
+        raise KeyError("optimizers")
+
+    monkeypatch.setattr(TrainingState, "load_state_dict", broken)
+    with pytest.raises(InputError, match="does not fit this run"):
+        ppo.main(tiny_ppo(target, resume=source, checkpoint_every=256, overwrite=True))
+    assert sorted(path.name for path in target.iterdir()) == before
+
+
+def test_logger_folders_alone_are_not_a_run_and_are_never_removed(tmp_path):
+    (tmp_path / "csv").mkdir()
+    (tmp_path / "csv" / "measurements.csv").write_text("mine")
+    (tmp_path / "wandb" / "run-otherproject").mkdir(parents=True)
+    ppo.main(tiny_ppo(tmp_path, overwrite=True, logger="none"))
+    assert (tmp_path / "csv" / "measurements.csv").read_text() == "mine"
+    assert (tmp_path / "wandb" / "run-otherproject").is_dir() and (tmp_path / "summary.json").exists()
+
+
+def test_of_two_runs_claiming_one_folder_the_second_is_refused(tmp_path):
+    from training.outputs import prepare_run_folder
+
+    run = RunConfig(output_dir=tmp_path / "run")
+    assert prepare_run_folder("ppo", run, resumed=False) == tmp_path / "run"  # claimed: config.json exists
+    with pytest.raises(InputError, match="already holds a run"):
+        prepare_run_folder("dqn", run, resumed=False)
+
+
+def test_resume_accepts_an_env_registered_with_a_function_in_its_kwargs(tmp_path):
+    from envs.vector import registration
+
+    env_id = "RunFolderTestShaped-v0"
+
+    def shaping(reward):
+        return reward
+
+    gym.register(
+        env_id, entry_point="gymnasium.envs.classic_control:CartPoleEnv", kwargs={"render_mode": None}
+    )
+    try:
+        gym.registry[env_id].kwargs["reward_fn"] = (
+            shaping  # stored as module:qualname, the same in every process
+        )
+        assert registration(env_id)["kwargs"]["reward_fn"].endswith(
+            ":test_resume_accepts_an_env_registered_with_a_function_in_its_kwargs.<locals>.shaping"
+        )
+        assert registration(env_id) == registration(env_id)
+    finally:
+        gym.registry.pop(env_id, None)

@@ -32,9 +32,14 @@ RUN_FOLDERS = ("csv", "wandb")  # the loggers' files
 
 
 def run_files(folder: Path) -> list[str]:
-    """The names of the run outputs ``folder`` holds (files or links of :data:`RUN_FILES`, :data:`RUN_FOLDERS`)."""
-    names = RUN_FILES + RUN_FOLDERS
-    return [name for name in names if (folder / name).exists() or (folder / name).is_symlink()]
+    """The names of the run outputs ``folder`` holds: files (or links) of :data:`RUN_FILES`, and then the loggers'
+    :data:`RUN_FOLDERS` beside them (a ``csv/`` or ``wandb/`` folder alone is not a run: it may be anyone's)."""
+
+    def present(name: str) -> bool:
+        return (folder / name).exists() or (folder / name).is_symlink()
+
+    files = [name for name in RUN_FILES if present(name)]
+    return files + [name for name in RUN_FOLDERS if present(name)] if files else []
 
 
 def prepare_run_folder(algorithm: str, run: RunConfig, resumed: bool) -> Path:
@@ -65,13 +70,26 @@ def prepare_run_folder(algorithm: str, run: RunConfig, resumed: bool) -> Path:
         clear_run(folder)
     _check_writable(folder)
     _refuse_links_in_log_folders(folder)
+    if not continues_here:
+        _claim(folder)
     return folder
 
 
+def _claim(folder: Path) -> None:
+    """Create ``config.json`` exclusively (the run replaces it with its content): of two runs started at once on
+    the same folder, one gets it and the other is refused."""
+    try:
+        os.close(os.open(folder / "config.json", os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
+    except FileExistsError:
+        raise InputError(
+            f"{folder} already holds a run (another run has just claimed it); choose another --output-dir."
+        ) from None
+
+
 def clear_run(folder: Path) -> None:
-    """Remove a run's outputs from ``folder`` (the files and folders a run writes, links among them included),
-    leaving everything else there."""
-    for name in RUN_FILES + RUN_FOLDERS:
+    """Remove a run's outputs from ``folder`` (those :func:`run_files` finds, links among them included), leaving
+    everything else there."""
+    for name in run_files(folder):
         path = folder / name
         if path.is_symlink() or path.is_file():
             path.unlink()
@@ -113,6 +131,7 @@ def _fresh_folder(algorithm: str, run: RunConfig) -> Path:
             raise InputError(
                 f"Cannot create the run folder {folder} ({error.strerror}); pass --output-dir."
             ) from None
+        _claim(folder)
         return folder
     raise InputError(f"Too many runs named {base}-N; pass --output-dir.")
 
