@@ -6,7 +6,7 @@ from agents.continuous import make_deterministic_actor, make_exploration_env, ma
 from agents.gsde import make_gsde_actor, make_gsde_env
 from agents.loss_addons import KLPenalty, LossAddon, addon_losses, build_loss_addons, trainable_parameters
 from agents.networks import find_normalizer, input_encoder, make_actor, make_critic, make_mlp
-from agents.normalization import ObservationNormalizer
+from agents.normalization import ObservationNormalizer, RewardNormalizer
 from agents.qvalue import (
     TRANSITION_KEYS,
     DuelingHead,
@@ -35,6 +35,7 @@ __all__ = [
     "ObservationNormalizer",
     "QTable",
     "RandomNetworkDistillation",
+    "RewardNormalizer",
     "TensorDDPGLoss",
     "TensorDQNLoss",
     "TensorSACLoss",

@@ -93,6 +93,19 @@ def trainable_parameters(*modules: nn.Module) -> list[nn.Parameter]:
     return parameters
 
 
+def split_parameters(
+    first: list[nn.Module], rest: list[nn.Module]
+) -> tuple[list[nn.Parameter], list[nn.Parameter]]:
+    """The trainable parameters of the ``first`` modules, and those of the ``rest`` that are not among them: e.g.
+    an actor's and a critic's, for separate learning rates when the loss module holds both (a shared encoder
+    goes with the first)."""
+    first_parameters = trainable_parameters(*first)
+    seen = {id(parameter) for parameter in first_parameters}
+    return first_parameters, [
+        parameter for parameter in trainable_parameters(*rest) if id(parameter) not in seen
+    ]
+
+
 class KLPenalty(LossModule):
     """Penalise the divergence of the trained policy from a fixed reference policy.
 

@@ -57,3 +57,61 @@ class ObservationNormalizer(nn.Module):
         mean = self.mean.to(observation.dtype)
         std = torch.sqrt(self.var + self.epsilon).to(observation.dtype)
         return ((observation - mean) / std).clamp(-self.clip, self.clip)
+
+
+class RewardNormalizer(nn.Module):
+    """Scales rewards by the running standard deviation of the discounted return, as Stable-Baselines3's
+    ``VecNormalize(norm_reward=True)`` does: each env's return ``R <- gamma R + r`` (reset at episode ends) feeds
+    running statistics, and rewards are divided by their standard deviation (not centred, which would change the
+    task) and clipped to ``[-clip, clip]``. The critic then fits values of order one whatever the reward scale.
+
+    Only the training batch is scaled: the logged episode returns and every evaluation keep the env's rewards.
+    The statistics and the running returns are buffers, saved in resume checkpoints with the rest of the
+    training state.
+
+    Args:
+        num_envs: envs stepped together (rows of the collected batch).
+        gamma: discount of the running return (the algorithm's).
+        clip: bound on the absolute scaled reward.
+        epsilon: added to the variance before the square root.
+
+    Examples:
+        >>> normalizer = RewardNormalizer(num_envs=2, gamma=0.99)
+        >>> reward = torch.full((2, 100, 1), 50.0)
+        >>> scaled = normalizer(reward, torch.zeros(2, 100, 1, dtype=torch.bool))
+        >>> bool(scaled.abs().max() < 10)
+        True
+    """
+
+    def __init__(self, num_envs: int, gamma: float, clip: float = 10.0, epsilon: float = 1e-8):
+        super().__init__()
+        self.gamma = gamma
+        self.clip = clip
+        self.statistics = ObservationNormalizer((), clip=clip, epsilon=epsilon)
+        self.register_buffer("returns", torch.zeros(num_envs, dtype=torch.float64))
+
+    @torch.no_grad()
+    def forward(self, reward: torch.Tensor, done: torch.Tensor) -> torch.Tensor:
+        """The scaled rewards of a batch ``[envs, time, 1]`` (``done``: the episode ended at that step); updates
+        the statistics with the batch's returns first."""
+        rows = self.returns.shape[0]
+        if reward.dim() < 2 or reward.shape[0] != rows:
+            raise ValueError(
+                f"RewardNormalizer expects rewards shaped [envs={rows}, time, ...], got {tuple(reward.shape)}."
+            )
+        steps = reward.reshape(rows, reward.shape[1], -1)[..., 0].to(torch.float64)
+        ended = done.reshape(rows, done.shape[1], -1)[..., 0]
+        returns = torch.empty_like(steps)
+        running = self.returns.to(steps.device)
+        for t in range(steps.shape[1]):
+            running = running * self.gamma + steps[:, t]
+            returns[:, t] = running
+            running = running.masked_fill(ended[:, t], 0.0)
+        self.returns.copy_(running)
+        self.statistics.update(returns.reshape(-1))
+        std = torch.sqrt(self.statistics.var + self.statistics.epsilon)
+        return (reward / std.to(reward.dtype)).clamp(-self.clip, self.clip)
+
+    def normalize(self, batch) -> None:
+        """Scale a collected batch's ``("next", "reward")`` in place."""
+        batch.set(("next", "reward"), self(batch.get(("next", "reward")), batch.get(("next", "done"))))

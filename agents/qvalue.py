@@ -22,6 +22,7 @@ from torchrl.objectives.value import TD0Estimator
 from torchrl.objectives.value.functional import td0_return_estimate
 
 from agents.networks import ACTIVATIONS, observation_encoder
+from agents.options import Options
 from errors import InputError, check_ranges
 
 DONE_KEYS = ("done", "terminated", "truncated")
@@ -34,7 +35,7 @@ N_STEP_WORKING_KEYS = ("gamma", "nonterminal", ("next", "original_reward"))
 
 
 @dataclass
-class ExplorationConfig:
+class ExplorationConfig(Options):
     """Epsilon-greedy exploration annealed linearly (value-based recipes)."""
 
     initial_epsilon: float = 1.0

@@ -10,15 +10,18 @@ optional linear learning-rate annealing. Actor and critic are separate networks,
 with ``--shared-network``. Discrete (categorical policy) and Box (tanh-normal policy) action spaces; for Box
 actions, --use-sde explores with gSDE instead (Raffin et al., 2021, arXiv:2005.05719; agents/gsde.py).
 
-The defaults (16 envs x 8 steps, RMSprop 2e-3, no entropy bonus) solve CartPole-v1 (deterministic evaluation
-mean >= 475 over 20 episodes) within the 200k-frame budget: at 40k, 50k, 50k, 10k and 30k frames for seeds
-0-4, 3-17 s on one core of a shared 2-core CPU (``--shared-network``: 190k for seed 0). Pendulum-v1 reaches
--180 to -197 at 100k-150k frames for seeds 0-4 (9-20 s; a random policy scores about -1200) with the settings
-in README.md: 128 envs x 4 steps, gamma 0.9, GAE lambda 0.95, rewards scaled by 0.1 (the critic cannot fit
-returns of -100 in a few hundred updates otherwise), entropy bonus 0.01 (without it 3 seeds of 6 collapsed to
-a saturated policy near -1600), RMSprop 3e-3, observation normalisation.
+Each env's preset (recipes/presets/a2c.toml, --list-presets) fills in the options not given; an env without
+one gets the defaults below (Stable-Baselines3's: 8 envs x 5 steps, RMSprop 7e-4, 64x64 tanh). CartPole-v1's preset
+(16 envs x 8 steps, RMSprop 2e-3, no entropy bonus) solves it (deterministic evaluation mean >= 475 over 20
+episodes) within its 200k-frame budget: at 40k, 50k, 50k, 10k and 30k frames for seeds 0-4, 3-17 s on one core
+of a shared 2-core CPU (``--shared-network``: 190k for seed 0). Pendulum-v1's preset reaches -180 to -197 at
+100k-150k frames for seeds 0-4 (9-20 s; a random policy scores about -1200): 128 envs x 4 steps, gamma 0.9, GAE
+lambda 0.95, rewards scaled by 0.1 (the critic cannot fit returns of -100 in a few hundred updates otherwise),
+entropy bonus 0.01 (without it 3 seeds of 6 collapsed to a saturated policy near -1600), RMSprop 3e-3,
+observation normalisation.
 
-    python -m recipes.a2c                      # CartPole-v1
+    python -m recipes.a2c                      # CartPole-v1, with its preset
+    python -m recipes.a2c --list-presets       # every preset
     python -m recipes.a2c --help               # every option
 """
 
@@ -26,6 +29,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Literal
 
 import torch
@@ -35,6 +39,7 @@ from torchrl.objectives.value import GAE, TD1Estimator
 
 from agents import (
     Agent,
+    RewardNormalizer,
     find_normalizer,
     input_encoder,
     make_actor,
@@ -43,12 +48,14 @@ from agents import (
     make_gsde_env,
 )
 from agents.gsde import check_sde_options
-from agents.loss_addons import LossAddon, addon_losses, build_loss_addons, trainable_parameters
+from agents.loss_addons import LossAddon, addon_losses, build_loss_addons, split_parameters
+from agents.options import Options, defaults
 from agents.policy_gradient import make_shared_critic
 from training import (
     Run,
     RunConfig,
     TrainingState,
+    apply_preset,
     check_ranges,
     make_collector,
     make_training_env,
@@ -59,18 +66,20 @@ from training import (
     single_collector_only,
 )
 
-# RMSprop as in Stable-Baselines3's A2C (smoothing constant and epsilon of the squared-gradient average)
-RMSPROP_ALPHA, RMSPROP_EPS = 0.99, 1e-5
+PRESETS = Path(__file__).with_name("presets") / "a2c.toml"  # hyperparameters per env
+
+# RMSprop as in Stable-Baselines3's A2C (smoothing constant of the squared-gradient average)
+RMSPROP_ALPHA = 0.99
 
 
 @dataclass
-class CollectorConfig:
-    steps_per_env: int = 8
+class CollectorConfig(Options):
+    steps_per_env: int = 5
     """Steps each env takes per update: the n of the n-step returns (frames per batch = num_envs * n)."""
 
 
 @dataclass
-class LossConfig:
+class LossConfig(Options):
     gamma: float = 0.99
     """Discount factor."""
     gae_lambda: float | None = None
@@ -82,22 +91,30 @@ class LossConfig:
     reward_scale: float = 1.0
     """Multiply rewards by this before computing returns: sets the scale of the values the critic fits (logged
     episode returns stay unscaled)."""
+    normalize_reward: bool = False
+    """Divide rewards by the running standard deviation of the discounted return (Stable-Baselines3's
+    VecNormalize(norm_reward=True)), after --reward-scale; evaluations and logged returns keep the env's rewards."""
 
 
 @dataclass
-class OptimConfig:
+class OptimConfig(Options):
     optimizer: Literal["rmsprop", "adam"] = "rmsprop"
-    """RMSprop (alpha 0.99, eps 1e-5, as in Stable-Baselines3) or Adam."""
-    lr: float = 2e-3
-    """Learning rate."""
+    """RMSprop (alpha 0.99, as in Stable-Baselines3) or Adam."""
+    lr: float = 7e-4
+    """Learning rate (of the actor and, with --shared-network, the shared layers; of the critic unless
+    --critic-lr is given)."""
+    critic_lr: float | None = None
+    """Learning rate of the critic; default: --lr."""
+    optimizer_eps: float = 1e-5
+    """Epsilon of RMSprop or Adam (1e-5 as in Stable-Baselines3)."""
     anneal_lr: bool = False
-    """Anneal the learning rate linearly to 0 over the budget."""
+    """Anneal the learning rates linearly to 0 over the budget."""
     max_grad_norm: float = 0.5
     """Clip the global gradient norm to this value."""
 
 
 @dataclass
-class NetworkConfig:
+class NetworkConfig(Options):
     hidden_sizes: tuple[int, ...] = (64, 64)
     """Hidden layer widths of the actor and of the critic."""
     activation: Literal["tanh", "relu", "elu", "silu"] = "tanh"
@@ -113,11 +130,11 @@ class NetworkConfig:
 
 
 @dataclass
-class A2CConfig:
+class A2CConfig(Options):
     """A2C: synchronous advantage actor-critic with n-step returns."""
 
     run: RunConfig = field(
-        default_factory=lambda: RunConfig(num_envs=16, total_frames=200_000, eval_every=10_000)
+        default_factory=defaults(RunConfig, num_envs=8, total_frames=1_000_000, eval_every=25_000)
     )
     collector: CollectorConfig = field(default_factory=CollectorConfig)
     loss: LossConfig = field(default_factory=LossConfig)
@@ -137,6 +154,8 @@ class A2CConfig:
             entropy_coef=(loss.entropy_coef, ">= 0"),
             critic_coef=(loss.critic_coef, "> 0"),
             reward_scale=(loss.reward_scale, "> 0"),
+            critic_lr=(optim.critic_lr, "> 0"),
+            optimizer_eps=(optim.optimizer_eps, "> 0"),
         )
         check_sde_options(self.network.use_sde, self.network.sde_sample_freq)
         if self.network.use_sde:
@@ -162,7 +181,8 @@ def main(config: A2CConfig, loss_addons: Sequence[LossAddon] = ()) -> dict:
 
     ``loss_addons`` are factories of extra policy-loss terms (:mod:`agents.loss_addons`), as in ``recipes.ppo``.
     """
-    # config
+    # config: the env's preset fills in the options left at their defaults
+    apply_preset(config, PRESETS)
     config.validate()
     run_config, loss_config, optim_config = config.run, config.loss, config.optim
     prepare_process(run_config)
@@ -218,6 +238,11 @@ def main(config: A2CConfig, loss_addons: Sequence[LossAddon] = ()) -> dict:
     )
     advantage_module = make_advantage_module(critic, loss_config.gamma, loss_config.gae_lambda, device)
     addons = build_loss_addons(loss_addons, actor).to(device)  # extra loss terms, e.g. a KL penalty
+    reward_normalizer = (
+        RewardNormalizer(run_config.num_envs, loss_config.gamma).to(device)
+        if loss_config.normalize_reward
+        else None
+    )
 
     # collector
     collector = make_collector(
@@ -229,18 +254,25 @@ def main(config: A2CConfig, loss_addons: Sequence[LossAddon] = ()) -> dict:
         num_batches * frames_per_batch,
     )
 
-    # optimizer
-    parameters = trainable_parameters(loss_module, addons)
+    # optimizer: the actor's (and shared) parameters and the critic's in groups of their own learning rates
+    actor_parameters, critic_parameters = split_parameters([actor, addons], [loss_module])
+    parameters = actor_parameters + critic_parameters
+    learning_rates = [optim_config.lr, optim_config.critic_lr or optim_config.lr]
+    groups = [
+        {"params": actor_parameters, "lr": learning_rates[0]},
+        {"params": critic_parameters, "lr": learning_rates[1]},
+    ]
     if optim_config.optimizer == "rmsprop":
-        optimizer = torch.optim.RMSprop(parameters, lr=optim_config.lr, alpha=RMSPROP_ALPHA, eps=RMSPROP_EPS)
+        optimizer = torch.optim.RMSprop(groups, alpha=RMSPROP_ALPHA, eps=optim_config.optimizer_eps)
     else:
-        optimizer = torch.optim.Adam(parameters, lr=optim_config.lr, eps=1e-5)
+        optimizer = torch.optim.Adam(groups, eps=optim_config.optimizer_eps)
 
     # logger, evaluation, checkpoints, resume
     training = TrainingState(
         env=env,
         collector=collector,
-        modules={"loss": loss_module, "addons": addons},
+        modules={"loss": loss_module, "addons": addons}
+        | ({"reward_normalizer": reward_normalizer} if reward_normalizer is not None else {}),
         optimizers={"optimizer": optimizer},
     )
     run = Run("a2c", config, run_config, agent, training)
@@ -261,10 +293,12 @@ def main(config: A2CConfig, loss_addons: Sequence[LossAddon] = ()) -> dict:
     # loop: one gradient step per collected batch
     for batch_index, batch in enumerate(collector, start=run.frames // frames_per_batch):  # resumed: > 0
         if optim_config.anneal_lr:
-            for group in optimizer.param_groups:
-                group["lr"] = optim_config.lr * (1.0 - batch_index / num_batches)
+            for group, lr in zip(optimizer.param_groups, learning_rates, strict=True):
+                group["lr"] = lr * (1.0 - batch_index / num_batches)
         if reward_scale != 1.0:
             batch.set(("next", "reward"), batch.get(("next", "reward")) * reward_scale)
+        if reward_normalizer is not None:  # the batch's rewards only: logged returns keep the env's
+            reward_normalizer.normalize(batch)
         with torch.no_grad():
             advantage_module(batch)
         losses, grad_norm = update(batch.reshape(-1))
@@ -281,4 +315,4 @@ def main(config: A2CConfig, loss_addons: Sequence[LossAddon] = ()) -> dict:
 
 
 if __name__ == "__main__":
-    run_cli(main, A2CConfig, __doc__)
+    run_cli(main, A2CConfig, __doc__, presets=PRESETS)

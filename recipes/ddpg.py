@@ -10,7 +10,11 @@ evaluation. The first ``--learning-starts`` frames are random actions; then ever
 Noise scales are relative to the half-width of the Box (Stable-Baselines3's convention): on Pendulum-v1's
 ``[-2, 2]``, ``--noise-sigma 0.1`` is a standard deviation of 0.2.
 
-    python -m recipes.ddpg                    # Pendulum-v1, 20k frames, Gaussian noise
+Each env's preset (recipes/presets/ddpg.toml, --list-presets) fills in the options not given; an env without one
+gets the defaults below (400x300 ReLU, Adam 1e-3, batch 256, 10k random frames, as in Stable-Baselines3).
+
+    python -m recipes.ddpg                    # Pendulum-v1, with its preset (20k frames, 64x64), Gaussian noise
+    python -m recipes.ddpg --list-presets     # every preset
     python -m recipes.ddpg --noise ou         # Ornstein-Uhlenbeck noise
     python -m recipes.ddpg --help             # every option
 """
@@ -18,6 +22,7 @@ Noise scales are relative to the half-width of the Box (Stable-Baselines3's conv
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Literal
 
 import torch
@@ -33,12 +38,16 @@ from agents import (
     make_qvalue_critic,
 )
 from agents.continuous import check_box_actions
+from agents.options import Options, defaults
 from errors import InputError
 from training import (
     OffPolicyCollectorConfig,
+    OffPolicyOptimConfig,
     Run,
     RunConfig,
     TrainingState,
+    anneal_learning_rates,
+    apply_preset,
     check_batch_fits_buffer,
     check_ranges,
     make_off_policy_collector,
@@ -51,19 +60,21 @@ from training import (
     warn_if_never_updated,
 )
 
+PRESETS = Path(__file__).with_name("presets") / "ddpg.toml"  # hyperparameters per env
+
 
 @dataclass
-class BufferConfig:
-    buffer_size: int = 200_000
+class BufferConfig(Options):
+    buffer_size: int = 1_000_000
     """Replay buffer capacity in transitions."""
     batch_size: int = 256
     """Transitions per gradient step."""
 
 
 @dataclass
-class LossConfig:
-    gamma: float = 0.98
-    """Discount factor (RL Zoo's Pendulum value)."""
+class LossConfig(Options):
+    gamma: float = 0.99
+    """Discount factor."""
     tau: float = 0.005
     """Polyak rate of the target networks."""
     loss_function: Literal["l2", "smooth_l1"] = "l2"
@@ -71,16 +82,10 @@ class LossConfig:
 
 
 @dataclass
-class OptimConfig:
-    lr: float = 1e-3
-    """Adam learning rate of the actor and of the critic."""
-
-
-@dataclass
-class NetworkConfig:
-    hidden_sizes: tuple[int, ...] = (64, 64)
-    """Hidden layer widths of the actor and of each Q network; enough for Pendulum-v1 and as sample-efficient
-    there as (256, 256) at a third of the cost per update (use (256, 256) or (400, 300) for MuJoCo tasks)."""
+class NetworkConfig(Options):
+    hidden_sizes: tuple[int, ...] = (400, 300)
+    """Hidden layer widths of the actor and of each Q network (the paper's; Pendulum-v1's preset: 64x64, as
+    sample-efficient there at a third of the cost per update)."""
     activation: Literal["relu", "tanh", "elu", "silu"] = "relu"
     """Activation between hidden layers."""
     noise: Literal["gaussian", "ou"] = "gaussian"
@@ -92,21 +97,22 @@ class NetworkConfig:
 
 
 @dataclass
-class DDPGConfig:
+class DDPGConfig(Options):
     """DDPG: deterministic policy gradient with a learned Q function."""
 
     run: RunConfig = field(
-        default_factory=lambda: RunConfig(
+        default_factory=defaults(
+            RunConfig,
             env_id="Pendulum-v1",
             num_envs=1,
-            total_frames=20_000,
-            eval_every=1_000,
+            total_frames=1_000_000,
+            eval_every=25_000,
         )
     )
     collector: OffPolicyCollectorConfig = field(default_factory=OffPolicyCollectorConfig)
     buffer: BufferConfig = field(default_factory=BufferConfig)
     loss: LossConfig = field(default_factory=LossConfig)
-    optim: OptimConfig = field(default_factory=OptimConfig)
+    optim: OffPolicyOptimConfig = field(default_factory=OffPolicyOptimConfig)
     network: NetworkConfig = field(default_factory=NetworkConfig)
 
     def validate(self) -> None:
@@ -114,7 +120,8 @@ class DDPGConfig:
         self.run.validate()
         buffer, loss = self.buffer, self.loss
         require_positive(buffer_size=buffer.buffer_size, batch_size=buffer.batch_size)
-        check_ranges(lr=(self.optim.lr, "> 0"), gamma=(loss.gamma, "(0, 1]"), tau=(loss.tau, "(0, 1]"))
+        check_ranges(gamma=(loss.gamma, "(0, 1]"), tau=(loss.tau, "(0, 1]"))
+        self.optim.validate()
         self.collector.validate()
         check_batch_fits_buffer(buffer.batch_size, buffer.buffer_size)
         if self.network.noise == "ou":
@@ -125,7 +132,8 @@ class DDPGConfig:
 @recipe_main
 def main(config: DDPGConfig) -> dict:
     """Train DDPG as configured and return the run summary (see ``training.run``)."""
-    # config
+    # config: the env's preset fills in the options left at their defaults
+    apply_preset(config, PRESETS)
     config.validate()
     run_config, buffer_config, loss_config, network_config = (
         config.run,
@@ -190,12 +198,11 @@ def main(config: DDPGConfig) -> dict:
     )
 
     # optimizer
-    actor_optimizer = torch.optim.Adam(
-        loss_module.actor_network_params.values(True, True), lr=config.optim.lr
-    )
-    critic_optimizer = torch.optim.Adam(
-        loss_module.value_network_params.values(True, True), lr=config.optim.lr
-    )
+    optim_config = config.optim
+    actor_parameters = list(loss_module.actor_network_params.values(True, True))
+    critic_parameters = list(loss_module.value_network_params.values(True, True))
+    actor_optimizer = optim_config.adam(actor_parameters, actor=True)
+    critic_optimizer = optim_config.adam(critic_parameters)
 
     # logger, evaluation, checkpoints, resume
     training = TrainingState(
@@ -208,12 +215,17 @@ def main(config: DDPGConfig) -> dict:
     run = Run("ddpg", config, run_config, agent, training)
 
     learning_starts = config.collector.learning_starts
+    max_grad_norm = optim_config.max_grad_norm
+    clip = max_grad_norm != float("inf")
 
     def update(sample):
         loss = loss_module(sample)
         actor_optimizer.zero_grad(set_to_none=True)
         critic_optimizer.zero_grad(set_to_none=True)
         (loss["loss_actor"] + loss["loss_value"]).backward()  # each term reaches only its own network
+        if clip:
+            torch.nn.utils.clip_grad_norm_(actor_parameters, max_grad_norm)
+            torch.nn.utils.clip_grad_norm_(critic_parameters, max_grad_norm)
         actor_optimizer.step()
         critic_optimizer.step()
         target_updater.step()
@@ -225,6 +237,12 @@ def main(config: DDPGConfig) -> dict:
         frames += batch.numel()
         replay_buffer.extend(batch.select(*TRANSITION_KEYS).reshape(-1))
         metrics = {}
+        if optim_config.anneal_lr:
+            anneal_learning_rates(
+                [actor_optimizer, critic_optimizer],
+                [optim_config.actor_learning_rate, optim_config.lr],
+                frames / run_config.total_frames,
+            )
         if frames >= learning_starts and len(replay_buffer) >= buffer_config.batch_size:
             losses = torch.stack([update(replay_buffer.sample()) for _ in range(updates_per_batch)])
             metrics = {f"train/{key}": value.item() for key, value in losses.mean().items()}
@@ -237,4 +255,4 @@ def main(config: DDPGConfig) -> dict:
 
 
 if __name__ == "__main__":
-    run_cli(main, DDPGConfig, __doc__)
+    run_cli(main, DDPGConfig, __doc__, presets=PRESETS)

@@ -12,11 +12,14 @@ combination:
     --prioritized   prioritized replay (alpha, beta annealed to 1, importance weights in the loss)
     --variant rainbow   all of the above (with the --n-steps N of the run)
 
-Discrete action spaces only. The defaults solve CartPole-v1 (deterministic evaluation mean >= 475 over 20
-episodes) within 50k frames (8k, 25k, 8k, 18k, 27k and 29k for seeds 0-5, 3.5-12 s on two CPU cores);
-image observations (Atari) get the Nature CNN.
+Discrete action spaces only. Each env's preset (recipes/presets/dqn.toml, --list-presets) fills in the options
+not given; an env without one gets the defaults below (Mnih et al.'s and Stable-Baselines3's: Adam 1e-4, batch
+32, one gradient step per 4 frames, target copied every 2500 steps, 10% of the budget exploring). CartPole-v1's
+preset solves it (deterministic evaluation mean >= 475 over 20 episodes) within 50k frames (8k, 25k, 8k, 18k,
+27k and 29k for seeds 0-5, 3.5-12 s on two CPU cores); image observations (Atari) get the Nature CNN.
 
-    python -m recipes.dqn                          # CartPole-v1
+    python -m recipes.dqn                          # CartPole-v1, with its preset
+    python -m recipes.dqn --list-presets           # every preset
     python -m recipes.dqn --variant rainbow
     python -m recipes.dqn --help                   # every option
 """
@@ -24,6 +27,7 @@ image observations (Atari) get the Nature CNN.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Literal
 
 import gymnasium as gym
@@ -41,11 +45,14 @@ from agents import (
     make_q_actor,
     make_target_updater,
 )
+from agents.options import Options, defaults
 from errors import InputError
 from training import (
     Run,
     RunConfig,
     TrainingState,
+    anneal_learning_rates,
+    apply_preset,
     check_batch_fits_buffer,
     check_ranges,
     make_collector,
@@ -57,22 +64,24 @@ from training import (
     warn_if_never_updated,
 )
 
+PRESETS = Path(__file__).with_name("presets") / "dqn.toml"  # hyperparameters per env
+
 
 @dataclass
-class CollectorConfig:
+class CollectorConfig(Options):
     steps_per_env: int = 32
     """Steps each env takes per collected batch (frames per batch = num_envs * steps_per_env)."""
     updates_per_batch: int = 64
     """Gradient steps after each collected batch."""
-    learning_starts: int = 1_000
+    learning_starts: int = 10_000
     """Frames collected before the first update."""
 
 
 @dataclass
-class BufferConfig:
+class BufferConfig(Options):
     buffer_size: int = 100_000
     """Replay buffer capacity in transitions."""
-    batch_size: int = 128
+    batch_size: int = 32
     """Transitions per gradient step."""
     n_steps: int = 3
     """Multi-step return length (1: one-step TD targets)."""
@@ -85,30 +94,34 @@ class BufferConfig:
 
 
 @dataclass
-class LossConfig:
+class LossConfig(Options):
     gamma: float = 0.99
     """Discount factor."""
     double: bool = False
     """Double DQN (van Hasselt et al., 2016)."""
     loss_function: Literal["smooth_l1", "l2"] = "smooth_l1"
     """TD-error loss: Huber or squared error."""
-    target_update_interval: int = 128
+    target_update_interval: int = 2_500
     """Gradient steps between hard copies of the online network into the target network."""
     tau: float = 1.0
     """1: hard target updates every target_update_interval steps; below 1: Polyak averaging every step."""
 
 
 @dataclass
-class OptimConfig:
-    lr: float = 3e-3
+class OptimConfig(Options):
+    lr: float = 1e-4
     """Adam learning rate."""
+    anneal_lr: bool = False
+    """Anneal the learning rate linearly to 0 over the budget."""
+    adam_eps: float = 1e-8
+    """Adam's epsilon."""
     max_grad_norm: float = 10.0
     """Clip the global gradient norm to this value."""
 
 
 @dataclass
-class NetworkConfig:
-    hidden_sizes: tuple[int, ...] = (128, 128)
+class NetworkConfig(Options):
+    hidden_sizes: tuple[int, ...] = (64, 64)
     """Hidden layer widths of the Q-network (after the CNN for image observations)."""
     activation: Literal["relu", "tanh", "elu", "silu"] = "relu"
     """Activation between hidden layers."""
@@ -121,18 +134,18 @@ class NetworkConfig:
 
 
 @dataclass
-class DQNConfig:
+class DQNConfig(Options):
     """DQN with Double, Dueling, Noisy, N-step and Prioritized-replay options."""
 
     run: RunConfig = field(
-        default_factory=lambda: RunConfig(num_envs=8, total_frames=50_000, eval_every=2_048)
+        default_factory=defaults(RunConfig, num_envs=8, total_frames=1_000_000, eval_every=25_000)
     )
     variant: Literal["dqn", "rainbow"] = "dqn"
     """'rainbow' switches on double, dueling, noisy and prioritized (n-step returns are on by default)."""
     collector: CollectorConfig = field(default_factory=CollectorConfig)
     buffer: BufferConfig = field(default_factory=BufferConfig)
     exploration: ExplorationConfig = field(
-        default_factory=lambda: ExplorationConfig(final_epsilon=0.04, exploration_fraction=0.16)
+        default_factory=defaults(ExplorationConfig, final_epsilon=0.05, exploration_fraction=0.1)
     )
     loss: LossConfig = field(default_factory=LossConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
@@ -172,6 +185,7 @@ class DQNConfig:
         )
         check_ranges(
             lr=(optim.lr, "> 0"),
+            adam_eps=(optim.adam_eps, "> 0"),
             max_grad_norm=(optim.max_grad_norm, "> 0"),
             gamma=(loss.gamma, "(0, 1]"),
             tau=(loss.tau, "(0, 1]"),
@@ -186,7 +200,8 @@ class DQNConfig:
 @recipe_main
 def main(config: DQNConfig) -> dict:
     """Train DQN as configured and return the run summary (see ``training.run``)."""
-    # config
+    # config: the env's preset fills in the options left at their defaults
+    apply_preset(config, PRESETS)
     config.validate()
     run_config, buffer_config, loss_config = config.run, config.buffer, config.loss
     prepare_process(run_config)
@@ -267,7 +282,9 @@ def main(config: DQNConfig) -> dict:
 
     # optimizer
     parameters = [p for p in loss_module.value_network_params.values(True, True) if p.requires_grad]
-    optimizer = torch.optim.Adam(parameters, lr=config.optim.lr, fused=device.type in ("cpu", "cuda"))
+    optimizer = torch.optim.Adam(
+        parameters, lr=config.optim.lr, eps=config.optim.adam_eps, fused=device.type in ("cpu", "cuda")
+    )
 
     # logger, evaluation, checkpoints, resume
     training = TrainingState(
@@ -303,6 +320,9 @@ def main(config: DQNConfig) -> dict:
         epsilon_greedy.eps.fill_(exploration.epsilon(frames, run_config.total_frames))
         n_step_returns.extend(replay_buffer, batch)
         metrics = {"train/epsilon": epsilon_greedy.eps.item()}
+        if config.optim.anneal_lr:
+            anneal_learning_rates([optimizer], [config.optim.lr], frames / run_config.total_frames)
+            metrics["train/lr"] = optimizer.param_groups[0]["lr"]
         if frames >= learning_starts and len(replay_buffer) >= batch_size:
             if prioritized:
                 sampler.beta = buffer_config.beta + (1.0 - buffer_config.beta) * min(
@@ -334,4 +354,4 @@ def main(config: DQNConfig) -> dict:
 
 
 if __name__ == "__main__":
-    run_cli(main, DQNConfig, __doc__)
+    run_cli(main, DQNConfig, __doc__, presets=PRESETS)

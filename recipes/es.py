@@ -25,6 +25,7 @@ generations and time it takes.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Literal
 
 import torch
@@ -38,6 +39,7 @@ from training import (
     Run,
     RunConfig,
     TrainingState,
+    apply_preset,
     check_ranges,
     make_training_env,
     prepare_process,
@@ -45,11 +47,14 @@ from training import (
     require_positive,
     run_cli,
 )
+
+PRESETS = Path(__file__).with_name("presets") / "es.toml"  # hyperparameters per env
+from agents.options import Options, defaults
 from training.distributed import RayPopulationEvaluator
 
 
 @dataclass
-class SearchConfig:
+class SearchConfig(Options):
     sigma: float = 0.1
     """Standard deviation of the parameter perturbations."""
     episodes_per_member: int = 1
@@ -59,7 +64,7 @@ class SearchConfig:
 
 
 @dataclass
-class OptimConfig:
+class OptimConfig(Options):
     lr: float = 0.03
     """Adam step size on the estimated gradient."""
     weight_decay: float = 0.005
@@ -67,7 +72,7 @@ class OptimConfig:
 
 
 @dataclass
-class NetworkConfig:
+class NetworkConfig(Options):
     hidden_sizes: tuple[int, ...] = (32, 32)
     """Hidden layer widths of the policy."""
     activation: Literal["tanh", "relu", "elu", "silu"] = "relu"
@@ -78,7 +83,7 @@ class NetworkConfig:
 
 
 @dataclass
-class WorkerConfig:
+class WorkerConfig(Options):
     worker_timeout_s: float = 600.0
     """Longest wait for a Ray worker's share of a generation before the run stops with an error
     (--collector-backend ray)."""
@@ -87,14 +92,14 @@ class WorkerConfig:
 
 
 @dataclass
-class ESConfig:
+class ESConfig(Options):
     """Evolution Strategies: antithetic Gaussian search with rank shaping and Adam.
 
     --num-envs is the population size (even: antithetic pairs); the batched env holds num-envs x
     episodes-per-member envs."""
 
     run: RunConfig = field(
-        default_factory=lambda: RunConfig(num_envs=32, total_frames=2_000_000, eval_every=20_000)
+        default_factory=defaults(RunConfig, num_envs=32, total_frames=2_000_000, eval_every=20_000)
     )
     search: SearchConfig = field(default_factory=SearchConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
@@ -125,7 +130,8 @@ class ESConfig:
 @recipe_main
 def main(config: ESConfig) -> dict:
     """Train ES as configured and return the run summary (see ``training.run``)."""
-    # config
+    # config: the env's preset fills in the options left at their defaults
+    apply_preset(config, PRESETS)
     config.validate()
     run_config, search_config, optim_config = config.run, config.search, config.optim
     prepare_process(run_config)
@@ -240,4 +246,4 @@ def main(config: ESConfig) -> dict:
 
 
 if __name__ == "__main__":
-    run_cli(main, ESConfig, __doc__)
+    run_cli(main, ESConfig, __doc__, presets=PRESETS)

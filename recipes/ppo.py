@@ -5,12 +5,16 @@ Clipped surrogate objective with GAE advantages, entropy bonus and a value loss,
 advantage normalisation. Discrete (categorical policy) and Box (tanh-normal policy) action spaces; for Box
 actions, --use-sde explores with gSDE instead (Raffin et al., 2021, arXiv:2005.05719; agents/gsde.py).
 
-The defaults solve CartPole-v1 (deterministic evaluation mean >= 475 over 20 episodes) within 4k-40k frames (seed-dependent),
-a few seconds on a 2-core CPU. Pendulum-v1 reaches about -180 after 100k of the 200k frames of the settings in README.md
-(16 envs x 128 steps, 10 epochs, lr 1e-3, gamma 0.9, observation normalisation); adding --use-sde
---sde-sample-freq 4 gives -181 to -206 (seeds 0-2) at 102k frames.
+Each env's preset (recipes/presets/ppo.toml, --list-presets) fills in the options not given; an env without
+one gets the defaults below (Stable-Baselines3's and the paper's MuJoCo settings: 1 env x 2048 steps, 10 epochs of
+64, Adam 3e-4, 64x64 tanh). CartPole-v1's preset solves it (deterministic evaluation mean >= 475 over 20
+episodes) within 4k-40k frames (seed-dependent), a few seconds on a 2-core CPU; Pendulum-v1's reaches about -180
+after 100k of its 200k frames (16 envs x 128 steps, 10 epochs, lr 1e-3, gamma 0.9, observation normalisation);
+adding --use-sde --sde-sample-freq 4 gives -181 to -206 (seeds 0-2) at 102k frames.
 
-    python -m recipes.ppo                      # CartPole-v1
+    python -m recipes.ppo                      # CartPole-v1, with its preset
+    python -m recipes.ppo --env-id Hopper-v5   # RL Zoo's tuned Hopper settings
+    python -m recipes.ppo --list-presets       # every preset
     python -m recipes.ppo --help               # every option
 """
 
@@ -18,6 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Literal
 
 import torch
@@ -27,6 +32,7 @@ from torchrl.objectives.value import GAE
 
 from agents import (
     Agent,
+    RewardNormalizer,
     find_normalizer,
     input_encoder,
     make_actor,
@@ -35,12 +41,14 @@ from agents import (
     make_gsde_env,
 )
 from agents.gsde import check_sde_options
-from agents.loss_addons import LossAddon, addon_losses, build_loss_addons, trainable_parameters
+from agents.loss_addons import LossAddon, addon_losses, build_loss_addons, split_parameters
+from agents.options import Options, defaults
 from errors import InputError
 from training import (
     Run,
     RunConfig,
     TrainingState,
+    apply_preset,
     check_ranges,
     make_collector,
     make_training_env,
@@ -51,23 +59,28 @@ from training import (
     single_collector_only,
 )
 
+PRESETS = Path(__file__).with_name("presets") / "ppo.toml"  # hyperparameters per env
+
 
 @dataclass
-class CollectorConfig:
-    steps_per_env: int = 16
+class CollectorConfig(Options):
+    steps_per_env: int = 2048
     """Steps each env takes per collected batch (frames per batch = num_envs * steps_per_env)."""
 
 
 @dataclass
-class LossConfig:
+class LossConfig(Options):
     gamma: float = 0.99
     """Discount factor."""
     gae_lambda: float = 0.95
     """GAE lambda (1: Monte-Carlo advantages, 0: one-step TD)."""
     clip_epsilon: float = 0.2
     """Clipping range of the probability ratio."""
-    anneal_clip: bool = True
+    anneal_clip: bool = False
     """Anneal the clip range linearly to 0 over the budget."""
+    clip_value: float | None = None
+    """Clip the value prediction to within this distance of the value at collection (PPO2's clipped value
+    loss, TorchRL's ClipPPOLoss(clip_value=...)); None: no clipping."""
     entropy_coef: float = 0.0
     """Weight of the entropy bonus."""
     critic_coef: float = 0.5
@@ -76,24 +89,31 @@ class LossConfig:
     """Value loss: squared error or Huber."""
     normalize_advantage: bool = True
     """Normalise advantages within each minibatch."""
+    normalize_reward: bool = False
+    """Divide rewards by the running standard deviation of the discounted return (Stable-Baselines3's
+    VecNormalize(norm_reward=True)); evaluations and logged returns keep the env's rewards."""
 
 
 @dataclass
-class OptimConfig:
-    lr: float = 2e-3
-    """Adam learning rate."""
-    anneal_lr: bool = True
-    """Anneal the learning rate linearly to 0 over the budget."""
+class OptimConfig(Options):
+    lr: float = 3e-4
+    """Adam learning rate (of the actor, and of the critic unless --critic-lr is given)."""
+    critic_lr: float | None = None
+    """Adam learning rate of the critic; default: --lr."""
+    adam_eps: float = 1e-5
+    """Adam's epsilon (1e-5 as in the PPO implementations of OpenAI Baselines and Stable-Baselines3)."""
+    anneal_lr: bool = False
+    """Anneal the learning rates linearly to 0 over the budget."""
     max_grad_norm: float = 0.5
     """Clip the global gradient norm to this value."""
-    num_epochs: int = 8
+    num_epochs: int = 10
     """Passes over each collected batch."""
-    minibatch_size: int = 256
+    minibatch_size: int = 64
     """Samples per gradient step."""
 
 
 @dataclass
-class NetworkConfig:
+class NetworkConfig(Options):
     hidden_sizes: tuple[int, ...] = (64, 64)
     """Hidden layer widths of the actor and of the critic."""
     activation: Literal["tanh", "relu", "elu", "silu"] = "tanh"
@@ -107,11 +127,11 @@ class NetworkConfig:
 
 
 @dataclass
-class PPOConfig:
+class PPOConfig(Options):
     """PPO: clipped policy gradient with GAE."""
 
     run: RunConfig = field(
-        default_factory=lambda: RunConfig(num_envs=16, total_frames=100_000, eval_every=4_096)
+        default_factory=defaults(RunConfig, num_envs=1, total_frames=1_000_000, eval_every=25_000)
     )
     collector: CollectorConfig = field(default_factory=CollectorConfig)
     loss: LossConfig = field(default_factory=LossConfig)
@@ -141,6 +161,9 @@ def check_ppo_options(
         clip_epsilon=(loss.clip_epsilon, "> 0"),
         entropy_coef=(loss.entropy_coef, ">= 0"),
         critic_coef=(loss.critic_coef, ">= 0"),
+        critic_lr=(optim.critic_lr, "> 0"),
+        adam_eps=(optim.adam_eps, "> 0"),
+        clip_value=(loss.clip_value, "> 0"),
     )
     frames_per_batch = run.num_envs * collector.steps_per_env
     if optim.minibatch_size > frames_per_batch:
@@ -160,7 +183,8 @@ def main(config: PPOConfig, loss_addons: Sequence[LossAddon] = ()) -> dict:
     ``loss_addons`` are factories of extra policy-loss terms (:mod:`agents.loss_addons`), e.g. a KL penalty
     towards a reference policy: each gets the actor, and the ``loss_*`` terms of what it returns join the total.
     """
-    # config
+    # config: the env's preset fills in the options left at their defaults
+    apply_preset(config, PRESETS)
     config.validate()
     run_config, loss_config, optim_config = config.run, config.loss, config.optim
     frames_per_batch = run_config.num_envs * config.collector.steps_per_env
@@ -208,6 +232,7 @@ def main(config: PPOConfig, loss_addons: Sequence[LossAddon] = ()) -> dict:
         critic_coeff=loss_config.critic_coef,
         loss_critic_type=loss_config.critic_loss,
         normalize_advantage=loss_config.normalize_advantage,
+        clip_value=loss_config.clip_value,
         functional=False,  # no target networks: skip swapping parameters in and out on every call
     )
     advantage_module = GAE(
@@ -218,6 +243,11 @@ def main(config: PPOConfig, loss_addons: Sequence[LossAddon] = ()) -> dict:
         device=device,
     )
     addons = build_loss_addons(loss_addons, actor).to(device)  # extra loss terms, e.g. a KL penalty
+    reward_normalizer = (
+        RewardNormalizer(run_config.num_envs, loss_config.gamma).to(device)
+        if loss_config.normalize_reward
+        else None
+    )
 
     # collector
     collector = make_collector(
@@ -236,10 +266,17 @@ def main(config: PPOConfig, loss_addons: Sequence[LossAddon] = ()) -> dict:
         batch_size=optim_config.minibatch_size,
     )
 
-    # optimizer
-    parameters = trainable_parameters(loss_module, addons)
+    # optimizer: one Adam, the actor's and the critic's parameters in groups of their own learning rates
+    actor_parameters, critic_parameters = split_parameters([actor, addons], [loss_module])
+    parameters = actor_parameters + critic_parameters
+    learning_rates = [optim_config.lr, optim_config.critic_lr or optim_config.lr]
     optimizer = torch.optim.Adam(
-        parameters, lr=optim_config.lr, eps=1e-5, fused=device.type in ("cpu", "cuda")
+        [
+            {"params": actor_parameters, "lr": learning_rates[0]},
+            {"params": critic_parameters, "lr": learning_rates[1]},
+        ],
+        eps=optim_config.adam_eps,
+        fused=device.type in ("cpu", "cuda"),
     )
     total_updates = num_batches * optim_config.num_epochs * minibatches_per_epoch
 
@@ -247,7 +284,8 @@ def main(config: PPOConfig, loss_addons: Sequence[LossAddon] = ()) -> dict:
     training = TrainingState(
         env=env,
         collector=collector,
-        modules={"loss": loss_module, "addons": addons},
+        modules={"loss": loss_module, "addons": addons}
+        | ({"reward_normalizer": reward_normalizer} if reward_normalizer is not None else {}),
         optimizers={"adam": optimizer},
         replay_buffer=replay_buffer,
     )
@@ -272,6 +310,8 @@ def main(config: PPOConfig, loss_addons: Sequence[LossAddon] = ()) -> dict:
         run.frames // frames_per_batch * optim_config.num_epochs * minibatches_per_epoch
     )  # resumed: > 0
     for batch in collector:
+        if reward_normalizer is not None:  # the batch's rewards only: logged returns keep the env's
+            reward_normalizer.normalize(batch)
         with torch.no_grad():
             advantage_module(batch)
         replay_buffer.extend(batch.reshape(-1))
@@ -280,8 +320,8 @@ def main(config: PPOConfig, loss_addons: Sequence[LossAddon] = ()) -> dict:
             for _ in range(minibatches_per_epoch):
                 progress = updates_done / total_updates
                 if optim_config.anneal_lr:
-                    for group in optimizer.param_groups:
-                        group["lr"] = optim_config.lr * (1.0 - progress)
+                    for group, lr in zip(optimizer.param_groups, learning_rates, strict=True):
+                        group["lr"] = lr * (1.0 - progress)
                 if loss_config.anneal_clip:
                     loss_module.clip_epsilon.fill_(loss_config.clip_epsilon * (1.0 - progress))
                 losses, grad_norm = update(replay_buffer.sample())
@@ -300,4 +340,4 @@ def main(config: PPOConfig, loss_addons: Sequence[LossAddon] = ()) -> dict:
 
 
 if __name__ == "__main__":
-    run_cli(main, PPOConfig, __doc__)
+    run_cli(main, PPOConfig, __doc__, presets=PRESETS)

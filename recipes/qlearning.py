@@ -27,18 +27,21 @@ backend, 4096 envs: 8M frames, about 23 s, about -147 (-200 means the car never 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import gymnasium as gym
 import torch
 from torchrl.objectives import DQNLoss, ValueEstimators
 
 from agents import Agent, ExplorationConfig, make_q_table
+from agents.options import Options, defaults
 from agents.tabular import CELL_KEY, check_finite_bounds, egreedy_module, q_value_actor
 from errors import InputError
 from training import (
     Run,
     RunConfig,
     TrainingState,
+    apply_preset,
     check_ranges,
     make_collector,
     make_training_env,
@@ -48,18 +51,20 @@ from training import (
     run_cli,
 )
 
+PRESETS = Path(__file__).with_name("presets") / "qlearning.toml"  # hyperparameters per env
+
 PAIR_WEIGHT_KEY = "pair_weight"  # per-transition loss weight: 1 / visits of its (state, action) in the batch
 
 
 @dataclass
-class CollectorConfig:
+class CollectorConfig(Options):
     steps_per_env: int = 1
     """Steps each env takes per collected batch (frames per batch = num_envs * steps_per_env); one update per
     batch."""
 
 
 @dataclass
-class LearningConfig:
+class LearningConfig(Options):
     lr: float = 0.5
     """Step size alpha of Q(s, a) += alpha * (target - Q(s, a))."""
     gamma: float = 0.99
@@ -67,19 +72,19 @@ class LearningConfig:
 
 
 @dataclass
-class TableConfig:
+class TableConfig(Options):
     grid_size: int | None = None
     """Bins per observation dimension for Box observations (the table has grid_size ** dims rows); leave unset
     for Discrete observations."""
 
 
 @dataclass
-class QLearningConfig:
+class QLearningConfig(Options):
     """Tabular Q-learning with epsilon-greedy exploration."""
 
     run: RunConfig = field(
-        default_factory=lambda: RunConfig(
-            env_id="Taxi-v4", num_envs=128, total_frames=80_000, eval_every=10_240
+        default_factory=defaults(
+            RunConfig, env_id="Taxi-v4", num_envs=128, total_frames=80_000, eval_every=10_240
         )
     )
     collector: CollectorConfig = field(default_factory=CollectorConfig)
@@ -124,7 +129,8 @@ def check_spaces(
 @recipe_main
 def main(config: QLearningConfig) -> dict:
     """Train tabular Q-learning as configured and return the run summary (see ``training.run``)."""
-    # config
+    # config: the env's preset fills in the options left at their defaults
+    apply_preset(config, PRESETS)
     config.validate()
     run_config, exploration_config, learning_config = config.run, config.exploration, config.learning
     prepare_process(run_config)
@@ -214,4 +220,4 @@ def main(config: QLearningConfig) -> dict:
 
 
 if __name__ == "__main__":
-    run_cli(main, QLearningConfig, __doc__)
+    run_cli(main, QLearningConfig, __doc__, presets=PRESETS)

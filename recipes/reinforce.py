@@ -29,16 +29,19 @@ not learn it in a small budget (still about -1400 after 20k frames); use A2C or 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Literal
 
 import torch
 from torchrl.objectives import A2CLoss
 
 from agents import Agent, find_normalizer, make_actor
+from agents.options import Options, defaults
 from agents.policy_gradient import ReturnBaseline, returns_to_go
 from training import (
     Run,
     RunConfig,
+    apply_preset,
     check_ranges,
     make_collector,
     make_training_env,
@@ -48,9 +51,11 @@ from training import (
     run_cli,
 )
 
+PRESETS = Path(__file__).with_name("presets") / "reinforce.toml"  # hyperparameters per env
+
 
 @dataclass
-class CollectorConfig:
+class CollectorConfig(Options):
     episodes_per_update: int = 8
     """Complete episodes in each gradient step."""
     steps_per_env: int = 16
@@ -58,7 +63,7 @@ class CollectorConfig:
 
 
 @dataclass
-class LossConfig:
+class LossConfig(Options):
     gamma: float = 0.99
     """Discount factor of the returns."""
     normalize_returns: bool = True
@@ -69,13 +74,13 @@ class LossConfig:
 
 
 @dataclass
-class OptimConfig:
+class OptimConfig(Options):
     lr: float = 1e-2
     """Adam learning rate."""
 
 
 @dataclass
-class NetworkConfig:
+class NetworkConfig(Options):
     hidden_sizes: tuple[int, ...] = (64, 64)
     """Hidden layer widths of the policy."""
     activation: Literal["tanh", "relu", "elu", "silu"] = "tanh"
@@ -85,11 +90,11 @@ class NetworkConfig:
 
 
 @dataclass
-class ReinforceConfig:
+class ReinforceConfig(Options):
     """REINFORCE: Monte-Carlo policy gradient over complete episodes."""
 
     run: RunConfig = field(
-        default_factory=lambda: RunConfig(num_envs=8, total_frames=100_000, eval_every=5_000)
+        default_factory=defaults(RunConfig, num_envs=8, total_frames=100_000, eval_every=5_000)
     )
     collector: CollectorConfig = field(default_factory=CollectorConfig)
     loss: LossConfig = field(default_factory=LossConfig)
@@ -112,7 +117,8 @@ class ReinforceConfig:
 @recipe_main
 def main(config: ReinforceConfig) -> dict:
     """Train REINFORCE as configured and return the run summary (see ``training.run``)."""
-    # config
+    # config: the env's preset fills in the options left at their defaults
+    apply_preset(config, PRESETS)
     config.validate()
     run_config, loss_config = config.run, config.loss
     prepare_process(run_config)
@@ -201,4 +207,4 @@ def main(config: ReinforceConfig) -> dict:
 
 
 if __name__ == "__main__":
-    run_cli(main, ReinforceConfig, __doc__)
+    run_cli(main, ReinforceConfig, __doc__, presets=PRESETS)

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 from torchrl.data import LazyTensorStorage, SamplerWithoutReplacement, TensorDictReplayBuffer
@@ -44,12 +45,15 @@ from agents import (
     make_rnd_networks,
 )
 from agents.loss_addons import LossAddon, addon_losses, build_loss_addons, trainable_parameters
+from agents.options import Options, defaults
 from agents.rnd import INTRINSIC_REWARD_KEY
+from errors import InputError
 from recipes.ppo import CollectorConfig, LossConfig, NetworkConfig, OptimConfig, check_ppo_options
 from training import (
     Run,
     RunConfig,
     TrainingState,
+    apply_preset,
     check_ranges,
     make_collector,
     make_training_env,
@@ -59,6 +63,8 @@ from training import (
     run_cli,
 )
 
+PRESETS = Path(__file__).with_name("presets") / "rnd_ppo.toml"  # hyperparameters per env
+
 INTRINSIC_VALUE_KEY = "state_value_int"
 INTRINSIC_VALUE_TARGET_KEY = "value_target_int"
 INTRINSIC_TERMINATED_KEY = "terminated_int"  # ("next", ...): the termination flag of the intrinsic returns
@@ -67,7 +73,7 @@ INTRINSIC_ADVANTAGE_KEY = "advantage_int"
 
 
 @dataclass
-class IntrinsicConfig:
+class IntrinsicConfig(Options):
     gamma_int: float = 0.99
     """Discount of the intrinsic returns (Burda et al.: 0.99; --gamma is the extrinsic one)."""
     intrinsic_episodic: bool = True
@@ -85,23 +91,36 @@ class IntrinsicConfig:
 
 
 @dataclass
-class RNDPPOConfig:
+class RNDPPOConfig(Options):
     """PPO with a Random Network Distillation exploration bonus."""
 
     run: RunConfig = field(
-        default_factory=lambda: RunConfig(
-            env_id="rlkit/DeepSea-v0", num_envs=16, total_frames=100_000, eval_every=2_048
+        default_factory=defaults(
+            RunConfig, env_id="rlkit/DeepSea-v0", num_envs=16, total_frames=100_000, eval_every=2_048
         )
     )
-    collector: CollectorConfig = field(default_factory=lambda: CollectorConfig(steps_per_env=32))
-    loss: LossConfig = field(default_factory=lambda: LossConfig(entropy_coef=0.01))
+    collector: CollectorConfig = field(default_factory=defaults(CollectorConfig, steps_per_env=32))
+    loss: LossConfig = field(default_factory=defaults(LossConfig, entropy_coef=0.01, anneal_clip=True))
     intrinsic: IntrinsicConfig = field(default_factory=IntrinsicConfig)
-    optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-3, num_epochs=4))
+    optim: OptimConfig = field(
+        default_factory=defaults(OptimConfig, lr=1e-3, num_epochs=4, minibatch_size=256, anneal_lr=True)
+    )
     network: NetworkConfig = field(default_factory=NetworkConfig)
 
     def validate(self) -> None:
         """Raise :class:`InputError` for options outside their meaningful range or that do not combine."""
         check_ppo_options(self.run, self.collector, self.loss, self.optim, self.network)
+        unsupported = {
+            "--normalize-reward": self.loss.normalize_reward,
+            "--clip-value": self.loss.clip_value is not None,
+            "--critic-lr": self.optim.critic_lr is not None,
+        }
+        for option, given in unsupported.items():
+            if given:
+                raise InputError(
+                    f"{option} is a PPO option that recipes.rnd_ppo does not support (its two critics share one "
+                    "learning rate and an unclipped value loss, on the env's rewards); drop it."
+                )
         intrinsic = self.intrinsic
         require_positive(rnd_embedding_dim=intrinsic.rnd_embedding_dim)
         check_ranges(
@@ -117,7 +136,8 @@ def main(config: RNDPPOConfig, loss_addons: Sequence[LossAddon] = ()) -> dict:
 
     ``loss_addons`` are factories of extra policy-loss terms (:mod:`agents.loss_addons`), as in ``recipes.ppo``.
     """
-    # config
+    # config: the env's preset fills in the options left at their defaults
+    apply_preset(config, PRESETS)
     config.validate()
     run_config, loss_config, optim_config = config.run, config.loss, config.optim
     intrinsic_config = config.intrinsic
@@ -232,7 +252,7 @@ def main(config: RNDPPOConfig, loss_addons: Sequence[LossAddon] = ()) -> dict:
     # optimizer: actor, both critics, the RND predictor (the RND target is frozen) and any add-on parameters
     parameters = trainable_parameters(loss_module, intrinsic_critic, rnd, addons)
     optimizer = torch.optim.Adam(
-        parameters, lr=optim_config.lr, eps=1e-5, fused=device.type in ("cpu", "cuda")
+        parameters, lr=optim_config.lr, eps=optim_config.adam_eps, fused=device.type in ("cpu", "cuda")
     )
     total_updates = num_batches * optim_config.num_epochs * minibatches_per_epoch
 
@@ -313,4 +333,4 @@ def main(config: RNDPPOConfig, loss_addons: Sequence[LossAddon] = ()) -> dict:
 
 
 if __name__ == "__main__":
-    run_cli(main, RNDPPOConfig, __doc__)
+    run_cli(main, RNDPPOConfig, __doc__, presets=PRESETS)

@@ -7,11 +7,15 @@ updates, and automatic entropy tuning towards a target entropy of ``-dim(A)`` (d
 ``num_envs * steps_per_env`` frames is followed by ``--updates-per-frame`` gradient steps per frame, drawn from a
 replay buffer on ``--device``. Evaluation is deterministic (the policy's mean action, or its most likely action).
 
-Pendulum-v1 with the defaults (RL Zoo's budget, 20k frames, lr 1e-3): see README for the return and the frames
-it takes. Discrete SAC has settings of its own (DISCRETE_SETTINGS, applied by --discrete): CartPole-v1 reaches 475
-within 8k-22k frames (seeds 0-5).
+Each env's preset (recipes/presets/sac.toml, --list-presets) fills in the options not given; an env without
+one gets the defaults below (the paper's: 256x256 ReLU, Adam 3e-4, batch 256, 10k random frames). Pendulum-v1's
+preset (RL Zoo's budget, 20k frames, lr 1e-3, 64x64): see README for the return and the frames it takes. Discrete
+SAC has settings of its own (DISCRETE_SETTINGS, applied by --discrete and by CartPole-v1's preset): CartPole-v1
+reaches 475 within 8k-22k frames (seeds 0-5).
 
-    python -m recipes.sac                                  # Pendulum-v1
+    python -m recipes.sac                                  # Pendulum-v1, with its preset
+    python -m recipes.sac --env-id HalfCheetah-v5          # RL Zoo's MuJoCo settings
+    python -m recipes.sac --list-presets                   # every preset
     python -m recipes.sac --use-sde                        # gSDE exploration
     python -m recipes.sac --env-id CartPole-v1 --discrete  # discrete SAC
     python -m recipes.sac --help                           # every option
@@ -23,6 +27,7 @@ import math
 import warnings
 from collections.abc import Collection
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Literal
 
 import gymnasium as gym
@@ -33,12 +38,16 @@ from torchrl.objectives import DiscreteSACLoss, SACLoss, SoftUpdate
 from agents import Agent, NStepReturns, TensorSACLoss, make_actor, make_gsde_actor, make_qvalue_critic
 from agents.continuous import check_box_actions, default_target_entropy
 from agents.gsde import check_sde_options, make_gsde_env
+from agents.options import Options, defaults
 from errors import InputError
 from training import (
     OffPolicyCollectorConfig,
+    OffPolicyOptimConfig,
     Run,
     RunConfig,
     TrainingState,
+    anneal_learning_rates,
+    apply_preset,
     check_batch_fits_buffer,
     check_ranges,
     make_off_policy_collector,
@@ -51,11 +60,13 @@ from training import (
     warn_if_never_updated,
 )
 
+PRESETS = Path(__file__).with_name("presets") / "sac.toml"  # hyperparameters per env
+
 DISCRETE_ENTROPY_WEIGHT = 0.2  # discrete SAC's target entropy, as a fraction of the uniform policy's log(n)
 
 
 @dataclass
-class BufferConfig:
+class BufferConfig(Options):
     buffer_size: int = 1_000_000
     """Replay buffer capacity in transitions."""
     batch_size: int = 256
@@ -65,7 +76,7 @@ class BufferConfig:
 
 
 @dataclass
-class LossConfig:
+class LossConfig(Options):
     gamma: float = 0.99
     """Discount factor."""
     tau: float = 0.005
@@ -81,21 +92,10 @@ class LossConfig:
 
 
 @dataclass
-class OptimConfig:
-    lr: float = 1e-3
-    """Adam learning rate of the critics and the entropy coefficient, and of the actor unless --actor-lr is given
-    (RL Zoo's Pendulum value)."""
-    actor_lr: float | None = None
-    """Adam learning rate of the actor; default: --lr."""
-    max_grad_norm: float = float("inf")
-    """Clip each network's gradient norm to this value (inf: no clipping, as in the paper)."""
-
-
-@dataclass
-class NetworkConfig:
-    hidden_sizes: tuple[int, ...] = (64, 64)
-    """Hidden layer widths of the actor and of each Q network; enough for Pendulum-v1 and as sample-efficient
-    there as (256, 256) at a third of the cost per update (use (256, 256) or (400, 300) for MuJoCo tasks)."""
+class NetworkConfig(Options):
+    hidden_sizes: tuple[int, ...] = (256, 256)
+    """Hidden layer widths of the actor and of each Q network (the paper's; Pendulum-v1's preset: 64x64, as
+    sample-efficient there at a third of the cost per update)."""
     activation: Literal["relu", "tanh", "elu", "silu"] = "relu"
     """Activation between hidden layers."""
     use_sde: bool = False
@@ -105,15 +105,16 @@ class NetworkConfig:
 
 
 @dataclass
-class SACConfig:
+class SACConfig(Options):
     """SAC: off-policy maximum-entropy actor-critic."""
 
     run: RunConfig = field(
-        default_factory=lambda: RunConfig(
+        default_factory=defaults(
+            RunConfig,
             env_id="Pendulum-v1",
             num_envs=1,
-            total_frames=20_000,
-            eval_every=1_000,
+            total_frames=1_000_000,
+            eval_every=25_000,
         )
     )
     discrete: bool = False
@@ -122,7 +123,7 @@ class SACConfig:
     collector: OffPolicyCollectorConfig = field(default_factory=OffPolicyCollectorConfig)
     buffer: BufferConfig = field(default_factory=BufferConfig)
     loss: LossConfig = field(default_factory=LossConfig)
-    optim: OptimConfig = field(default_factory=OptimConfig)
+    optim: OffPolicyOptimConfig = field(default_factory=defaults(OffPolicyOptimConfig, lr=3e-4))
     network: NetworkConfig = field(default_factory=NetworkConfig)
 
     def validate(self) -> None:
@@ -130,14 +131,11 @@ class SACConfig:
         self.run.validate()
         buffer, loss, optim = self.buffer, self.loss, self.optim
         require_positive(buffer_size=buffer.buffer_size, batch_size=buffer.batch_size, n_steps=buffer.n_steps)
-        check_ranges(lr=(optim.lr, "> 0"), gamma=(loss.gamma, "(0, 1]"), tau=(loss.tau, "(0, 1]"))
+        check_ranges(gamma=(loss.gamma, "(0, 1]"), tau=(loss.tau, "(0, 1]"))
+        optim.validate()
         self.collector.validate()
         check_batch_fits_buffer(buffer.batch_size, buffer.buffer_size)
-        check_ranges(
-            actor_lr=(optim.actor_lr, "> 0"),
-            alpha_init=(loss.alpha_init, "> 0"),
-            max_grad_norm=(optim.max_grad_norm, "> 0"),
-        )
+        check_ranges(alpha_init=(loss.alpha_init, "> 0"))
         check_sde_options(self.network.use_sde, self.network.sde_sample_freq)
         if self.network.use_sde:
             single_collector_only(self.run, "--use-sde")
@@ -155,6 +153,7 @@ DISCRETE_SETTINGS = {
     "buffer.n_steps": 3,
     "buffer.batch_size": 128,
     "collector.updates_per_frame": 0.5,
+    "collector.learning_starts": 1_000,
     "run.eval_every": 2_000,
 }
 
@@ -173,7 +172,8 @@ def apply_discrete_settings(config: SACConfig, keep: Collection[str] = ()) -> SA
 @recipe_main
 def main(config: SACConfig) -> dict:
     """Train SAC as configured and return the run summary (see ``training.run``)."""
-    # config
+    # config: the env's preset fills in the options left at their defaults
+    apply_preset(config, PRESETS)
     config.validate()
     run_config, buffer_config, loss_config, optim_config = (
         config.run,
@@ -293,12 +293,11 @@ def main(config: SACConfig) -> dict:
     # optimizer: one Adam each for the actor, the critics and the entropy coefficient (the paper's setup)
     actor_parameters = list(loss_module.actor_network_params.values(True, True))
     critic_parameters = list(loss_module.qvalue_network_params.values(True, True))
-    optimizers = [
-        torch.optim.Adam(actor_parameters, lr=optim_config.actor_lr or optim_config.lr),
-        torch.optim.Adam(critic_parameters, lr=optim_config.lr),
-    ]
+    optimizers = [optim_config.adam(actor_parameters, actor=True), optim_config.adam(critic_parameters)]
+    learning_rates = [optim_config.actor_learning_rate, optim_config.lr]
     if not loss_config.fixed_alpha:
-        optimizers.append(torch.optim.Adam([loss_module.log_alpha], lr=optim_config.lr))
+        optimizers.append(optim_config.adam([loss_module.log_alpha]))
+        learning_rates.append(optim_config.lr)
 
     # logger, evaluation, checkpoints, resume
     training = TrainingState(
@@ -334,6 +333,8 @@ def main(config: SACConfig) -> dict:
         frames += batch.numel()
         n_step_returns.extend(replay_buffer, batch)
         metrics = {}
+        if optim_config.anneal_lr:
+            anneal_learning_rates(optimizers, learning_rates, frames / run_config.total_frames)
         if frames >= learning_starts and len(replay_buffer) >= buffer_config.batch_size:
             losses = torch.stack([update(replay_buffer.sample()) for _ in range(updates_per_batch)])
             metrics = {f"train/{key}": value.item() for key, value in losses.mean().items()}
@@ -350,6 +351,7 @@ if __name__ == "__main__":
         main,
         SACConfig,
         __doc__,
+        presets=PRESETS,
         adjust=lambda config, given: (
             apply_discrete_settings(config, keep=given) if config.discrete else config
         ),

@@ -10,13 +10,18 @@ The first ``--learning-starts`` frames are random actions; then every collected 
 Noise scales are relative to the half-width of the Box (Stable-Baselines3's convention): on Pendulum-v1's
 ``[-2, 2]``, ``--noise-sigma 0.1`` is a standard deviation of 0.2.
 
-    python -m recipes.td3                     # Pendulum-v1, 20k frames
+Each env's preset (recipes/presets/td3.toml, --list-presets) fills in the options not given; an env without one
+gets the defaults below (400x300 ReLU, Adam 1e-3, batch 256, 10k random frames, as in Stable-Baselines3).
+
+    python -m recipes.td3                     # Pendulum-v1, with its preset (20k frames, 64x64)
+    python -m recipes.td3 --list-presets      # every preset
     python -m recipes.td3 --help              # every option
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Literal
 
 import torch
@@ -25,12 +30,16 @@ from torchrl.objectives import SoftUpdate
 
 from agents import TRANSITION_KEYS, Agent, TensorTD3Loss, make_deterministic_actor, make_qvalue_critic
 from agents.continuous import action_half_range, check_box_actions
+from agents.options import Options, defaults
 from errors import InputError
 from training import (
     OffPolicyCollectorConfig,
+    OffPolicyOptimConfig,
     Run,
     RunConfig,
     TrainingState,
+    anneal_learning_rates,
+    apply_preset,
     check_batch_fits_buffer,
     check_ranges,
     make_off_policy_collector,
@@ -42,19 +51,21 @@ from training import (
     warn_if_never_updated,
 )
 
+PRESETS = Path(__file__).with_name("presets") / "td3.toml"  # hyperparameters per env
+
 
 @dataclass
-class BufferConfig:
-    buffer_size: int = 200_000
+class BufferConfig(Options):
+    buffer_size: int = 1_000_000
     """Replay buffer capacity in transitions."""
     batch_size: int = 256
     """Transitions per gradient step."""
 
 
 @dataclass
-class LossConfig:
-    gamma: float = 0.98
-    """Discount factor (RL Zoo's Pendulum value)."""
+class LossConfig(Options):
+    gamma: float = 0.99
+    """Discount factor."""
     tau: float = 0.005
     """Polyak rate of the target networks."""
     policy_delay: int = 2
@@ -68,16 +79,10 @@ class LossConfig:
 
 
 @dataclass
-class OptimConfig:
-    lr: float = 1e-3
-    """Adam learning rate of the actor and of the critics."""
-
-
-@dataclass
-class NetworkConfig:
-    hidden_sizes: tuple[int, ...] = (64, 64)
-    """Hidden layer widths of the actor and of each Q network; enough for Pendulum-v1 and as sample-efficient
-    there as (256, 256) at a third of the cost per update (use (256, 256) or (400, 300) for MuJoCo tasks)."""
+class NetworkConfig(Options):
+    hidden_sizes: tuple[int, ...] = (400, 300)
+    """Hidden layer widths of the actor and of each Q network (the paper's; Pendulum-v1's preset: 64x64, as
+    sample-efficient there at a third of the cost per update)."""
     activation: Literal["relu", "tanh", "elu", "silu"] = "relu"
     """Activation between hidden layers."""
     noise_sigma: float = 0.1
@@ -85,21 +90,22 @@ class NetworkConfig:
 
 
 @dataclass
-class TD3Config:
+class TD3Config(Options):
     """TD3: clipped double-Q DDPG with target policy smoothing and delayed actor updates."""
 
     run: RunConfig = field(
-        default_factory=lambda: RunConfig(
+        default_factory=defaults(
+            RunConfig,
             env_id="Pendulum-v1",
             num_envs=1,
-            total_frames=20_000,
-            eval_every=1_000,
+            total_frames=1_000_000,
+            eval_every=25_000,
         )
     )
     collector: OffPolicyCollectorConfig = field(default_factory=OffPolicyCollectorConfig)
     buffer: BufferConfig = field(default_factory=BufferConfig)
     loss: LossConfig = field(default_factory=LossConfig)
-    optim: OptimConfig = field(default_factory=OptimConfig)
+    optim: OffPolicyOptimConfig = field(default_factory=OffPolicyOptimConfig)
     network: NetworkConfig = field(default_factory=NetworkConfig)
 
     def validate(self) -> None:
@@ -109,7 +115,8 @@ class TD3Config:
         require_positive(
             buffer_size=buffer.buffer_size, batch_size=buffer.batch_size, policy_delay=loss.policy_delay
         )
-        check_ranges(lr=(self.optim.lr, "> 0"), gamma=(loss.gamma, "(0, 1]"), tau=(loss.tau, "(0, 1]"))
+        check_ranges(gamma=(loss.gamma, "(0, 1]"), tau=(loss.tau, "(0, 1]"))
+        self.optim.validate()
         self.collector.validate()
         check_batch_fits_buffer(buffer.batch_size, buffer.buffer_size)
         check_ranges(
@@ -120,7 +127,8 @@ class TD3Config:
 @recipe_main
 def main(config: TD3Config) -> dict:
     """Train TD3 as configured and return the run summary (see ``training.run``)."""
-    # config
+    # config: the env's preset fills in the options left at their defaults
+    apply_preset(config, PRESETS)
     config.validate()
     run_config, buffer_config, loss_config = config.run, config.buffer, config.loss
     prepare_process(run_config)
@@ -187,12 +195,11 @@ def main(config: TD3Config) -> dict:
     )
 
     # optimizer
-    actor_optimizer = torch.optim.Adam(
-        loss_module.actor_network_params.values(True, True), lr=config.optim.lr
-    )
-    critic_optimizer = torch.optim.Adam(
-        loss_module.qvalue_network_params.values(True, True), lr=config.optim.lr
-    )
+    optim_config = config.optim
+    actor_parameters = list(loss_module.actor_network_params.values(True, True))
+    critic_parameters = list(loss_module.qvalue_network_params.values(True, True))
+    actor_optimizer = optim_config.adam(actor_parameters, actor=True)
+    critic_optimizer = optim_config.adam(critic_parameters)
 
     # logger, evaluation, checkpoints
     counters = {"updates": 0}  # gradient steps taken: the actor learns on every policy_delay-th
@@ -207,17 +214,23 @@ def main(config: TD3Config) -> dict:
     run = Run("td3", config, run_config, agent, training)
 
     learning_starts, policy_delay = config.collector.learning_starts, loss_config.policy_delay
+    max_grad_norm = optim_config.max_grad_norm
+    clip = max_grad_norm != float("inf")
 
     def update(sample, update_actor: bool):
         loss_qvalue, _ = loss_module.value_loss(sample)
         critic_optimizer.zero_grad(set_to_none=True)
         loss_qvalue.backward()
+        if clip:
+            torch.nn.utils.clip_grad_norm_(critic_parameters, max_grad_norm)
         critic_optimizer.step()
         if not update_actor:
             return loss_qvalue.detach(), None
         loss_actor, _ = loss_module.actor_loss(sample)
         actor_optimizer.zero_grad(set_to_none=True)
         loss_actor.backward()
+        if clip:
+            torch.nn.utils.clip_grad_norm_(actor_parameters, max_grad_norm)
         actor_optimizer.step()
         target_updater.step()
         return loss_qvalue.detach(), loss_actor.detach()
@@ -228,6 +241,12 @@ def main(config: TD3Config) -> dict:
         frames += batch.numel()
         replay_buffer.extend(batch.select(*TRANSITION_KEYS).reshape(-1))
         metrics = {}
+        if optim_config.anneal_lr:
+            anneal_learning_rates(
+                [actor_optimizer, critic_optimizer],
+                [optim_config.actor_learning_rate, optim_config.lr],
+                frames / run_config.total_frames,
+            )
         if frames >= learning_starts and len(replay_buffer) >= buffer_config.batch_size:
             critic_losses, actor_losses = [], []
             for _ in range(updates_per_batch):
@@ -250,4 +269,4 @@ def main(config: TD3Config) -> dict:
 
 
 if __name__ == "__main__":
-    run_cli(main, TD3Config, __doc__)
+    run_cli(main, TD3Config, __doc__, presets=PRESETS)

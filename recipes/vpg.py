@@ -34,16 +34,19 @@ counted as in ``recipes.reinforce`` (the steps of the episodes used).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Literal
 
 import torch
 from torchrl.objectives import A2CLoss
 
 from agents import Agent, find_normalizer, input_encoder, make_actor, make_critic
+from agents.options import Options, defaults
 from agents.policy_gradient import ReturnBaseline, returns_to_go
 from training import (
     Run,
     RunConfig,
+    apply_preset,
     check_ranges,
     make_collector,
     make_training_env,
@@ -53,9 +56,11 @@ from training import (
     run_cli,
 )
 
+PRESETS = Path(__file__).with_name("presets") / "vpg.toml"  # hyperparameters per env
+
 
 @dataclass
-class CollectorConfig:
+class CollectorConfig(Options):
     episodes_per_update: int = 8
     """Complete episodes in each gradient step."""
     steps_per_env: int = 16
@@ -63,7 +68,7 @@ class CollectorConfig:
 
 
 @dataclass
-class LossConfig:
+class LossConfig(Options):
     gamma: float = 0.99
     """Discount factor of the returns."""
     baseline: Literal["value", "running-mean", "none"] = "value"
@@ -79,7 +84,7 @@ class LossConfig:
 
 
 @dataclass
-class OptimConfig:
+class OptimConfig(Options):
     lr: float = 1e-2
     """Adam learning rate of the policy."""
     critic_lr: float = 1e-2
@@ -87,7 +92,7 @@ class OptimConfig:
 
 
 @dataclass
-class NetworkConfig:
+class NetworkConfig(Options):
     hidden_sizes: tuple[int, ...] = (64, 64)
     """Hidden layer widths of the policy and of the value baseline."""
     activation: Literal["tanh", "relu", "elu", "silu"] = "tanh"
@@ -97,11 +102,11 @@ class NetworkConfig:
 
 
 @dataclass
-class VPGConfig:
+class VPGConfig(Options):
     """VPG: REINFORCE with a baseline and an optional entropy bonus."""
 
     run: RunConfig = field(
-        default_factory=lambda: RunConfig(num_envs=8, total_frames=100_000, eval_every=5_000)
+        default_factory=defaults(RunConfig, num_envs=8, total_frames=100_000, eval_every=5_000)
     )
     collector: CollectorConfig = field(default_factory=CollectorConfig)
     loss: LossConfig = field(default_factory=LossConfig)
@@ -127,7 +132,8 @@ class VPGConfig:
 @recipe_main
 def main(config: VPGConfig) -> dict:
     """Train VPG as configured and return the run summary (see ``training.run``)."""
-    # config
+    # config: the env's preset fills in the options left at their defaults
+    apply_preset(config, PRESETS)
     config.validate()
     run_config, loss_config, optim_config = config.run, config.loss, config.optim
     prepare_process(run_config)
@@ -245,4 +251,4 @@ def main(config: VPGConfig) -> dict:
 
 
 if __name__ == "__main__":
-    run_cli(main, VPGConfig, __doc__)
+    run_cli(main, VPGConfig, __doc__, presets=PRESETS)

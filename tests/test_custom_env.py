@@ -50,6 +50,7 @@ def test_every_recipe_trains_on_a_users_own_env(recipe, config_type, options, tm
 
 def test_a_users_own_env_trains_to_its_target_with_a_video_and_evaluates_from_the_shell(tmp_path, on_path):
     config = quiet(dqn.DQNConfig(), tmp_path, env_id=ENV_ID, total_frames=4_096, eval_every=1_024, video=True)
+    config.run.preset = "CartPole-v1"  # no preset for this env: CartPole's quick settings fit it
     summary = dqn.main(config)
     assert summary["solved_at_frames"] is not None and summary["eval_return_mean"] >= 9.5
     assert (tmp_path / "video.mp4").stat().st_size > 0

@@ -162,7 +162,9 @@ def test_resume_refuses_other_options_another_recipe_and_agent_checkpoints(tmp_p
     changed.optim.lr = 1e-2
     with pytest.raises(InputError, match=r"other options: --lr \(saved 0.003, now 0.01\)"):
         dqn.main(changed)
-    with pytest.raises(InputError, match="other options: --env-id"):
+    with pytest.raises(
+        InputError, match=r"other options: .*--env-id \(saved 'CartPole-v1', now 'Acrobot-v1'\)"
+    ):
         dqn.main(tiny_dqn(tmp_path / "run", resume=tmp_path / "run", env_id="Acrobot-v1"))
     with pytest.raises(InputError, match=r"written by recipes.dqn; resume it with python -m recipes.dqn"):
         ppo.main(tiny_ppo(tmp_path / "run", resume=tmp_path / "run"))

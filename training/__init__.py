@@ -14,6 +14,8 @@
 ``signals``        SIGINT/SIGTERM: finish the batch, save, stop; handlers restored
 ``plotting``       the learning curve
 ``run``            :class:`Run`, what a recipe's loop calls: ``record_batch`` and ``finish``
+``optim``          the off-policy recipes' optimiser options, the --anneal-lr schedule
+``presets``        hyperparameters per (recipe, env) from the recipes' preset tables
 ``cli``            the command line and its exit codes
 =================  ==========================================================================================
 """
@@ -31,6 +33,8 @@ from training.collectors import (
 )
 from training.config import RunConfig, config_to_dict, quiet
 from training.evaluation import EVAL_SEED_OFFSET, evaluation_seed
+from training.optim import OffPolicyOptimConfig, anneal_learning_rates
+from training.presets import apply_preset
 from training.run import Run
 from training.seeding import prepare_process
 from training.signals import recipe_main
@@ -39,9 +43,12 @@ from training.state import TrainingState
 __all__ = [
     "EVAL_SEED_OFFSET",
     "OffPolicyCollectorConfig",
+    "OffPolicyOptimConfig",
     "Run",
     "RunConfig",
     "TrainingState",
+    "anneal_learning_rates",
+    "apply_preset",
     "check_batch_fits_buffer",
     "check_ranges",
     "config_to_dict",

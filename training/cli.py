@@ -16,6 +16,7 @@ import tyro
 
 from errors import InputError, NonFiniteError, WriteError
 from training.config import ConfigT
+from training.presets import apply_preset, describe, list_presets, mark_given
 from training.resume import RESUME_FILE, explicit_options, resumed_config
 
 
@@ -23,22 +24,37 @@ def run_cli(
     main: Callable[[ConfigT], dict[str, Any]],
     config_type: type[ConfigT],
     description: str,
+    presets: Path | None = None,
     adjust: Callable[[ConfigT, set[str]], ConfigT] | None = None,
 ) -> None:
     """Parse the command line into ``config_type`` (flat flags), run ``main`` and report where results are.
 
-    ``adjust(config, given)`` may change the parsed config, knowing the option names given on the command line
-    (a recipe's settings for a kind of task, applied to the options the user left at their defaults). Bad input
-    ends with a one-line ``error: ...`` on stderr and exit status 2.
+    ``presets`` is the recipe's preset file: ``--list-presets`` prints it, and the env's preset fills in the
+    options not given on the command line (``training.presets``); the run starts with a line saying what it set.
+    ``adjust(config, given)`` may change the parsed config first, knowing the option names given on the command
+    line. Bad input ends with a one-line ``error: ...`` on stderr and exit status 2.
     """
+    if presets is not None:
+        description += "\n\n--list-presets prints the recipe's presets (hyperparameters per env) and exits."
+        if "--list-presets" in sys.argv[1:]:
+            try:
+                print(list_presets(presets))
+            except InputError as error:
+                print(f"error: {error}", file=sys.stderr)
+                raise SystemExit(2) from None
+            return
     config = tyro.cli(config_type, description=description, config=(tyro.conf.OmitArgPrefixes,))
+    given = explicit_options(sys.argv[1:])
+    mark_given(config, given)  # tyro passed every field: the user's are the command line's
     if adjust is not None and config.run.resume is None:
-        config = adjust(config, explicit_options(sys.argv[1:]))
+        config = adjust(config, given)
     warnings.filterwarnings("ignore", module="pygame")
     status = 0
     try:
         if config.run.resume is not None:
             config = resumed_config(config_type, config)
+        elif presets is not None:
+            print(describe(apply_preset(config, presets)), flush=True)
         summary = main(config)
     except InputError as error:
         print(f"error: {error}", file=sys.stderr)

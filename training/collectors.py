@@ -14,6 +14,7 @@ from torch import nn
 from torchrl.collectors import Collector
 from torchrl.envs import EnvBase
 
+from agents.options import Options
 from envs.vector import make_env
 from errors import InputError, check_ranges, require_positive
 from training.config import RunConfig
@@ -107,14 +108,14 @@ def single_collector_only(run: RunConfig, feature: str) -> None:
 
 
 @dataclass
-class OffPolicyCollectorConfig:
+class OffPolicyCollectorConfig(Options):
     """Collection of the off-policy actor-critic recipes (SAC, TD3, DDPG)."""
 
     steps_per_env: int = 8
     """Steps each env takes per collected batch (frames per batch = num_envs * steps_per_env)."""
     updates_per_frame: float = 1.0
     """Gradient steps (TD3: critic updates) per collected frame, the update-to-data ratio."""
-    learning_starts: int = 1_000
+    learning_starts: int = 10_000
     """Frames of uniformly random actions collected before the first update."""
 
     def validate(self) -> None:

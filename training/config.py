@@ -9,6 +9,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
+import tyro
+
+from agents.options import Options
 from envs.classic import torch_env_class
 from envs.vector import check_device, check_env_id, env_spec
 from errors import InputError, require_positive
@@ -18,7 +21,7 @@ ConfigT = TypeVar("ConfigT")
 
 
 @dataclass
-class RunConfig:
+class RunConfig(Options):
     """Options every recipe accepts."""
 
     env_id: str = "CartPole-v1"
@@ -76,6 +79,11 @@ class RunConfig:
     overwrite: bool = False
     """Replace the run already in --output-dir (its outputs are removed first; other files there are kept).
     Without it a new run refuses a folder that holds one."""
+    preset: str = "auto"
+    """Hyperparameters for the env from the recipe's preset table (--list-presets prints it): 'auto' the env's
+    own preset if there is one, 'none' the recipe's defaults, or a preset's name. Options given explicitly win."""
+    preset_applied: tyro.conf.Suppress[dict[str, Any] | None] = None
+    """Which preset was applied and what it set (filled in when the run starts; saved in config.json)."""
     resume: Path | None = None
     """Continue the run saved in this run directory (its resume.ckpt, written with --checkpoint-every and on
     SIGINT/SIGTERM) or resume checkpoint, with its saved options, exactly where it stopped."""

@@ -116,7 +116,7 @@ def config_differences(saved: dict[str, Any], current: dict[str, Any]) -> list[s
     checkpoint written by an earlier version does not hold (a resumed run gives them their defaults)."""
     differences = []
     for name in sorted(set(saved) | set(current)):
-        if name in REPORTING_OPTIONS or name not in saved:
+        if name in REPORTING_OPTIONS or name == "preset_applied" or name not in saved:
             continue
         old, new = saved.get(name), current.get(name)
         if isinstance(old, dict) and isinstance(new, dict):

@@ -61,7 +61,9 @@ class Run:
         self.agent = agent
         self.config = config_to_dict(config)
         resumed = None if run.resume is None else read_resume(run.resume, algorithm, self.config, training)
-        if resumed is not None:  # before any folder is touched: a checkpoint that does not fit changes nothing
+        if (
+            resumed is not None
+        ):  # before any folder is touched: a checkpoint that does not fit changes nothing
             restore_training(training, resumed["training"], run.resume)
         self.output_dir = prepare_run_folder(algorithm, run, resumed is not None)
         agent.config = self.config

@@ -1,0 +1,389 @@
+"""Multi-seed benchmark suite: every (algorithm, env, seed) trained with its preset, then a report next to the
+published reference scores.
+
+    python -m benchmarks.suite --algos ppo sac --envs Hopper-v5 HalfCheetah-v5 --seeds 0 1 2 [--frames N]
+    python -m benchmarks.suite --algos sac --envs "LunarLander-v3 continuous=true" --seeds 0
+    python -m benchmarks.suite --report-only          # rebuild report.md and the plots from what is there
+
+Each run is ``python -m recipes.ALGO --env-id ENV --seed S`` (plus ``--total-frames N`` when given; the whole budget,
+no early stop), a separate process, ``--jobs`` at a time (default 2: one per core; each recipe uses one torch
+thread). Everything goes into one results folder (default ``benchmarks/results``):
+
+    runs/ALGO/ENV/seedS/   the run's own outputs (summary.json, evaluations.csv, config.json, agent.ckpt, ...)
+    logs/                  each run's console output
+    report.md              per (algorithm, env): seeds, frames, final and best evaluation (mean ± std over seeds),
+                           wall-clock, frames/s, the reference score and its source
+    summary.csv            the same, one row per run
+    curves_ENV.png         evaluation return against frames: mean and 95% bootstrap band over seeds, per algorithm
+    aggregate.png          interquartile mean of reference-normalised scores with bootstrap confidence intervals
+                           (Agarwal et al. 2021), per algorithm
+
+The suite is resumable: a finished run (summary.json) is not redone; a run stopped by the end of a session
+(SIGTERM or SIGINT to the suite, which passes it on) saved resume.ckpt and continues with ``--resume``; runs write
+resume.ckpt every ``--checkpoint-every`` frames too, so even a killed run loses at most that much. Reference
+scores are ``benchmarks/references.csv`` (RL Zoo's benchmark.md, each row with its source); a score is
+normalised as (score - random) / (reference - random), the random policy's return measured here once per env.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import random
+import re
+import signal
+import statistics
+import subprocess
+import sys
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+REFERENCES = Path(__file__).with_name("references.csv")
+BOOTSTRAP_SAMPLES = 2_000
+
+
+@dataclass(frozen=True)
+class Job:
+    algorithm: str
+    env: str  # "ENV_ID" or "ENV_ID key=value ..."
+    seed: int
+
+    @property
+    def env_id(self) -> str:
+        return self.env.split()[0]
+
+    @property
+    def env_kwargs(self) -> list[str]:
+        return self.env.split()[1:]
+
+    @property
+    def slug(self) -> str:
+        return re.sub(r"[^A-Za-z0-9_.=-]+", "_", self.env.replace(" ", "__"))
+
+    def folder(self, results: Path) -> Path:
+        return results / "runs" / self.algorithm / self.slug / f"seed{self.seed}"
+
+
+def command(job: Job, results: Path, frames: int | None, checkpoint_every: int) -> list[str]:
+    """The recipe's command line for ``job``: a fresh run, the continuation of a stopped one, or a fresh run over a
+    failed one."""
+    folder = job.folder(results)
+    reporting = [
+        "--logger",
+        "csv",
+        "--no-video",
+        "--no-progress",
+        "--checkpoint-every",
+        str(checkpoint_every),
+    ]
+    base = [sys.executable, "-m", f"recipes.{job.algorithm}"]
+    if (folder / "resume.ckpt").exists():
+        return [*base, "--resume", str(folder), *reporting]
+    options = [
+        "--env-id",
+        job.env_id,
+        "--seed",
+        str(job.seed),
+        "--output-dir",
+        str(folder),
+        "--stop-at-return",
+        "inf",
+    ]
+    if job.env_kwargs:
+        options += ["--env-kwargs", *job.env_kwargs]
+    if frames is not None:
+        options += ["--total-frames", str(frames)]
+    if folder.exists():
+        options.append("--overwrite")  # a run that failed before writing resume.ckpt
+    return [*base, *options, *reporting]
+
+
+def finished(job: Job, results: Path) -> bool:
+    return (job.folder(results) / "summary.json").exists()
+
+
+class Runner:
+    """Runs the jobs' processes, ``jobs`` at a time; SIGINT/SIGTERM are passed on to them (they save and stop)."""
+
+    def __init__(self, jobs: int):
+        self.jobs = jobs
+        self.processes: set[subprocess.Popen] = set()
+        self.stopping = False
+        self.lock = threading.Lock()
+
+    def run(self, job: Job, results: Path, frames: int | None, checkpoint_every: int) -> int:
+        if self.stopping:
+            return -1
+        logs = results / "logs"
+        logs.mkdir(parents=True, exist_ok=True)
+        log_path = logs / f"{job.algorithm}-{job.slug}-seed{job.seed}.log"
+        arguments = command(job, results, frames, checkpoint_every)
+        with open(log_path, "a") as log:
+            log.write("$ " + " ".join(arguments) + "\n")
+            log.flush()
+            process = subprocess.Popen(
+                arguments, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                env={**os.environ, "PYTHONWARNINGS": "ignore", "MUJOCO_GL": os.environ.get("MUJOCO_GL", "egl")},
+            )  # fmt: skip
+            with self.lock:
+                self.processes.add(process)
+            status = process.wait()
+            with self.lock:
+                self.processes.discard(process)
+        print(
+            f"{job.algorithm} {job.env} seed {job.seed}: " + ("done" if status == 0 else f"exit {status}"),
+            flush=True,
+        )
+        return status
+
+    def stop(self, number: int, frame: Any) -> None:
+        self.stopping = True
+        with self.lock:
+            for process in self.processes:
+                process.send_signal(number)  # each run saves resume.ckpt and exits
+        print(f"stopping: {signal.Signals(number).name} passed on to {len(self.processes)} runs", flush=True)
+
+    def run_all(self, jobs: list[Job], results: Path, frames: int | None, checkpoint_every: int) -> None:
+        signal.signal(signal.SIGINT, self.stop)
+        signal.signal(signal.SIGTERM, self.stop)
+        with ThreadPoolExecutor(self.jobs) as pool:
+            list(pool.map(lambda job: self.run(job, results, frames, checkpoint_every), jobs))
+
+
+# ---------------------------------------------------------------------------------------------------- the report
+def read_runs(results: Path) -> list[dict[str, Any]]:
+    """One record per finished run: its summary, config and evaluation curve."""
+    runs = []
+    for summary_path in sorted((results / "runs").glob("*/*/seed*/summary.json")):
+        folder = summary_path.parent
+        summary = json.loads(summary_path.read_text())
+        config = json.loads((folder / "config.json").read_text())
+        with open(folder / "evaluations.csv") as file:
+            curve = [(int(row["frames"]), float(row["return_mean"])) for row in csv.DictReader(file)]
+        env = " ".join([config["run"]["env_id"], *config["run"].get("env_kwargs", [])])
+        runs.append({"algorithm": summary["algorithm"], "env": env, "summary": summary, "curve": curve,
+                     "preset": (config["run"].get("preset_applied") or {}).get("name")})  # fmt: skip
+    return runs
+
+
+def read_references() -> dict[tuple[str, str], dict[str, str]]:
+    with open(REFERENCES) as file:
+        return {(row["algorithm"], row["env"]): row for row in csv.DictReader(file)}
+
+
+def random_score(env: str, cache: Path, episodes: int = 10) -> float:
+    """Mean return of uniformly random actions over ``episodes`` seeded episodes (cached in ``cache``)."""
+    scores = json.loads(cache.read_text()) if cache.exists() else {}
+    if env not in scores:
+        import gymnasium as gym
+
+        from training.config import parse_env_kwargs
+
+        env_id, *kwargs = env.split()
+        instance = gym.make(env_id, **parse_env_kwargs(kwargs))
+        instance.action_space.seed(0)
+        returns = []
+        for episode in range(episodes):
+            instance.reset(seed=episode)
+            total, done = 0.0, False
+            while not done:
+                _, reward, terminated, truncated, _ = instance.step(instance.action_space.sample())
+                total += float(reward)
+                done = terminated or truncated
+            returns.append(total)
+        instance.close()
+        scores[env] = statistics.mean(returns)
+        cache.write_text(json.dumps(scores, indent=2) + "\n")
+    return scores[env]
+
+
+def interquartile_mean(values: list[float]) -> float:
+    """Mean of the middle half of ``values`` (Agarwal et al. 2021: the IQM)."""
+    ordered = sorted(values)
+    cut = len(ordered) // 4
+    middle = ordered[cut : len(ordered) - cut] or ordered
+    return statistics.fmean(middle)
+
+
+def bootstrap_interval(
+    groups: list[list[float]], statistic: Any, samples: int = BOOTSTRAP_SAMPLES, seed: int = 0
+) -> tuple[float, float]:
+    """95% percentile interval of ``statistic`` over stratified bootstrap resamples: each group (an env's seeds) is
+    resampled with replacement on its own, as rliable does."""
+    generator = random.Random(seed)
+    estimates = sorted(
+        statistic([generator.choice(group) for group in groups for _ in group]) for _ in range(samples)
+    )
+    return estimates[int(0.025 * samples)], estimates[int(0.975 * samples) - 1]
+
+
+def mean_std(values: list[float]) -> str:
+    if not values:
+        return "-"
+    spread = statistics.stdev(values) if len(values) > 1 else 0.0
+    return f"{statistics.fmean(values):.1f} ± {spread:.1f}"
+
+
+def write_report(results: Path) -> Path:
+    """report.md, summary.csv and the plots from the finished runs in ``results``."""
+    runs = read_runs(results)
+    references = read_references()
+    pairs: dict[tuple[str, str], list[dict]] = {}
+    for run in runs:
+        pairs.setdefault((run["algorithm"], run["env"]), []).append(run)
+    with open(results / "summary.csv", "w", newline="") as file:
+        writer = csv.writer(file)
+        writer.writerow(["algorithm", "env", "seed", "preset", "frames", "final_return", "best_return", "wall_time_s",
+                         "fps"])  # fmt: skip
+        for run in runs:
+            summary = run["summary"]
+            writer.writerow([run["algorithm"], run["env"], summary["seed"], run["preset"], summary["frames"],
+                             summary["eval_return_mean"], max(value for _, value in run["curve"]),
+                             summary["wall_time_s"], summary["fps"]])  # fmt: skip
+    lines = [
+        "# Benchmark results",
+        "",
+        "Made by `python -m benchmarks.suite` on this machine (2 CPU cores); each run with its preset and the whole",
+        "budget (no early stop). Final: the last evaluation (deterministic, the run's --eval-episodes); best: the",
+        "best evaluation of the run. Mean ± standard deviation over seeds. Reference: the published score, its",
+        "budget and source (benchmarks/references.csv); a budget below the reference's is marked with *.",
+        "",
+        "| algorithm | env | seeds | frames | final | best | wall-clock (s) | frames/s | reference | source |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    normalised: dict[str, list[list[float]]] = {}
+    for (algorithm, env), group in sorted(pairs.items()):
+        frames = [run["summary"]["frames"] for run in group]
+        final = [run["summary"]["eval_return_mean"] for run in group]
+        best = [max(value for _, value in run["curve"]) for run in group]
+        reference = references.get((algorithm, env))
+        budget = min(frames)
+        if reference is not None:
+            below = budget < int(reference["frames"]) * 0.99
+            reference_text = f"{float(reference['score']):.1f} at {int(reference['frames']):,}" + (
+                "*" if below else ""
+            )
+            source = reference["source"]
+            floor = random_score(env, results / "random_scores.json")
+            scale = float(reference["score"]) - floor
+            if scale > 0:
+                normalised.setdefault(algorithm, []).append([(value - floor) / scale for value in final])
+        else:
+            reference_text, source = "-", "-"
+        lines.append(
+            f"| {algorithm} | {env} | {len(group)} | {budget:,} | {mean_std(final)} | {mean_std(best)} | "
+            f"{statistics.fmean(run['summary']['wall_time_s'] for run in group):.0f} | "
+            f"{statistics.fmean(run['summary']['fps'] for run in group):.0f} | {reference_text} | {source} |"
+        )
+    if normalised:
+        lines += ["", "## Aggregate", "", "Interquartile mean of the final returns normalised as (score - random) /",
+                  "(reference - random), 95% stratified bootstrap interval over seeds (Agarwal et al. 2021):", "",
+                  "| algorithm | pairs | IQM | 95% interval |", "|---|---|---|---|"]  # fmt: skip
+        for algorithm, groups in sorted(normalised.items()):
+            flat = [value for group in groups for value in group]
+            low, high = bootstrap_interval(groups, interquartile_mean)
+            lines.append(
+                f"| {algorithm} | {len(groups)} | {interquartile_mean(flat):.2f} | [{low:.2f}, {high:.2f}] |"
+            )
+    plot(results, pairs, normalised)
+    lines += [
+        "",
+        "Plots: " + ", ".join(f"[{path.name}]({path.name})" for path in sorted(results.glob("*.png"))),
+    ]
+    report = results / "report.md"
+    report.write_text("\n".join(lines) + "\n")
+    return report
+
+
+def plot(
+    results: Path, pairs: dict[tuple[str, str], list[dict]], normalised: dict[str, list[list[float]]]
+) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    for env in sorted({env for _, env in pairs}):
+        figure, axes = plt.subplots(figsize=(6, 4))
+        for (algorithm, pair_env), group in sorted(pairs.items()):
+            if pair_env != env:
+                continue
+            frames = sorted({frame for run in group for frame, _ in run["curve"]})
+            means, lows, highs = [], [], []
+            for frame in frames:
+                values = [value for run in group for at, value in run["curve"] if at == frame]
+                means.append(statistics.fmean(values))
+                low, high = bootstrap_interval([values], statistics.fmean, samples=500)
+                lows.append(low)
+                highs.append(high)
+            axes.plot(frames, means, label=f"{algorithm} ({len(group)} seeds)")
+            axes.fill_between(frames, lows, highs, alpha=0.25)
+        axes.set_xlabel("frames")
+        axes.set_ylabel("evaluation return")
+        axes.set_title(env)
+        axes.legend()
+        figure.tight_layout()
+        figure.savefig(results / f"curves_{re.sub(r'[^A-Za-z0-9_.=-]+', '_', env)}.png", dpi=100)
+        plt.close(figure)
+    if normalised:
+        figure, axes = plt.subplots(figsize=(6, 1 + 0.5 * len(normalised)))
+        for row, (algorithm, groups) in enumerate(sorted(normalised.items())):
+            flat = [value for group in groups for value in group]
+            low, high = bootstrap_interval(groups, interquartile_mean)
+            axes.plot([low, high], [row, row], linewidth=6, alpha=0.5)
+            axes.plot([interquartile_mean(flat)], [row], "k|", markersize=14)
+        axes.set_yticks(range(len(normalised)), sorted(normalised))
+        axes.set_xlabel("IQM of reference-normalised score (1 = the reference)")
+        figure.tight_layout()
+        figure.savefig(results / "aggregate.png", dpi=100)
+        plt.close(figure)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--algos", nargs="+", default=[], help="recipes, e.g. ppo sac")
+    parser.add_argument("--envs", nargs="+", default=[], help='env ids, with kwargs as "ID key=value"')
+    parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
+    parser.add_argument("--frames", type=int, default=None, help="budget per run (default: the preset's)")
+    parser.add_argument("--results", type=Path, default=Path(__file__).with_name("results"))
+    parser.add_argument("--jobs", type=int, default=2, help="runs at a time")
+    parser.add_argument(
+        "--checkpoint-every", type=int, default=50_000, help="frames between resume checkpoints"
+    )
+    parser.add_argument(
+        "--report-only", action="store_true", help="only rebuild the report from finished runs"
+    )
+    args = parser.parse_args(argv)
+    if args.frames is not None and args.frames <= 0 or args.jobs <= 0 or args.checkpoint_every <= 0:
+        parser.error("--frames, --jobs and --checkpoint-every must be positive")
+    args.results.mkdir(parents=True, exist_ok=True)
+    if not args.report_only:
+        for algorithm in args.algos:
+            if not (ROOT / "recipes" / f"{algorithm}.py").exists():
+                parser.error(f"no recipe {algorithm!r} (recipes/{algorithm}.py)")
+        jobs = [Job(a, e, s) for a in args.algos for e in args.envs for s in args.seeds]
+        pending = [job for job in jobs if not finished(job, args.results)]
+        print(
+            f"{len(jobs) - len(pending)} of {len(jobs)} runs already finished; {len(pending)} to run",
+            flush=True,
+        )
+        runner = Runner(args.jobs)
+        runner.run_all(pending, args.results, args.frames, args.checkpoint_every)
+        if runner.stopping:
+            print("stopped; run the same command again to continue", flush=True)
+    if any((args.results / "runs").glob("*/*/seed*/summary.json")):
+        print(f"report: {write_report(args.results)}")
+    else:
+        print("no finished runs yet")
+
+
+if __name__ == "__main__":
+    main()

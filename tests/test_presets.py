@@ -1,0 +1,258 @@
+"""Presets: every table of every recipe loads and validates; the env's preset fills in what was not given; options
+given on the command line or set in Python win; --preset none and --preset NAME; bad preset files and names are
+one-line errors; what applied is in config.json and on the first line of the run; reward normalisation."""
+
+import importlib
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from run_helpers import interrupt_at
+
+from agents import RewardNormalizer
+from errors import InputError
+from recipes import a2c, dqn, ppo, qlearning, sac
+from training import quiet
+from training.presets import apply_preset, find_preset, mark_given, read_presets
+
+ROOT = Path(__file__).parents[1]
+RECIPES = ["ppo", "a2c", "dqn", "sac", "td3", "ddpg", "reinforce", "vpg", "rnd_ppo", "qlearning", "es"]
+
+
+def config_type(module):
+    return next(
+        value
+        for name, value in vars(module).items()
+        if name.endswith("Config")
+        and getattr(value, "__module__", "") == module.__name__
+        and "run" in getattr(value, "__dataclass_fields__", {})
+    )
+
+
+@pytest.mark.parametrize("name", RECIPES)
+def test_every_preset_loads_names_its_source_and_validates(name):
+    module = importlib.import_module(f"recipes.{name}")
+    presets = read_presets(module.PRESETS)
+    assert presets, f"{name} has no presets"
+    for preset in presets.values():
+        assert preset.source
+        config = config_type(module)()
+        config.run.preset = preset.name
+        if not preset.is_pattern:
+            config.run.env_id = preset.env_id
+            config.run.env_kwargs = tuple(
+                f"{key}={json.dumps(value)}" for key, value in preset.env_kwargs.items()
+            )
+        record = apply_preset(config, module.PRESETS)
+        assert record["name"] == preset.name and set(record["set"]) == set(preset.options)
+        config.validate()  # every value fits its option's range
+
+
+def test_issue_coverage_of_presets():
+    """The (recipe, env) pairs README promises a preset for."""
+    wanted = {
+        "ppo": ["CartPole-v1", "Pendulum-v1", "Acrobot-v1", "MountainCar-v0", "MountainCarContinuous-v0",
+                "LunarLander-v3", ("LunarLander-v3", {"continuous": True}), "BipedalWalker-v3", "HalfCheetah-v5",
+                "Hopper-v5", "Walker2d-v5", "Ant-v5", "ALE/Pong-v5", "ALE/Breakout-v5"],
+        "a2c": ["CartPole-v1", "Pendulum-v1", "Acrobot-v1", "MountainCar-v0", "MountainCarContinuous-v0",
+                "LunarLander-v3", "HalfCheetah-v5", "Hopper-v5", "Walker2d-v5", "Ant-v5"],
+        "dqn": ["CartPole-v1", "Acrobot-v1", "MountainCar-v0", "LunarLander-v3", "ALE/Pong-v5", "ALE/Breakout-v5"],
+        "sac": ["Pendulum-v1", "CartPole-v1", "MountainCarContinuous-v0", ("LunarLander-v3", {"continuous": True}),
+                "BipedalWalker-v3", "HalfCheetah-v5", "Hopper-v5", "Walker2d-v5", "Ant-v5", "Humanoid-v5"],
+        "td3": ["Pendulum-v1", "MountainCarContinuous-v0", ("LunarLander-v3", {"continuous": True}),
+                "BipedalWalker-v3", "HalfCheetah-v5", "Hopper-v5", "Walker2d-v5", "Ant-v5"],
+        "ddpg": ["Pendulum-v1", "MountainCarContinuous-v0", ("LunarLander-v3", {"continuous": True}),
+                 "HalfCheetah-v5", "Hopper-v5", "Walker2d-v5", "Ant-v5"],
+        "qlearning": ["Taxi-v4", "FrozenLake-v1", "CliffWalking-v1", "MountainCar-v0"],
+    }  # fmt: skip
+    for name, envs in wanted.items():
+        presets = read_presets(importlib.import_module(f"recipes.{name}").PRESETS)
+        for env in envs:
+            env_id, env_kwargs = env if isinstance(env, tuple) else (env, {})
+            assert find_preset(presets, env_id, env_kwargs) is not None, (name, env)
+
+
+def test_the_envs_preset_fills_only_the_options_the_user_left_alone(output_dir):
+    config = ppo.PPOConfig(optim=ppo.OptimConfig(minibatch_size=64))  # given, at the default's value: wins
+    config.run.env_id = "LunarLander-v3"
+    config.optim.lr = 1e-3  # set in Python: wins
+    config.loss.gamma = 0.99  # assigned, at the default's value: wins over the preset's 0.999
+    record = apply_preset(config, ppo.PRESETS)
+    assert record["name"] == "LunarLander-v3" and record["source"].startswith("RL Zoo")
+    assert config.optim.lr == 1e-3 and config.loss.gamma == 0.99 and config.optim.minibatch_size == 64
+    assert not {"lr", "gamma", "minibatch_size"} & set(record["set"])
+    assert config.run.num_envs == 16 and config.collector.steps_per_env == 1024 and config.loss.gae_lambda == 0.98
+    assert record["set"]["gae_lambda"] == 0.98 and record["set"]["entropy_coef"] == 0.01
+    assert not config.loss.assigned - {"gamma"}  # what the preset set is not counted as the user's
+
+
+def test_options_given_on_the_command_line_win_even_at_the_default_value():
+    config = ppo.PPOConfig(loss=ppo.LossConfig(gamma=0.99))
+    config.run.env_id = "LunarLander-v3"
+    mark_given(config, {"env_id", "gamma"})  # a parser passes every field; --gamma 0.99 was on the command line
+    apply_preset(config, ppo.PRESETS)
+    assert config.loss.gamma == 0.99 and config.run.num_envs == 16 and config.loss.gae_lambda == 0.98
+
+
+def test_preset_none_a_named_preset_and_an_unknown_name():
+    config = ppo.PPOConfig()
+    config.run.env_id, config.run.preset = "LunarLander-v3", "none"
+    assert apply_preset(config, ppo.PRESETS)["name"] is None
+    assert config.run.num_envs == 1 and config.optim.lr == 3e-4  # the generic defaults
+    config = ppo.PPOConfig()
+    config.run.env_id, config.run.preset = "Acrobot-v1", "CartPole-v1"
+    assert apply_preset(config, ppo.PRESETS)["name"] == "CartPole-v1" and config.optim.lr == 2e-3
+    config.run.preset = "Hopper"
+    with pytest.raises(InputError, match="not a preset of this recipe.*Hopper-v5"):
+        apply_preset(config, ppo.PRESETS)
+
+
+def test_env_kwargs_choose_the_preset_exactly():
+    presets = read_presets(ppo.PRESETS)
+    assert find_preset(presets, "LunarLander-v3", {}).name == "LunarLander-v3"
+    assert find_preset(presets, "LunarLander-v3", {"continuous": True}).name == "LunarLanderContinuous"
+    assert find_preset(presets, "LunarLander-v3", {"continuous": True, "gravity": -9.0}) is None
+    assert find_preset(presets, "ALE/Breakout-v5", {}).name == "atari"  # a pattern
+    assert find_preset(presets, "MyEnv-v0", {}) is None
+
+
+def test_an_env_without_preset_gets_the_generic_defaults():
+    config = sac.SACConfig()
+    config.run.env_id = "InvertedPendulum-v5"
+    assert apply_preset(config, sac.PRESETS)["name"] is None
+    assert config.network.hidden_sizes == (256, 256) and config.optim.lr == 3e-4
+    assert config.buffer.batch_size == 256 and config.collector.learning_starts == 10_000
+
+
+def test_a_reused_config_takes_the_new_envs_preset():
+    config = dqn.DQNConfig()
+    apply_preset(config, dqn.PRESETS)  # CartPole-v1
+    assert config.network.hidden_sizes == (128, 128)
+    config.buffer.batch_size = 256  # the user's own setting survives the switch
+    config.run.env_id = "MountainCar-v0"
+    record = apply_preset(config, dqn.PRESETS)
+    assert record["name"] == "MountainCar-v0"
+    assert (
+        config.network.hidden_sizes == (256, 256)
+        and config.optim.lr == 4e-3
+        and config.buffer.batch_size == 256
+    )
+    config.run.env_id = "Taxi-v4"  # no preset: CartPole's and MountainCar's settings are gone
+    apply_preset(config, dqn.PRESETS)
+    assert (
+        config.network.hidden_sizes == (64, 64)
+        and config.optim.lr == 1e-4
+        and config.buffer.batch_size == 256
+    )
+
+
+def test_qlearning_mountain_car_runs_with_nothing_but_the_env_id():
+    config = qlearning.QLearningConfig()
+    config.run.env_id = "MountainCar-v0"
+    apply_preset(config, qlearning.PRESETS)
+    assert config.table.grid_size == 20 and config.run.env_backend == "torch"
+    config.validate()
+
+
+def test_bad_preset_files_are_one_line_errors(tmp_path):
+    config = a2c.A2CConfig()
+    cases = {
+        '["CartPole-v1"]\nsource = "x"\nlearning_rate = 1e-3\n': "learning_rate.*not an option",
+        '["CartPole-v1"]\nsource = "x"\nlr = "fast"\n': "lr to 'fast' is not a number",
+        '["CartPole-v1"]\nlr = 1e-3\n': "has no source",
+        '["CartPole-v1"\nsource = "x"\n': "Could not read the preset file",
+        '["CartPole-v1"]\nsource = "x"\noptimizer = "sgd"\n': "not one of 'rmsprop', 'adam'",
+    }
+    for text, message in cases.items():
+        path = tmp_path / "presets.toml"
+        path.write_text(text)
+        fresh = a2c.A2CConfig()
+        with pytest.raises(InputError, match=message):
+            apply_preset(fresh, path)
+    assert config.optim.lr == a2c.A2CConfig().optim.lr
+
+
+def test_config_json_and_the_first_line_say_what_the_preset_set(tmp_path):
+    output_dir = tmp_path / "run"
+    result = subprocess.run(
+        [sys.executable, "-m", "recipes.dqn", "--total-frames", "256", "--eval-every", "256", "--eval-episodes",
+         "1", "--learning-starts", "64", "--lr", "1e-4", "--no-progress", "--no-video", "--logger", "none",
+         "--output-dir", str(output_dir)],
+        check=False, cwd=ROOT, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    first = result.stdout.splitlines()[0]
+    assert (
+        first.startswith("preset CartPole-v1 (this project's tuning") and "hidden_sizes=[128, 128]" in first
+    )
+    applied = json.loads((output_dir / "config.json").read_text())["run"]["preset_applied"]
+    assert (
+        applied["name"] == "CartPole-v1"
+        and "lr" not in applied["set"]
+        and "total_frames" not in applied["set"]
+    )
+    assert applied["set"]["batch_size"] == 128
+    # the run resumes with its saved options and does not apply the preset again
+    config = json.loads((output_dir / "config.json").read_text())
+    assert config["optim"]["lr"] == 1e-4 and config["network"]["hidden_sizes"] == [128, 128]
+
+
+def test_list_presets_prints_every_table_with_its_source():
+    result = subprocess.run(
+        [sys.executable, "-m", "recipes.sac", "--list-presets"],
+        check=False,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    for name in read_presets(sac.PRESETS):
+        assert f"\n{name}" in result.stdout
+    assert "--hidden-sizes 400 300" in result.stdout and "source: RL Zoo" in result.stdout
+
+
+def test_reward_normalizer_divides_by_the_std_of_the_discounted_return():
+    normalizer = RewardNormalizer(num_envs=2, gamma=0.5)
+    reward = torch.tensor([[1.0, 1.0, 1.0], [2.0, 0.0, 2.0]]).unsqueeze(-1)
+    done = torch.tensor([[False, True, False], [False, False, False]]).unsqueeze(-1)
+    scaled = normalizer(reward, done)
+    returns = torch.tensor([1.0, 1.5, 1.0, 2.0, 1.0, 2.5], dtype=torch.float64)  # reset after the done
+    std = torch.sqrt(returns.var(unbiased=False) + 1e-8)
+    torch.testing.assert_close(scaled, (reward / std).float())
+    assert normalizer.returns.tolist() == [1.0, 2.5]  # carried into the next batch
+    # statistics and running returns are buffers: they travel with the training state
+    restored = RewardNormalizer(num_envs=2, gamma=0.5)
+    restored.load_state_dict(normalizer.state_dict())
+    torch.testing.assert_close(restored(reward, done), normalizer(reward, done))
+    with pytest.raises(ValueError, match="envs=2"):
+        normalizer(torch.zeros(3, 4, 1), torch.zeros(3, 4, 1, dtype=torch.bool))
+
+
+def test_ppo_with_reward_normalization_and_clipped_values_resumes_exactly(output_dir, tmp_path, monkeypatch):
+    """The reward statistics are part of resume.ckpt: a run split in two equals the run in one piece."""
+
+    def config(directory):
+        return quiet(
+            ppo.PPOConfig(), directory, env_id="Pendulum-v1", total_frames=2_048, eval_every=1_024, eval_episodes=2,
+            num_envs=4, preset="none",
+        )  # fmt: skip
+
+    def tune(config):
+        config.collector.steps_per_env, config.optim.minibatch_size = 128, 128
+        config.loss.normalize_reward, config.loss.clip_value, config.optim.critic_lr = True, 0.2, 1e-3
+        return config
+
+    whole = ppo.main(tune(config(tmp_path / "whole")))
+    split = tune(config(output_dir))
+    split.run.checkpoint_every = 1_024
+    with monkeypatch.context() as patch:
+        interrupt_at(patch, 1_024)
+        ppo.main(split)
+    resumed = tune(config(output_dir))
+    resumed.run.resume = output_dir
+    result = ppo.main(resumed)
+    assert result["eval_return_mean"] == whole["eval_return_mean"]

@@ -1,0 +1,56 @@
+"""The benchmark suite: runs each (algorithm, env, seed) once, continues stopped runs, and reports against the
+reference scores."""
+
+import csv
+import sys
+from pathlib import Path
+
+from benchmarks import suite
+
+
+def test_commands_start_continue_or_replace_a_run(tmp_path):
+    job = suite.Job("sac", "LunarLander-v3 continuous=true", 1)
+    folder = job.folder(tmp_path)
+    assert folder == tmp_path / "runs" / "sac" / "LunarLander-v3__continuous=true" / "seed1"
+    fresh = suite.command(job, tmp_path, 5_000, 1_000)
+    assert fresh[:3] == [sys.executable, "-m", "recipes.sac"]
+    assert fresh[fresh.index("--env-kwargs") + 1] == "continuous=true"
+    assert fresh[fresh.index("--total-frames") + 1] == "5000" and "--overwrite" not in fresh
+    assert fresh[fresh.index("--stop-at-return") + 1] == "inf"  # the whole budget
+    folder.mkdir(parents=True)
+    assert "--overwrite" in suite.command(job, tmp_path, 5_000, 1_000)  # a run that failed early
+    (folder / "resume.ckpt").write_bytes(b"")
+    resumed = suite.command(job, tmp_path, 5_000, 1_000)
+    assert resumed[3:5] == ["--resume", str(folder)] and "--env-id" not in resumed
+
+
+def test_statistics():
+    assert suite.interquartile_mean([0, 1, 2, 3, 4, 5, 6, 100]) == 3.5
+    low, high = suite.bootstrap_interval([[1.0, 2.0, 3.0], [10.0, 11.0, 12.0]], suite.interquartile_mean)
+    assert 1.0 <= low <= high <= 12.0
+
+
+def test_suite_runs_each_seed_once_and_reports(tmp_path, capsys):
+    arguments = ["--algos", "ppo", "--envs", "CartPole-v1", "--seeds", "0", "1", "--frames", "512",
+                 "--results", str(tmp_path)]  # fmt: skip
+    suite.main(arguments)
+    output = capsys.readouterr().out
+    assert "0 of 2 runs already finished; 2 to run" in output
+    for seed in (0, 1):
+        assert (tmp_path / "runs" / "ppo" / "CartPole-v1" / f"seed{seed}" / "summary.json").exists()
+    report = (tmp_path / "report.md").read_text()
+    row = next(line for line in report.splitlines() if line.startswith("| ppo | CartPole-v1 |"))
+    assert "| 2 | 512 |" in row and "500.0 at 100,000*" in row and "RL Zoo" in row
+    assert "| ppo | 1 |" in report  # the aggregate: one (algorithm, env) pair
+    assert (tmp_path / "curves_CartPole-v1.png").exists() and (tmp_path / "aggregate.png").exists()
+    with open(tmp_path / "summary.csv") as file:
+        rows = list(csv.DictReader(file))
+    assert [row["seed"] for row in rows] == ["0", "1"] and {row["preset"] for row in rows} == {"CartPole-v1"}
+    suite.main(arguments)  # nothing left to do
+    assert "2 of 2 runs already finished; 0 to run" in capsys.readouterr().out
+
+
+def test_report_only_without_runs(tmp_path, capsys):
+    suite.main(["--report-only", "--results", str(tmp_path / "empty")])
+    assert "no finished runs yet" in capsys.readouterr().out
+    assert not Path(tmp_path / "empty" / "report.md").exists()
