@@ -9,8 +9,10 @@ Each run is ``python -m recipes.ALGO --env-id ENV --seed S`` (plus ``--total-fra
 no early stop), a separate process, ``--jobs`` at a time (default 2: one per core; each recipe uses one torch
 thread). Everything goes into one results folder (default ``benchmarks/results``):
 
-    runs/ALGO/ENV/seedS/   the run's own outputs (summary.json, evaluations.csv, config.json, agent.ckpt, ...)
-    logs/                  each run's console output
+    records/ALGO/ENV/seedS.json   a finished run's summary, evaluation curve and preset: what the report reads
+                           (small files, kept in the repository)
+    runs/ALGO/ENV/seedS/   the run's own outputs (agent.ckpt, resume.ckpt, ...; not kept in the repository)
+    logs/                  each run's console output (not kept either)
     report.md              per (algorithm, env): seeds, frames, final and best evaluation (mean ± std over seeds),
                            wall-clock, frames/s, the reference score and its source
     summary.csv            the same, one row per run
@@ -18,7 +20,7 @@ thread). Everything goes into one results folder (default ``benchmarks/results``
     aggregate.png          interquartile mean of reference-normalised scores with bootstrap confidence intervals
                            (Agarwal et al. 2021), per algorithm
 
-The suite is resumable: a finished run (summary.json) is not redone; a run stopped by the end of a session
+The suite is resumable: a finished run (its record) is not redone; a run stopped by the end of a session
 (SIGTERM or SIGINT to the suite, which passes it on) saved resume.ckpt and continues with ``--resume``; runs write
 resume.ckpt every ``--checkpoint-every`` frames too, so even a killed run loses at most that much. Reference
 scores are ``benchmarks/references.csv`` (RL Zoo's benchmark.md, each row with its source); a score is
@@ -69,6 +71,9 @@ class Job:
     def folder(self, results: Path) -> Path:
         return results / "runs" / self.algorithm / self.slug / f"seed{self.seed}"
 
+    def record(self, results: Path) -> Path:
+        return results / "records" / self.algorithm / self.slug / f"seed{self.seed}.json"
+
 
 def command(job: Job, results: Path, frames: int | None, checkpoint_every: int) -> list[str]:
     """The recipe's command line for ``job``: a fresh run, the continuation of a stopped one, or a fresh run over a
@@ -105,7 +110,24 @@ def command(job: Job, results: Path, frames: int | None, checkpoint_every: int) 
 
 
 def finished(job: Job, results: Path) -> bool:
-    return (job.folder(results) / "summary.json").exists()
+    """Whether ``job`` has its record (written from its run folder here if the run finished without one)."""
+    if not job.record(results).exists() and (job.folder(results) / "summary.json").exists():
+        write_record(job, results)
+    return job.record(results).exists()
+
+
+def write_record(job: Job, results: Path) -> None:
+    """The report's view of a finished run: summary, evaluation curve, preset and options."""
+    folder = job.folder(results)
+    summary = json.loads((folder / "summary.json").read_text())
+    config = json.loads((folder / "config.json").read_text())
+    with open(folder / "evaluations.csv") as file:
+        curve = [[int(row["frames"]), float(row["return_mean"])] for row in csv.DictReader(file)]
+    record = {"algorithm": job.algorithm, "env": job.env, "seed": job.seed, "summary": summary, "curve": curve,
+              "preset": (config["run"].get("preset_applied") or {}).get("name"), "config": config}  # fmt: skip
+    path = job.record(results)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(record, indent=1) + "\n")
 
 
 class Runner:
@@ -136,6 +158,8 @@ class Runner:
             status = process.wait()
             with self.lock:
                 self.processes.discard(process)
+        if status == 0 and (job.folder(results) / "summary.json").exists():
+            write_record(job, results)
         print(
             f"{job.algorithm} {job.env} seed {job.seed}: " + ("done" if status == 0 else f"exit {status}"),
             flush=True,
@@ -158,18 +182,8 @@ class Runner:
 
 # ---------------------------------------------------------------------------------------------------- the report
 def read_runs(results: Path) -> list[dict[str, Any]]:
-    """One record per finished run: its summary, config and evaluation curve."""
-    runs = []
-    for summary_path in sorted((results / "runs").glob("*/*/seed*/summary.json")):
-        folder = summary_path.parent
-        summary = json.loads(summary_path.read_text())
-        config = json.loads((folder / "config.json").read_text())
-        with open(folder / "evaluations.csv") as file:
-            curve = [(int(row["frames"]), float(row["return_mean"])) for row in csv.DictReader(file)]
-        env = " ".join([config["run"]["env_id"], *config["run"].get("env_kwargs", [])])
-        runs.append({"algorithm": summary["algorithm"], "env": env, "summary": summary, "curve": curve,
-                     "preset": (config["run"].get("preset_applied") or {}).get("name")})  # fmt: skip
-    return runs
+    """The records of the finished runs."""
+    return [json.loads(path.read_text()) for path in sorted((results / "records").glob("*/*/seed*.json"))]
 
 
 def read_references() -> dict[tuple[str, str], dict[str, str]]:
@@ -379,7 +393,7 @@ def main(argv: list[str] | None = None) -> None:
         runner.run_all(pending, args.results, args.frames, args.checkpoint_every)
         if runner.stopping:
             print("stopped; run the same command again to continue", flush=True)
-    if any((args.results / "runs").glob("*/*/seed*/summary.json")):
+    if any((args.results / "records").glob("*/*/seed*.json")):
         print(f"report: {write_report(args.results)}")
     else:
         print("no finished runs yet")

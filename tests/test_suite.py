@@ -2,6 +2,7 @@
 reference scores."""
 
 import csv
+import shutil
 import sys
 from pathlib import Path
 
@@ -46,6 +47,8 @@ def test_suite_runs_each_seed_once_and_reports(tmp_path, capsys):
     with open(tmp_path / "summary.csv") as file:
         rows = list(csv.DictReader(file))
     assert [row["seed"] for row in rows] == ["0", "1"] and {row["preset"] for row in rows} == {"CartPole-v1"}
+    assert (tmp_path / "records" / "ppo" / "CartPole-v1" / "seed1.json").exists()
+    shutil.rmtree(tmp_path / "runs")  # a new checkout: the records, kept in the repository, are what counts
     suite.main(arguments)  # nothing left to do
     assert "2 of 2 runs already finished; 0 to run" in capsys.readouterr().out
 
