@@ -33,9 +33,12 @@ from collections.abc import Collection
 from pathlib import Path
 from typing import Any, Literal
 
-import tomllib
-
 from errors import InputError
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib
 
 META_KEYS = {"source", "env_id", "env_kwargs"}
 
