@@ -338,7 +338,7 @@ def plot(
                 low, high = bootstrap_interval([values], statistics.fmean, samples=500)
                 lows.append(low)
                 highs.append(high)
-            axes.plot(frames, means, label=f"{algorithm} ({len(group)} seeds)")
+            axes.plot(frames, means, label=f"{algorithm} ({len(group)} seed{'s' if len(group) > 1 else ''})")
             axes.fill_between(frames, lows, highs, alpha=0.25)
         axes.set_xlabel("frames")
         axes.set_ylabel("evaluation return")

@@ -230,8 +230,13 @@ def apply_preset(config: Any, path: Path, given: Collection[str] | None = None) 
     defaults = type(config)()
     paths = option_paths(config)
     if previous is not None:  # undo what the last preset set and nobody changed since
+        user_set = assigned_options(config)
         for name, value in previous.get("set", {}).items():
-            if name in paths and json_ready(get_option(config, paths[name])) == value:
+            if (
+                name in paths
+                and name not in user_set
+                and json_ready(get_option(config, paths[name])) == value
+            ):
                 set_option(config, paths[name], get_option(defaults, paths[name]))
     presets = read_presets(path)
     if run.preset == "none":

@@ -61,15 +61,13 @@ class Run:
         self.agent = agent
         self.config = config_to_dict(config)
         resumed = None if run.resume is None else read_resume(run.resume, algorithm, self.config, training)
-        if (
-            resumed is not None
-        ):  # before any folder is touched: a checkpoint that does not fit changes nothing
+        # before any folder is touched: a checkpoint that does not fit changes nothing
+        if resumed is not None:
             restore_training(training, resumed["training"], run.resume)
         self.output_dir = prepare_run_folder(algorithm, run, resumed is not None)
         agent.config = self.config
-        agent.env_kwargs = (
-            run.env_options
-        )  # the agent makes its evaluation envs as the run made its training envs
+        # the agent makes its evaluation envs as the run made its training envs
+        agent.env_kwargs = run.env_options
         write_text(self.output_dir / "config.json", json.dumps(self.config, indent=2) + "\n")
         logger = make_logger(
             run, algorithm, self.output_dir, self.config, wandb_id=resumed and resumed["run"]["wandb_id"]
