@@ -75,10 +75,37 @@ class Job:
         return results / "records" / self.algorithm / self.slug / f"seed{self.seed}.json"
 
 
+def recipe_budget(algorithm: str, env: str) -> tuple[int, int, int]:
+    """(total frames, eval every, eval episodes) of ``algorithm`` on ``env`` with its preset."""
+    import importlib
+
+    from training.presets import apply_preset
+
+    module = importlib.import_module(f"recipes.{algorithm}")
+    config_type = next(
+        value
+        for name, value in vars(module).items()
+        if name.endswith("Config") and getattr(value, "__module__", "") == module.__name__
+        and "run" in getattr(value, "__dataclass_fields__", {})
+    )  # fmt: skip
+    config = config_type()
+    config.run.env_id, config.run.env_kwargs = env.split()[0], tuple(env.split()[1:])
+    apply_preset(config, module.PRESETS)
+    return config.run.total_frames, config.run.eval_every, config.run.eval_episodes
+
+
 def command(job: Job, results: Path, frames: int | None, checkpoint_every: int) -> list[str]:
     """The recipe's command line for ``job``: a fresh run, the continuation of a stopped one, or a fresh run over a
-    failed one."""
+    failed one. An ``sb3-ALGO`` job runs Stable-Baselines3 with RL Zoo's settings at the recipe's budget and
+    evaluation cadence (``benchmarks/sb3_runner.py``; it starts over when stopped)."""
     folder = job.folder(results)
+    if job.algorithm.startswith("sb3-"):
+        algorithm = job.algorithm.removeprefix("sb3-")
+        total, eval_every, eval_episodes = recipe_budget(algorithm, job.env)
+        total = frames if frames is not None else total
+        return [sys.executable, "-m", "benchmarks.sb3_runner", "--algo", algorithm, "--env", job.env_id,
+                "--seed", str(job.seed), "--frames", str(total), "--eval-every", str(min(eval_every, total)),
+                "--eval-episodes", str(eval_episodes), "--output-dir", str(folder)]  # fmt: skip
     reporting = [
         "--logger",
         "csv",
@@ -109,9 +136,15 @@ def command(job: Job, results: Path, frames: int | None, checkpoint_every: int) 
     return [*base, *options, *reporting]
 
 
+def completed(job: Job, results: Path) -> bool:
+    """Whether the run in ``job``'s folder spent its budget (a run stopped by a signal also writes summary.json)."""
+    path = job.folder(results) / "summary.json"
+    return path.exists() and json.loads(path.read_text()).get("interrupted_by") is None
+
+
 def finished(job: Job, results: Path) -> bool:
-    """Whether ``job`` has its record (written from its run folder here if the run finished without one)."""
-    if not job.record(results).exists() and (job.folder(results) / "summary.json").exists():
+    """Whether ``job`` has its record (written from its run folder here if the run completed without one)."""
+    if not job.record(results).exists() and completed(job, results):
         write_record(job, results)
     return job.record(results).exists()
 
@@ -158,7 +191,7 @@ class Runner:
             status = process.wait()
             with self.lock:
                 self.processes.discard(process)
-        if status == 0 and (job.folder(results) / "summary.json").exists():
+        if status == 0 and completed(job, results):
             write_record(job, results)
         print(
             f"{job.algorithm} {job.env} seed {job.seed}: " + ("done" if status == 0 else f"exit {status}"),
@@ -278,7 +311,7 @@ def write_report(results: Path) -> Path:
         frames = [run["summary"]["frames"] for run in group]
         final = [run["summary"]["eval_return_mean"] for run in group]
         best = [max(value for _, value in run["curve"]) for run in group]
-        reference = references.get((algorithm, env))
+        reference = references.get((algorithm.removeprefix("sb3-"), env))
         budget = min(frames)
         if reference is not None:
             below = budget < int(reference["frames"]) * 0.99
@@ -306,6 +339,23 @@ def write_report(results: Path) -> Path:
             low, high = bootstrap_interval(groups, interquartile_mean)
             lines.append(
                 f"| {algorithm} | {len(groups)} | {interquartile_mean(flat):.2f} | [{low:.2f}, {high:.2f}] |"
+            )
+    against = [(algorithm, env) for algorithm, env in sorted(pairs) if (f"sb3-{algorithm}", env) in pairs]
+    if against:
+        lines += ["", "## Against Stable-Baselines3 at the same frames", "",
+                  "Stable-Baselines3 with RL Zoo's settings (`--with-sb3`), the same seeds, frames and evaluations, in",
+                  "the same suite run. Speed: SB3's wall-clock over ours (above 1: ours is faster).", "",
+                  "| algorithm | env | seeds | frames | final (ours) | final (SB3) | wall-clock ours / SB3 (s) | speed |",
+                  "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+        for algorithm, env in against:
+            ours, theirs = pairs[(algorithm, env)], pairs[(f"sb3-{algorithm}", env)]
+            ours_time = statistics.fmean(run["summary"]["wall_time_s"] for run in ours)
+            sb3_time = statistics.fmean(run["summary"]["wall_time_s"] for run in theirs)
+            lines.append(
+                f"| {algorithm} | {env} | {len(ours)} / {len(theirs)} | {min(r['summary']['frames'] for r in ours):,} | "
+                f"{mean_std([r['summary']['eval_return_mean'] for r in ours])} | "
+                f"{mean_std([r['summary']['eval_return_mean'] for r in theirs])} | "
+                f"{ours_time:.0f} / {sb3_time:.0f} | {sb3_time / ours_time:.2f}x |"
             )
     plot(results, pairs, normalised)
     lines += [
@@ -377,6 +427,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--report-only", action="store_true", help="only rebuild the report from finished runs"
     )
+    parser.add_argument(
+        "--with-sb3",
+        action="store_true",
+        help="also run Stable-Baselines3 with RL Zoo's settings (bench extra)",
+    )
     args = parser.parse_args(argv)
     if args.frames is not None and args.frames <= 0 or args.jobs <= 0 or args.checkpoint_every <= 0:
         parser.error("--frames, --jobs and --checkpoint-every must be positive")
@@ -385,7 +440,9 @@ def main(argv: list[str] | None = None) -> None:
         for algorithm in args.algos:
             if not (ROOT / "recipes" / f"{algorithm}.py").exists():
                 parser.error(f"no recipe {algorithm!r} (recipes/{algorithm}.py)")
-        jobs = [Job(a, e, s) for a in args.algos for e in args.envs for s in args.seeds]
+        # with --with-sb3 each recipe's runs are followed by SB3's, so that each pair runs side by side
+        algorithms = [name for a in args.algos for name in ([a, f"sb3-{a}"] if args.with_sb3 else [a])]
+        jobs = [Job(a, e, s) for a in algorithms for e in args.envs for s in args.seeds]
         pending = [job for job in jobs if not finished(job, args.results)]
         print(
             f"{len(jobs) - len(pending)} of {len(jobs)} runs already finished; {len(pending)} to run",

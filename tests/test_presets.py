@@ -84,7 +84,11 @@ def test_the_envs_preset_fills_only_the_options_the_user_left_alone(output_dir):
     assert record["name"] == "LunarLander-v3" and record["source"].startswith("RL Zoo")
     assert config.optim.lr == 1e-3 and config.loss.gamma == 0.99 and config.optim.minibatch_size == 64
     assert not {"lr", "gamma", "minibatch_size"} & set(record["set"])
-    assert config.run.num_envs == 16 and config.collector.steps_per_env == 1024 and config.loss.gae_lambda == 0.98
+    assert (
+        config.run.num_envs == 16
+        and config.collector.steps_per_env == 1024
+        and config.loss.gae_lambda == 0.98
+    )
     assert record["set"]["gae_lambda"] == 0.98 and record["set"]["entropy_coef"] == 0.01
     assert not config.loss.assigned - {"gamma"}  # what the preset set is not counted as the user's
 
@@ -92,7 +96,9 @@ def test_the_envs_preset_fills_only_the_options_the_user_left_alone(output_dir):
 def test_options_given_on_the_command_line_win_even_at_the_default_value():
     config = ppo.PPOConfig(loss=ppo.LossConfig(gamma=0.99))
     config.run.env_id = "LunarLander-v3"
-    mark_given(config, {"env_id", "gamma"})  # a parser passes every field; --gamma 0.99 was on the command line
+    mark_given(
+        config, {"env_id", "gamma"}
+    )  # a parser passes every field; --gamma 0.99 was on the command line
     apply_preset(config, ppo.PRESETS)
     assert config.loss.gamma == 0.99 and config.run.num_envs == 16 and config.loss.gae_lambda == 0.98
 

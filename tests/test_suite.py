@@ -25,6 +25,21 @@ def test_commands_start_continue_or_replace_a_run(tmp_path):
     assert resumed[3:5] == ["--resume", str(folder)] and "--env-id" not in resumed
 
 
+def test_a_stopped_run_is_not_finished_and_sb3_runs_at_the_recipes_budget(tmp_path):
+    job = suite.Job("ppo", "CartPole-v1", 0)
+    folder = job.folder(tmp_path)
+    folder.mkdir(parents=True)
+    (folder / "summary.json").write_text('{"interrupted_by": "SIGTERM"}')  # stopped: resume.ckpt beside it
+    (folder / "resume.ckpt").write_bytes(b"")
+    assert not suite.finished(job, tmp_path) and "--resume" in suite.command(job, tmp_path, None, 1_000)
+    sb3 = suite.command(suite.Job("sb3-sac", "Hopper-v5", 2), tmp_path, 20_000, 1_000)
+    assert sb3[1:3] == ["-m", "benchmarks.sb3_runner"] and sb3[sb3.index("--algo") + 1] == "sac"
+    assert sb3[sb3.index("--frames") + 1] == "20000" and sb3[sb3.index("--eval-every") + 1] == "20000"
+    assert (
+        sb3[sb3.index("--eval-episodes") + 1] == "10" and sb3[sb3.index("--seed") + 1] == "2"
+    )  # SAC's preset
+
+
 def test_statistics():
     assert suite.interquartile_mean([0, 1, 2, 3, 4, 5, 6, 100]) == 3.5
     low, high = suite.bootstrap_interval([[1.0, 2.0, 3.0], [10.0, 11.0, 12.0]], suite.interquartile_mean)
