@@ -21,7 +21,8 @@ from torchrl.data import Bounded, Categorical, TensorSpec
 from torchrl.envs import EnvBase, InitTracker, TransformedEnv
 from torchrl.modules import AdditiveGaussianModule, OrnsteinUhlenbeckProcessModule, TanhModule, ValueOperator
 
-from agents.networks import make_mlp, observation_encoder
+from agents.networks import SharedNormalizer, make_mlp, observation_encoder
+from agents.normalization import ObservationNormalizer
 from errors import InputError
 
 NoiseType = Literal["gaussian", "ou"]
@@ -76,6 +77,7 @@ def make_qvalue_critic(
     action_spec: TensorSpec,
     hidden_sizes: Sequence[int] = (256, 256),
     activation: str = "relu",
+    normalizer: ObservationNormalizer | None = None,
 ) -> ValueOperator:
     """Build a Q critic for the action spec.
 
@@ -89,6 +91,8 @@ def make_qvalue_critic(
         action_spec: the env's action spec (batched likewise).
         hidden_sizes: widths of the hidden layers.
         activation: ``"tanh"``, ``"relu"``, ``"elu"`` or ``"silu"``.
+        normalizer: the actor's observation normaliser, applied first (through :class:`SharedNormalizer`, so
+            that the loss's copies of the critic follow its statistics).
 
     Examples:
         >>> from envs import make_env
@@ -98,6 +102,8 @@ def make_qvalue_critic(
         torch.Size([2, 1])
     """
     encoder, in_features = observation_encoder(observation_spec, False)
+    if normalizer is not None:
+        encoder = nn.Sequential(SharedNormalizer(normalizer), encoder)
     if isinstance(action_spec, Categorical):
         net = nn.Sequential(encoder, make_mlp(in_features, action_spec.space.n, hidden_sizes, activation))
         return ValueOperator(net, in_keys=["observation"], out_keys=["action_value"])
@@ -114,6 +120,7 @@ def make_deterministic_actor(
     noise: NoiseType = "gaussian",
     noise_sigma: float = 0.1,
     ou_theta: float = 0.15,
+    normalize_obs: bool = False,
 ) -> TensorDictSequential:
     """Build a deterministic policy ``a = mu(s)`` with exploration noise (DDPG, TD3).
 
@@ -135,6 +142,8 @@ def make_deterministic_actor(
         noise: ``"gaussian"`` (independent per step) or ``"ou"`` (Ornstein-Uhlenbeck).
         noise_sigma: the noise standard deviation, relative to the Box half-width.
         ou_theta: the Ornstein-Uhlenbeck mean-reversion rate.
+        normalize_obs: put an :class:`ObservationNormalizer` in front of the network (its statistics are saved
+            with the policy; pass it to :func:`make_qvalue_critic` for the critic).
 
     Returns:
         ``TensorDictSequential(actor, noise)``: ``policy[0]`` is the deterministic actor the loss trains.
@@ -144,7 +153,7 @@ def make_deterministic_actor(
         raise InputError(f"Unknown exploration noise {noise!r}; choose 'gaussian' or 'ou'.")
     if noise_sigma < 0:
         raise InputError(f"--noise-sigma must be >= 0, got {noise_sigma}.")
-    encoder, in_features = observation_encoder(observation_spec, False)
+    encoder, in_features = observation_encoder(observation_spec, normalize_obs)
     single_spec = action_spec[0]
     network = TensorDictModule(
         nn.Sequential(encoder, make_mlp(in_features, action_spec.shape[-1], hidden_sizes, activation)),

@@ -138,6 +138,24 @@ def input_encoder(actor: ProbabilisticActor) -> nn.Module:
     return actor.module[0].module[0]
 
 
+class SharedNormalizer(nn.Module):
+    """Applies an :class:`ObservationNormalizer` that another module owns, without holding its statistics.
+
+    The off-policy critics normalise their inputs with the actor's statistics. TorchRL's losses copy each Q
+    network's parameters and buffers into their own (stacked, target) tensors, so a normaliser registered in the
+    critic would freeze there; this one is kept outside the module tree and is read at every call, so every copy
+    of the critic sees the statistics the actor is updated with. ``state_dict`` and ``parameters`` hold nothing
+    of it: the statistics are saved with the actor.
+    """
+
+    def __init__(self, normalizer: ObservationNormalizer):
+        super().__init__()
+        self.__dict__["normalizer"] = normalizer  # not a submodule: no state of its own
+
+    def forward(self, observation: torch.Tensor) -> torch.Tensor:
+        return self.normalizer(observation)
+
+
 def find_normalizer(module: nn.Module) -> ObservationNormalizer | None:
     """Return the first :class:`ObservationNormalizer` inside ``module``, if any."""
     return next((m for m in module.modules() if isinstance(m, ObservationNormalizer)), None)

@@ -7,7 +7,8 @@ published reference scores.
 
 Each run is ``python -m recipes.ALGO --env-id ENV --seed S`` (plus ``--total-frames N`` when given; the whole budget,
 no early stop), a separate process, ``--jobs`` at a time (default 2: one per core; each recipe uses one torch
-thread). Everything goes into one results folder (default ``benchmarks/results``):
+thread), or with ``--ray-address`` a task of one CPU on a Ray cluster, as many at a time as it has free CPUs.
+Everything goes into one results folder (default ``benchmarks/results``):
 
     records/ALGO/ENV/seedS.json   a finished run's summary, evaluation curve and preset: what the report reads
                            (small files, kept in the repository)
@@ -211,6 +212,99 @@ class Runner:
         signal.signal(signal.SIGTERM, self.stop)
         with ThreadPoolExecutor(self.jobs) as pool:
             list(pool.map(lambda job: self.run(job, results, frames, checkpoint_every), jobs))
+
+
+RUN_FILES = ("summary.json", "config.json", "evaluations.csv")  # what a record is written from
+SHIPPED_EXCLUDES = [".git", ".venv", "runs", "benchmarks/results", "wandb", "**/__pycache__"]
+
+
+def run_on_worker(arguments: list[str], folder: str, shipped: bool) -> dict[str, Any]:
+    """One run on a Ray worker: the command of :func:`command` with this node's Python, in the project shipped with
+    the task (``shipped``) or at the head's path. The run writes into ``folder`` when this node sees the head's
+    results folder (one machine, or a shared filesystem: a stopped run then continues from its resume.ckpt), else
+    into a temporary folder; the files a record is written from come back with the exit status and the output."""
+    import tempfile
+
+    shared = Path(folder).parent.is_dir()
+    target = folder if shared else tempfile.mkdtemp(prefix="suite-run-")
+    arguments = [sys.executable, *(target if argument == folder else argument for argument in arguments[1:])]
+    process = subprocess.Popen(
+        arguments, cwd=os.getcwd() if shipped else ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        text=True, env={**os.environ, "PYTHONWARNINGS": "ignore", "MUJOCO_GL": os.environ.get("MUJOCO_GL", "egl")},
+    )  # fmt: skip
+    try:
+        output, _ = process.communicate()
+    except KeyboardInterrupt:  # ray.cancel: the run saves resume.ckpt and stops
+        process.send_signal(signal.SIGINT)
+        process.wait()
+        raise
+    files = {name: (Path(target) / name).read_text() for name in RUN_FILES if (Path(target) / name).exists()}
+    return {"status": process.returncode, "output": output, "files": files, "shared": shared}
+
+
+class RayRunner(Runner):
+    """Runs each job as a Ray task of one CPU on the cluster at ``address`` (``"local"``: a cluster of this
+    machine's cores), as many at a time as the cluster has free CPUs. Away from this machine the project is shipped
+    with the tasks (Ray's ``working_dir``; the nodes need the same Python packages), and the finished runs' files
+    come back here. SIGINT/SIGTERM cancel the tasks, which stop their runs."""
+
+    def __init__(self, address: str):
+        super().__init__(jobs=1)
+        self.address = address
+        self.pending: dict[Any, Job] = {}
+
+    def run_all(self, jobs: list[Job], results: Path, frames: int | None, checkpoint_every: int) -> None:
+        from ray.exceptions import RayError
+
+        from training.distributed import init_ray
+
+        ray = init_ray(None if self.address == "local" else self.address, 1)
+        shipped = self.address != "local"
+        options = {"runtime_env": {"working_dir": str(ROOT), "excludes": SHIPPED_EXCLUDES}} if shipped else {}
+        task = ray.remote(num_cpus=1, max_retries=0)(run_on_worker).options(**options)
+        signal.signal(signal.SIGINT, self.stop)
+        signal.signal(signal.SIGTERM, self.stop)
+        for job in jobs:
+            job.folder(results).parent.mkdir(parents=True, exist_ok=True)
+            arguments = command(job, results, frames, checkpoint_every)
+            self.pending[task.remote(arguments, str(job.folder(results)), shipped)] = job
+        while self.pending:
+            [ready], _ = ray.wait(list(self.pending), num_returns=1)
+            job = self.pending.pop(ready)
+            try:
+                result = ray.get(ready)
+            except RayError as error:  # cancelled, or the worker died: the next suite run starts it again
+                print(f"{job.algorithm} {job.env} seed {job.seed}: {type(error).__name__}", flush=True)
+                continue
+            self.collect(job, results, result)
+
+    def collect(self, job: Job, results: Path, result: dict[str, Any]) -> None:
+        """Keep a finished task's output and files, and its record when the run spent its budget."""
+        logs = results / "logs"
+        logs.mkdir(parents=True, exist_ok=True)
+        with open(logs / f"{job.algorithm}-{job.slug}-seed{job.seed}.log", "a") as log:
+            log.write(result["output"])
+        folder = job.folder(results)
+        if not result["shared"]:
+            folder.mkdir(parents=True, exist_ok=True)
+            for name, text in result["files"].items():
+                if name in RUN_FILES:
+                    (folder / name).write_text(text)
+        status = result["status"]
+        if status == 0 and completed(job, results):
+            write_record(job, results)
+        print(
+            f"{job.algorithm} {job.env} seed {job.seed}: " + ("done" if status == 0 else f"exit {status}"),
+            flush=True,
+        )
+
+    def stop(self, number: int, frame: Any) -> None:
+        import ray
+
+        self.stopping = True
+        for reference in list(self.pending):
+            ray.cancel(reference)
+        print(f"stopping: {len(self.pending)} Ray tasks cancelled", flush=True)
 
 
 # ---------------------------------------------------------------------------------------------------- the report
@@ -420,7 +514,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     parser.add_argument("--frames", type=int, default=None, help="budget per run (default: the preset's)")
     parser.add_argument("--results", type=Path, default=Path(__file__).with_name("results"))
-    parser.add_argument("--jobs", type=int, default=2, help="runs at a time")
+    parser.add_argument("--jobs", type=int, default=2, help="runs at a time (without --ray-address)")
+    parser.add_argument(
+        "--ray-address",
+        default=None,
+        help="run on a Ray cluster: its address (e.g. auto, ray://head:10001), or local for this machine's cores",
+    )
     parser.add_argument(
         "--checkpoint-every", type=int, default=50_000, help="frames between resume checkpoints"
     )
@@ -448,7 +547,7 @@ def main(argv: list[str] | None = None) -> None:
             f"{len(jobs) - len(pending)} of {len(jobs)} runs already finished; {len(pending)} to run",
             flush=True,
         )
-        runner = Runner(args.jobs)
+        runner = RayRunner(args.ray_address) if args.ray_address else Runner(args.jobs)
         runner.run_all(pending, args.results, args.frames, args.checkpoint_every)
         if runner.stopping:
             print("stopped; run the same command again to continue", flush=True)

@@ -33,6 +33,7 @@ from agents import (
     TRANSITION_KEYS,
     Agent,
     TensorDDPGLoss,
+    find_normalizer,
     make_deterministic_actor,
     make_exploration_env,
     make_qvalue_critic,
@@ -88,6 +89,8 @@ class NetworkConfig(Options):
     sample-efficient there at a third of the cost per update)."""
     activation: Literal["relu", "tanh", "elu", "silu"] = "relu"
     """Activation between hidden layers."""
+    normalize_obs: bool = False
+    """Normalise observations with running statistics saved in the agent (the actor's; the critics use them too)."""
     noise: Literal["gaussian", "ou"] = "gaussian"
     """Exploration noise: independent Gaussian, or temporally correlated Ornstein-Uhlenbeck."""
     noise_sigma: float = 0.1
@@ -164,6 +167,8 @@ def main(config: DDPGConfig) -> dict:
         "noise_sigma": network_config.noise_sigma,
         "ou_theta": network_config.ou_theta,
     }
+    if network_config.normalize_obs:
+        policy_kwargs["normalize_obs"] = True
     policy = make_deterministic_actor(observation_spec, env.action_spec, **policy_kwargs).to(device)
     agent = Agent(
         policy,
@@ -175,8 +180,13 @@ def main(config: DDPGConfig) -> dict:
         policy_kwargs=policy_kwargs,
     )
     actor = policy[0]
+    normalizer = find_normalizer(policy)
     critic = make_qvalue_critic(
-        observation_spec, action_spec, network_config.hidden_sizes, network_config.activation
+        observation_spec,
+        action_spec,
+        network_config.hidden_sizes,
+        network_config.activation,
+        normalizer=normalizer,
     ).to(device)
 
     # loss + value estimator + target updater
@@ -236,6 +246,8 @@ def main(config: DDPGConfig) -> dict:
     for batch in collector:
         frames += batch.numel()
         replay_buffer.extend(batch.select(*TRANSITION_KEYS).reshape(-1))
+        if normalizer is not None:  # the buffer keeps raw observations, normalised with the latest statistics
+            normalizer.update(batch.get("observation"))
         metrics = {}
         if optim_config.anneal_lr:
             anneal_learning_rates(

@@ -35,7 +35,15 @@ import torch
 from torchrl.data import LazyTensorStorage, TensorDictReplayBuffer
 from torchrl.objectives import DiscreteSACLoss, SACLoss, SoftUpdate
 
-from agents import Agent, NStepReturns, TensorSACLoss, make_actor, make_gsde_actor, make_qvalue_critic
+from agents import (
+    Agent,
+    NStepReturns,
+    TensorSACLoss,
+    find_normalizer,
+    make_actor,
+    make_gsde_actor,
+    make_qvalue_critic,
+)
 from agents.continuous import check_box_actions, default_target_entropy
 from agents.gsde import check_sde_options, make_gsde_env
 from agents.options import Options, defaults
@@ -98,6 +106,8 @@ class NetworkConfig(Options):
     sample-efficient there at a third of the cost per update)."""
     activation: Literal["relu", "tanh", "elu", "silu"] = "relu"
     """Activation between hidden layers."""
+    normalize_obs: bool = False
+    """Normalise observations with running statistics saved in the agent (the actor's; the critics use them too)."""
     use_sde: bool = False
     """Box actions: explore with gSDE (state-dependent noise held for a while, Raffin et al. 2021)."""
     sde_sample_freq: int = -1
@@ -218,6 +228,8 @@ def main(config: SACConfig) -> dict:
         "hidden_sizes": list(config.network.hidden_sizes),
         "activation": config.network.activation,
     }
+    if config.network.normalize_obs:
+        policy_kwargs["normalize_obs"] = True
     use_sde = config.network.use_sde
     if use_sde:  # gSDE, squashed into the Box like the tanh-normal policy
         policy_kwargs["squash"] = True
@@ -235,11 +247,16 @@ def main(config: SACConfig) -> dict:
         policy_kwargs=policy_kwargs,
     )
     actor = agent.policy
+    normalizer = find_normalizer(actor)
     if use_sde:
         # noise matrices kept as env state, resampled at episode starts and every --sde-sample-freq steps
         env = make_gsde_env(env, actor, config.network.sde_sample_freq, config.collector.steps_per_env)
     critic = make_qvalue_critic(
-        observation_spec, env.action_spec, config.network.hidden_sizes, config.network.activation
+        observation_spec,
+        env.action_spec,
+        config.network.hidden_sizes,
+        config.network.activation,
+        normalizer=normalizer,
     ).to(device)
 
     # loss + value estimator + target updater
@@ -332,6 +349,8 @@ def main(config: SACConfig) -> dict:
     for batch in collector:
         frames += batch.numel()
         n_step_returns.extend(replay_buffer, batch)
+        if normalizer is not None:  # the buffer keeps raw observations, normalised with the latest statistics
+            normalizer.update(batch.get("observation"))
         metrics = {}
         if optim_config.anneal_lr:
             anneal_learning_rates(optimizers, learning_rates, frames / run_config.total_frames)

@@ -28,7 +28,14 @@ import torch
 from torchrl.data import LazyTensorStorage, TensorDictReplayBuffer
 from torchrl.objectives import SoftUpdate
 
-from agents import TRANSITION_KEYS, Agent, TensorTD3Loss, make_deterministic_actor, make_qvalue_critic
+from agents import (
+    TRANSITION_KEYS,
+    Agent,
+    TensorTD3Loss,
+    find_normalizer,
+    make_deterministic_actor,
+    make_qvalue_critic,
+)
 from agents.continuous import action_half_range, check_box_actions
 from agents.options import Options, defaults
 from errors import InputError
@@ -85,6 +92,8 @@ class NetworkConfig(Options):
     sample-efficient there at a third of the cost per update)."""
     activation: Literal["relu", "tanh", "elu", "silu"] = "relu"
     """Activation between hidden layers."""
+    normalize_obs: bool = False
+    """Normalise observations with running statistics saved in the agent (the actor's; the critics use them too)."""
     noise_sigma: float = 0.1
     """Standard deviation of the Gaussian exploration noise, relative to the Box half-width."""
 
@@ -153,6 +162,8 @@ def main(config: TD3Config) -> dict:
         "noise": "gaussian",
         "noise_sigma": config.network.noise_sigma,
     }
+    if config.network.normalize_obs:
+        policy_kwargs["normalize_obs"] = True
     policy = make_deterministic_actor(observation_spec, env.action_spec, **policy_kwargs).to(device)
     agent = Agent(
         policy,
@@ -164,8 +175,13 @@ def main(config: TD3Config) -> dict:
         policy_kwargs=policy_kwargs,
     )
     actor = policy[0]
+    normalizer = find_normalizer(policy)
     critic = make_qvalue_critic(
-        observation_spec, action_spec, config.network.hidden_sizes, config.network.activation
+        observation_spec,
+        action_spec,
+        config.network.hidden_sizes,
+        config.network.activation,
+        normalizer=normalizer,
     ).to(device)
 
     # loss + value estimator + target updater
@@ -240,6 +256,8 @@ def main(config: TD3Config) -> dict:
     for batch in collector:
         frames += batch.numel()
         replay_buffer.extend(batch.select(*TRANSITION_KEYS).reshape(-1))
+        if normalizer is not None:  # the buffer keeps raw observations, normalised with the latest statistics
+            normalizer.update(batch.get("observation"))
         metrics = {}
         if optim_config.anneal_lr:
             anneal_learning_rates(

@@ -9,7 +9,16 @@ from torchrl.data import Bounded, Categorical, Unbounded
 from torchrl.envs.utils import ExplorationType, set_exploration_type
 from torchrl.objectives import DDPGLoss, SACLoss, SoftUpdate, TD3Loss
 
-from agents import Agent, TensorDDPGLoss, TensorSACLoss, TensorTD3Loss, make_actor, make_qvalue_critic
+from agents import (
+    Agent,
+    ObservationNormalizer,
+    TensorDDPGLoss,
+    TensorSACLoss,
+    TensorTD3Loss,
+    find_normalizer,
+    make_actor,
+    make_qvalue_critic,
+)
 from agents.continuous import default_target_entropy, make_deterministic_actor, make_exploration_env
 from agents.gsde import make_gsde_actor
 from envs import make_env
@@ -183,6 +192,55 @@ def test_target_parameters_get_no_gradient_and_move_only_by_the_soft_update(name
     assert moved > 0
 
 
+@pytest.mark.parametrize("name", list(LOSSES))
+def test_critics_read_the_actors_observation_statistics(name):
+    """The actor owns the normaliser; every copy of the critic in the loss (online, target, twin) follows its
+    statistics as they are updated, and the critic saves none of them."""
+    if name == "sac":
+        actor = make_actor(
+            OBSERVATION_SPEC, ACTION_SPEC, (16,), "relu", normalize_obs=True, state_dependent_scale=True
+        )
+        trained = actor
+    else:
+        actor = make_deterministic_actor(OBSERVATION_SPEC, ACTION_SPEC, (16,), "relu", normalize_obs=True)
+        trained = actor[0]
+    normalizer = find_normalizer(actor)
+    critic = make_qvalue_critic(OBSERVATION_SPEC, ACTION_SPEC, (16,), "relu", normalizer=normalizer)
+    assert not any(isinstance(module, ObservationNormalizer) for module in critic.modules())
+    assert len(list(critic.buffers())) == 0
+    common = {"delay_qvalue": True} if name != "ddpg" else {"delay_value": True}
+    if name == "sac":
+        loss = TensorSACLoss(trained, critic, action_spec=ACTION_SPEC, delay_actor=False, **common)
+    elif name == "td3":
+        loss = TensorTD3Loss(trained, critic, action_spec=ACTION_SPEC, delay_actor=True, **common)
+    else:
+        loss = TensorDDPGLoss(trained, critic, delay_actor=True, **common)
+    loss.make_value_estimator(gamma=0.9)
+    data = transitions()
+    observation, action = data.get("observation"), data.get("action")
+
+    def critic_values():
+        parameters = loss.value_network_params if name == "ddpg" else loss.qvalue_network_params[0]
+        with parameters.to_module(critic):
+            return critic(TensorDict({"observation": observation[:4], "action": action[:4]}, [4]))[
+                "state_action_value"
+            ]
+
+    before = critic_values()
+    torch.manual_seed(0)
+    first = loss(data.clone())
+    normalizer.update(observation * 10 + 3)
+    after = critic_values()
+    torch.manual_seed(0)
+    second = loss(data.clone())
+    assert not torch.allclose(before, after)
+    value_key = "loss_value" if name == "ddpg" else "loss_qvalue"
+    assert first[value_key].item() != second[value_key].item()
+    # the statistics are the actor's: shared with the loss's actor parameters, not copied
+    shared = normalizer.mean.data_ptr()
+    assert any(tensor.data_ptr() == shared for tensor in loss.actor_network_params.values(True, True))
+
+
 def test_target_entropy_is_minus_the_action_dimension():
     assert default_target_entropy(ACTION_SPEC) == -2.0
     assert sac_loss().target_entropy.item() == -2.0
@@ -286,6 +344,21 @@ def test_ornstein_uhlenbeck_noise_is_correlated_and_restarts_with_each_episode()
         ("td3", lambda c: None),
         ("ddpg", lambda c: None),
         ("ddpg-ou", lambda c: setattr(c.network, "noise", "ou")),
+        ("sac-normalized", lambda c: setattr(c.network, "normalize_obs", True)),
+        (
+            "sac-gsde-normalized",
+            lambda c: (setattr(c.network, "use_sde", True), setattr(c.network, "normalize_obs", True)),
+        ),
+        (
+            "sac-discrete-normalized",
+            lambda c: (
+                setattr(c.run, "env_id", "CartPole-v1"),
+                setattr(c, "discrete", True),
+                setattr(c.network, "normalize_obs", True),
+            ),
+        ),
+        ("td3-normalized", lambda c: setattr(c.network, "normalize_obs", True)),
+        ("ddpg-normalized", lambda c: setattr(c.network, "normalize_obs", True)),
     ],
 )
 def test_recipes_train_save_and_the_agent_loads_and_evaluates(name, setup, tmp_path):
@@ -302,6 +375,11 @@ def test_recipes_train_save_and_the_agent_loads_and_evaluates(name, setup, tmp_p
     agent = Agent.load(tmp_path / "agent.ckpt")
     result = agent.evaluate(episodes=2, seed=0)
     assert result.returns.shape == (2,)
+    if name.endswith("normalized"):  # every collected observation, in the statistics saved with the agent
+        assert agent.normalizer.count.item() == summary["frames"]
+        assert agent.normalizer.var.min() < 0.99 or agent.normalizer.var.max() > 1.01
+    else:
+        assert agent.normalizer is None
     env = gym.make(config.run.env_id)
     observation, _ = env.reset(seed=0)
     action = agent.predict(observation, deterministic=True)

@@ -2,9 +2,12 @@
 reference scores."""
 
 import csv
+import json
 import shutil
 import sys
 from pathlib import Path
+
+import pytest
 
 from benchmarks import suite
 
@@ -72,3 +75,33 @@ def test_report_only_without_runs(tmp_path, capsys):
     suite.main(["--report-only", "--results", str(tmp_path / "empty")])
     assert "no finished runs yet" in capsys.readouterr().out
     assert not Path(tmp_path / "empty" / "report.md").exists()
+
+
+def test_a_worker_that_cannot_see_the_results_folder_sends_the_run_back(tmp_path):
+    """On a node without the head's filesystem the run goes to a temporary folder and its files travel back."""
+    job = suite.Job("reinforce", "CartPole-v1", 0)
+    unseen = tmp_path / "head" / "results"  # its runs/ folder does not exist on this "node"
+    arguments = suite.command(job, unseen, 500, 1_000)
+    result = suite.run_on_worker(arguments, str(job.folder(unseen)), shipped=False)
+    assert result["status"] == 0 and not result["shared"], result["output"][-2000:]
+    assert set(result["files"]) == set(suite.RUN_FILES) and not job.folder(unseen).exists()
+    suite.RayRunner("local").collect(job, unseen, result)
+    record = json.loads(job.record(unseen).read_text())
+    assert record["summary"]["frames"] > 0 and record["curve"]
+    assert (unseen / "logs" / "reinforce-CartPole-v1-seed0.log").read_text() == result["output"]
+
+
+@pytest.mark.xdist_group("ray")
+def test_suite_on_a_ray_cluster(tmp_path, capsys, ray_cluster):
+    arguments = ["--algos", "reinforce", "--envs", "CartPole-v1", "--seeds", "0", "1", "--frames", "500",
+                 "--results", str(tmp_path), "--ray-address", "local"]  # fmt: skip
+    suite.main(arguments)
+    output = capsys.readouterr().out
+    assert "reinforce CartPole-v1 seed 0: done" in output and "reinforce CartPole-v1 seed 1: done" in output
+    for seed in (0, 1):
+        assert (tmp_path / "records" / "reinforce" / "CartPole-v1" / f"seed{seed}.json").exists()
+        assert (
+            tmp_path / "runs" / "reinforce" / "CartPole-v1" / f"seed{seed}" / "agent.ckpt"
+        ).exists()  # shared
+    suite.main(arguments)
+    assert "2 of 2 runs already finished; 0 to run" in capsys.readouterr().out
