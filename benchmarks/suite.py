@@ -106,7 +106,8 @@ def command(job: Job, results: Path, frames: int | None, checkpoint_every: int) 
         total = frames if frames is not None else total
         return [sys.executable, "-m", "benchmarks.sb3_runner", "--algo", algorithm, "--env", job.env_id,
                 "--seed", str(job.seed), "--frames", str(total), "--eval-every", str(min(eval_every, total)),
-                "--eval-episodes", str(eval_episodes), "--output-dir", str(folder)]  # fmt: skip
+                "--eval-episodes", str(eval_episodes), "--output-dir", str(folder),
+                *(["--env-kwargs", *job.env_kwargs] if job.env_kwargs else [])]  # fmt: skip
     reporting = [
         "--logger",
         "csv",

@@ -4,6 +4,7 @@ reference scores."""
 import csv
 import json
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -105,3 +106,38 @@ def test_suite_on_a_ray_cluster(tmp_path, capsys, ray_cluster):
         ).exists()  # shared
     suite.main(arguments)
     assert "2 of 2 runs already finished; 0 to run" in capsys.readouterr().out
+
+
+def test_sb3_settings_convert_and_carry_env_kwargs(tmp_path):
+    from benchmarks import sb3_runner
+
+    arguments = sb3_runner.model_arguments(sb3_runner.ZOO_SETTINGS[("ppo", "CartPole-v1")])
+    assert "n_envs" not in arguments and arguments["n_epochs"] == 20
+    assert arguments["learning_rate"](1.0) == 1e-3 and arguments["learning_rate"](0.5) == 5e-4
+    network = sb3_runner.model_arguments(sb3_runner.ZOO_SETTINGS[("ppo", "Hopper-v5")])["policy_kwargs"]
+    assert network["activation_fn"].__name__ == "ReLU" and network["net_arch"]["pi"] == [256, 256]
+    sb3 = suite.command(suite.Job("sb3-ppo", "LunarLander-v3 continuous=true", 0), tmp_path, 2_000, 1_000)
+    assert sb3[-2:] == ["--env-kwargs", "continuous=true"] and sb3[sb3.index("--env") + 1] == "LunarLander-v3"
+    missing = subprocess.run(
+        [sys.executable, "-m", "benchmarks.sb3_runner", "--algo", "sac", "--env", "CartPole-v1", "--frames", "10",
+         "--eval-every", "10", "--output-dir", str(tmp_path / "none")],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert missing.returncode == 2 and "no RL Zoo settings for sac on CartPole-v1" in missing.stderr
+
+
+def test_sb3_runner_writes_a_run_folder_the_suite_reads(tmp_path):
+    pytest.importorskip("stable_baselines3")
+    from benchmarks import sb3_runner
+
+    folder = tmp_path / "runs" / "sb3-ppo" / "Acrobot-v1" / "seed0"
+    sb3_runner.main(["--algo", "ppo", "--env", "Acrobot-v1", "--frames", "4096", "--eval-every", "2048",
+                     "--eval-episodes", "1", "--output-dir", str(folder)])  # fmt: skip
+    with open(folder / "evaluations.csv") as file:
+        assert [int(row["frames"]) for row in csv.DictReader(file)] == [2048, 4096]
+    job = suite.Job("sb3-ppo", "Acrobot-v1", 0)
+    assert suite.finished(
+        job, tmp_path
+    )  # VecNormalize'd PPO: 16 envs x 256 steps, evaluated through its stats
+    record = json.loads(job.record(tmp_path).read_text())
+    assert record["summary"]["frames"] == 4096 and record["config"]["settings"]["normalize"] is True
