@@ -5,7 +5,7 @@ from agents.agent import POLICY_BUILDERS, Agent, EvaluationResult, write_video
 from agents.continuous import make_deterministic_actor, make_exploration_env, make_qvalue_critic
 from agents.gsde import make_gsde_actor, make_gsde_env
 from agents.loss_addons import KLPenalty, LossAddon, addon_losses, build_loss_addons, trainable_parameters
-from agents.networks import find_normalizer, input_encoder, make_actor, make_critic, make_mlp
+from agents.networks import find_normalizer, input_encoder, make_actor, make_critic, make_mlp, orthogonal_init
 from agents.normalization import ObservationNormalizer, RewardNormalizer
 from agents.qvalue import (
     TRANSITION_KEYS,
@@ -57,6 +57,7 @@ __all__ = [
     "make_qvalue_critic",
     "make_rnd_networks",
     "make_target_updater",
+    "orthogonal_init",
     "trainable_parameters",
     "write_video",
 ]

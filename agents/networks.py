@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import torch
@@ -154,6 +155,22 @@ class SharedNormalizer(nn.Module):
 
     def forward(self, observation: torch.Tensor) -> torch.Tensor:
         return self.normalizer(observation)
+
+
+def orthogonal_init(actor: nn.Module, critic: nn.Module) -> None:
+    """Initialise an actor-critic pair as Stable-Baselines3's ``ortho_init`` does for PPO and A2C: every linear
+    and convolutional layer orthogonal with gain ``sqrt(2)`` and zero bias, then the policy's output layer with
+    gain 0.01 (a near-uniform first policy) and the value output with gain 1. The output layer of each is its
+    last linear layer (:func:`make_actor`, :func:`agents.make_gsde_actor`, :func:`make_critic` and
+    :func:`agents.make_shared_critic` all end in one). Learned scales (tanh-normal, gSDE) are left as built."""
+    for module in (actor, critic):
+        for layer in module.modules():
+            if isinstance(layer, (nn.Linear, nn.Conv2d)):
+                nn.init.orthogonal_(layer.weight, gain=math.sqrt(2))
+                nn.init.zeros_(layer.bias)
+    for module, gain in ((actor, 0.01), (critic, 1.0)):
+        output = [layer for layer in module.modules() if isinstance(layer, nn.Linear)][-1]
+        nn.init.orthogonal_(output.weight, gain=gain)
 
 
 def find_normalizer(module: nn.Module) -> ObservationNormalizer | None:

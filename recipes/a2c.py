@@ -46,6 +46,7 @@ from agents import (
     make_critic,
     make_gsde_actor,
     make_gsde_env,
+    orthogonal_init,
 )
 from agents.gsde import check_sde_options
 from agents.loss_addons import LossAddon, addon_losses, build_loss_addons, split_parameters
@@ -123,6 +124,8 @@ class NetworkConfig(Options):
     """Actor and critic share their hidden layers (each keeps its own output layer)."""
     normalize_obs: bool = False
     """Normalise observations with running statistics saved in the agent."""
+    ortho_init: bool = False
+    """Orthogonal initialisation as Stable-Baselines3's (gain sqrt(2), policy output 0.01, value output 1)."""
     use_sde: bool = False
     """Box actions: explore with gSDE (state-dependent noise, Raffin et al. 2021), not a tanh-normal policy."""
     sde_sample_freq: int = -1
@@ -225,6 +228,8 @@ def main(config: A2CConfig, loss_addons: Sequence[LossAddon] = ()) -> dict:
             encoder=input_encoder(actor),
         ).to(device)
     normalizer = find_normalizer(actor)
+    if config.network.ortho_init:
+        orthogonal_init(actor, critic)
 
     # loss + value estimator: n-step returns (TD(1) over the segment) or GAE, both bootstrapping on truncation
     loss_module = A2CLoss(

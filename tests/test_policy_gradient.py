@@ -15,7 +15,8 @@ from torchrl.collectors import Collector
 from torchrl.modules import ValueOperator
 from torchrl.objectives import A2CLoss
 
-from agents import Agent, make_actor, make_critic
+from agents import Agent, make_actor, make_critic, orthogonal_init
+from agents.gsde import make_gsde_actor
 from agents.policy_gradient import ReturnBaseline, make_shared_critic, returns_to_go
 from envs import make_env
 from errors import InputError
@@ -349,12 +350,37 @@ def test_a2c_smoke_cartpole(output_dir):
 
 def test_a2c_smoke_pendulum_with_every_option(output_dir):
     config = tiny_a2c(output_dir, "Pendulum-v1")
-    config.network.shared_network, config.network.normalize_obs = True, True
+    config.network.shared_network, config.network.normalize_obs, config.network.ortho_init = True, True, True
     config.loss.gae_lambda, config.loss.entropy_coef, config.loss.reward_scale = 0.9, 0.01, 0.1
     config.optim.optimizer, config.optim.anneal_lr = "adam", True
     summary = a2c.main(config)
     agent = check_outputs(output_dir, summary, "a2c", "Pendulum-v1")
     assert agent.normalizer.count.item() == 800
+
+
+@pytest.mark.parametrize("kind", ["discrete", "box", "gsde", "shared"])
+def test_orthogonal_init_as_stable_baselines3(kind):
+    env_id = "CartPole-v1" if kind in ("discrete", "shared") else "Pendulum-v1"
+    env = make_env(env_id, num_envs=1)
+    spec = env.observation_spec["observation"]
+    if kind == "gsde":
+        actor = make_gsde_actor(spec, env.action_spec, hidden_sizes=(32, 16))
+    else:
+        actor = make_actor(spec, env.action_spec, hidden_sizes=(32, 16), state_dependent_scale=kind == "box")
+    critic = make_shared_critic(actor) if kind == "shared" else make_critic(spec, (32, 16))
+    env.close()
+    orthogonal_init(actor, critic)
+
+    def singular_values(layer):
+        return torch.linalg.svdvals(layer.weight.detach())
+
+    for module, output_gain in ((actor, 0.01), (critic, 1.0)):
+        *hidden, output = [layer for layer in module.modules() if isinstance(layer, nn.Linear)]
+        assert torch.allclose(singular_values(output), torch.full_like(singular_values(output), output_gain))
+        for layer in hidden:
+            assert torch.allclose(singular_values(layer), torch.full_like(singular_values(layer), 2**0.5))
+            assert not layer.bias.any()
+        assert not output.bias.any()
 
 
 # ------------------------------------------------------------------------------------------- bad input

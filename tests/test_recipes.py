@@ -72,7 +72,7 @@ def test_ppo_smoke_writes_every_output(output_dir):
 
 def test_ppo_smoke_continuous_actions_with_normalization(output_dir):
     config = tiny_ppo(output_dir, env_id="Pendulum-v1", logger="none", video=False)
-    config.network.normalize_obs = True
+    config.network.normalize_obs, config.network.ortho_init = True, True
     summary = ppo.main(config)
     assert summary["solved_at_frames"] is None  # Pendulum-v1 registers no reward threshold
     agent = Agent.load(output_dir / "agent.ckpt")
