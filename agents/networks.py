@@ -157,18 +157,35 @@ class SharedNormalizer(nn.Module):
         return self.normalizer(observation)
 
 
-def orthogonal_init(actor: nn.Module, critic: nn.Module) -> None:
+def initial_scale_kwargs(log_std_init: float, action_spec: TensorSpec, use_sde: bool) -> dict[str, float]:
+    """The policy builder's keyword for a first standard deviation of ``exp(log_std_init)`` (Stable-Baselines3's
+    ``log_std_init``): :func:`make_actor`'s ``log_std_init``, or the gSDE actor's ``sigma_init``. 0 (the
+    builders' own start, a scale of 1) needs none.
+
+    Raises:
+        InputError: another value for actions that have no scale (Discrete).
+    """
+    if log_std_init == 0.0:
+        return {}
+    if not (isinstance(action_spec, Bounded) and action_spec.dtype.is_floating_point):
+        raise InputError(
+            "--log-std-init sets the first scale of a Box action policy; drop it for these actions."
+        )
+    return {"sigma_init": math.exp(log_std_init)} if use_sde else {"log_std_init": log_std_init}
+
+
+def orthogonal_init(actor: nn.Module, *critics: nn.Module) -> None:
     """Initialise an actor-critic pair as Stable-Baselines3's ``ortho_init`` does for PPO and A2C: every linear
     and convolutional layer orthogonal with gain ``sqrt(2)`` and zero bias, then the policy's output layer with
-    gain 0.01 (a near-uniform first policy) and the value output with gain 1. The output layer of each is its
+    gain 0.01 (a near-uniform first policy) and each value output with gain 1. The output layer of each is its
     last linear layer (:func:`make_actor`, :func:`agents.make_gsde_actor`, :func:`make_critic` and
     :func:`agents.make_shared_critic` all end in one). Learned scales (tanh-normal, gSDE) are left as built."""
-    for module in (actor, critic):
+    for module in (actor, *critics):
         for layer in module.modules():
             if isinstance(layer, (nn.Linear, nn.Conv2d)):
                 nn.init.orthogonal_(layer.weight, gain=math.sqrt(2))
                 nn.init.zeros_(layer.bias)
-    for module, gain in ((actor, 0.01), (critic, 1.0)):
+    for module, gain in ((actor, 0.01), *((critic, 1.0) for critic in critics)):
         output = [layer for layer in module.modules() if isinstance(layer, nn.Linear)][-1]
         nn.init.orthogonal_(output.weight, gain=gain)
 
@@ -198,6 +215,7 @@ def make_actor(
     normalize_obs: bool = False,
     state_dependent_scale: bool = False,
     encoder: nn.Module | None = None,
+    log_std_init: float = 0.0,
 ) -> ProbabilisticActor:
     """Build a stochastic MLP policy for the env's action spec.
 
@@ -215,6 +233,8 @@ def make_actor(
         normalize_obs: put an :class:`ObservationNormalizer` in front of the network.
         state_dependent_scale: let the network output the tanh-normal scale.
         encoder: an input module to share with a critic (from :func:`observation_encoder`); built when None.
+        log_std_init: the logarithm of the first state-independent scale (Box actions; Stable-Baselines3's
+            ``log_std_init``).
 
     Returns:
         A ``ProbabilisticActor`` reading ``"observation"`` and writing ``"action"`` and its log-probability.
@@ -252,7 +272,7 @@ def make_actor(
         else:
             head = [
                 make_mlp(in_features, action_dim, hidden_sizes, activation),
-                AddStateIndependentNormalScale(action_dim),
+                AddStateIndependentNormalScale(action_dim, init_value=log_std_init),
             ]
         module = TensorDictModule(
             nn.Sequential(encoder, *head), in_keys=["observation"], out_keys=["loc", "scale"]

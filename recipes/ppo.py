@@ -43,6 +43,7 @@ from agents import (
 )
 from agents.gsde import check_sde_options
 from agents.loss_addons import LossAddon, addon_losses, build_loss_addons, split_parameters
+from agents.networks import initial_scale_kwargs
 from agents.options import Options, defaults
 from errors import InputError
 from training import (
@@ -123,6 +124,8 @@ class NetworkConfig(Options):
     """Normalise observations with running statistics saved in the agent."""
     ortho_init: bool = False
     """Orthogonal initialisation as Stable-Baselines3's (gain sqrt(2), policy output 0.01, value output 1)."""
+    log_std_init: float = 0.0
+    """Box actions: the logarithm of the policy's first standard deviation (tanh-normal scale, or gSDE's sigma)."""
     use_sde: bool = False
     """Box actions: explore with gSDE (state-dependent noise, Raffin et al. 2021), not a tanh-normal policy."""
     sde_sample_freq: int = -1
@@ -206,6 +209,13 @@ def main(config: PPOConfig, loss_addons: Sequence[LossAddon] = ()) -> dict:
         "activation": config.network.activation,
         "normalize_obs": config.network.normalize_obs,
     }
+    try:
+        policy_kwargs |= initial_scale_kwargs(
+            config.network.log_std_init, env.action_spec, config.network.use_sde
+        )
+    except InputError:
+        env.close()
+        raise
     make_policy = make_gsde_actor if config.network.use_sde else make_actor
     policy = make_policy(observation_spec, env.action_spec, **policy_kwargs).to(device)
     agent = Agent(

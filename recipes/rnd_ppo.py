@@ -43,8 +43,10 @@ from agents import (
     make_gsde_actor,
     make_gsde_env,
     make_rnd_networks,
+    orthogonal_init,
 )
 from agents.loss_addons import LossAddon, addon_losses, build_loss_addons, trainable_parameters
+from agents.networks import initial_scale_kwargs
 from agents.options import Options, defaults
 from agents.rnd import INTRINSIC_REWARD_KEY
 from errors import InputError
@@ -157,6 +159,13 @@ def main(config: RNDPPOConfig, loss_addons: Sequence[LossAddon] = ()) -> dict:
         "activation": config.network.activation,
         "normalize_obs": config.network.normalize_obs,
     }
+    try:
+        policy_kwargs |= initial_scale_kwargs(
+            config.network.log_std_init, env.action_spec, config.network.use_sde
+        )
+    except InputError:
+        env.close()
+        raise
     make_policy = make_gsde_actor if config.network.use_sde else make_actor
     policy = make_policy(observation_spec, env.action_spec, **policy_kwargs).to(device)
     agent = Agent(
@@ -185,6 +194,8 @@ def main(config: RNDPPOConfig, loss_addons: Sequence[LossAddon] = ()) -> dict:
         out_keys=[INTRINSIC_VALUE_KEY],
     ).to(device)
     normalizer = find_normalizer(actor)
+    if config.network.ortho_init:
+        orthogonal_init(actor, critic, intrinsic_critic)
     target_network, predictor_network = make_rnd_networks(
         observation_spec, intrinsic_config.rnd_hidden_sizes, intrinsic_config.rnd_embedding_dim
     )

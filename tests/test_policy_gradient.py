@@ -17,6 +17,7 @@ from torchrl.objectives import A2CLoss
 
 from agents import Agent, make_actor, make_critic, orthogonal_init
 from agents.gsde import make_gsde_actor
+from agents.networks import initial_scale_kwargs
 from agents.policy_gradient import ReturnBaseline, make_shared_critic, returns_to_go
 from envs import make_env
 from errors import InputError
@@ -381,6 +382,25 @@ def test_orthogonal_init_as_stable_baselines3(kind):
             assert torch.allclose(singular_values(layer), torch.full_like(singular_values(layer), 2**0.5))
             assert not layer.bias.any()
         assert not output.bias.any()
+
+
+def test_log_std_init_sets_the_first_scale_of_box_policies(output_dir):
+    env = make_env("Pendulum-v1", num_envs=1)
+    spec, action_spec = env.observation_spec["observation"], env.action_spec
+    assert initial_scale_kwargs(0.0, action_spec, use_sde=False) == {}
+    assert initial_scale_kwargs(-2.0, action_spec, use_sde=True) == {
+        "sigma_init": pytest.approx(np.exp(-2.0))
+    }
+    actor = make_actor(spec, action_spec, **initial_scale_kwargs(-2.0, action_spec, use_sde=False))
+    assert torch.allclose(actor(env.reset())["scale"], torch.full((1, 1), np.exp(-2.0)))
+    env.close()
+    with pytest.raises(InputError, match="--log-std-init sets the first scale of a Box action policy"):
+        initial_scale_kwargs(-1.0, make_env("CartPole-v1", num_envs=1).action_spec, use_sde=False)
+    config = tiny_a2c(output_dir, "Pendulum-v1")
+    config.network.log_std_init = -1.0
+    a2c.main(config)
+    agent = Agent.load(output_dir / "agent.ckpt")  # the trained scale, rebuilt from the saved options
+    assert agent.policy_kwargs["log_std_init"] == -1.0
 
 
 # ------------------------------------------------------------------------------------------- bad input

@@ -231,6 +231,7 @@ def test_cli_help_documents_the_common_options():
             "no CUDA device is available" if not torch.cuda.is_available() else "does not exist",
         ),
         (["--device", "banana"], "is not a torch device"),
+        (["--log-std-init", "-1"], "--log-std-init sets the first scale of a Box action policy"),
     ],
 )
 def test_cli_bad_input_is_one_line(args, message, tmp_path):
