@@ -184,7 +184,8 @@ def orthogonal_init(actor: nn.Module, *critics: nn.Module) -> None:
         for layer in module.modules():
             if isinstance(layer, (nn.Linear, nn.Conv2d)):
                 nn.init.orthogonal_(layer.weight, gain=math.sqrt(2))
-                nn.init.zeros_(layer.bias)
+                if layer.bias is not None:
+                    nn.init.zeros_(layer.bias)
     for module, gain in ((actor, 0.01), *((critic, 1.0) for critic in critics)):
         output = [layer for layer in module.modules() if isinstance(layer, nn.Linear)][-1]
         nn.init.orthogonal_(output.weight, gain=gain)

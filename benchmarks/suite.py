@@ -95,6 +95,13 @@ def recipe_budget(algorithm: str, env: str) -> tuple[int, int, int]:
     return config.run.total_frames, config.run.eval_every, config.run.eval_episodes
 
 
+def make_jobs(algorithms: list[str], envs: list[str], seeds: list[int], with_sb3: bool) -> list[Job]:
+    """Every (algorithm, env, seed); with ``with_sb3`` each recipe run is followed by SB3's on the same env and
+    seed, so that with two jobs at a time the two run side by side and share the machine alike."""
+    return [Job(name, env, seed) for algorithm in algorithms for env in envs for seed in seeds
+            for name in ([algorithm, f"sb3-{algorithm}"] if with_sb3 else [algorithm])]  # fmt: skip
+
+
 def command(job: Job, results: Path, frames: int | None, checkpoint_every: int) -> list[str]:
     """The recipe's command line for ``job``: a fresh run, the continuation of a stopped one, or a fresh run over a
     failed one. An ``sb3-ALGO`` job runs Stable-Baselines3 with RL Zoo's settings at the recipe's budget and
@@ -540,9 +547,7 @@ def main(argv: list[str] | None = None) -> None:
         for algorithm in args.algos:
             if not (ROOT / "recipes" / f"{algorithm}.py").exists():
                 parser.error(f"no recipe {algorithm!r} (recipes/{algorithm}.py)")
-        # with --with-sb3 each recipe's runs are followed by SB3's, so that each pair runs side by side
-        algorithms = [name for a in args.algos for name in ([a, f"sb3-{a}"] if args.with_sb3 else [a])]
-        jobs = [Job(a, e, s) for a in algorithms for e in args.envs for s in args.seeds]
+        jobs = make_jobs(args.algos, args.envs, args.seeds, args.with_sb3)
         pending = [job for job in jobs if not finished(job, args.results)]
         print(
             f"{len(jobs) - len(pending)} of {len(jobs)} runs already finished; {len(pending)} to run",

@@ -44,6 +44,17 @@ def test_a_stopped_run_is_not_finished_and_sb3_runs_at_the_recipes_budget(tmp_pa
     )  # SAC's preset
 
 
+def test_sb3_runs_pair_with_the_recipe_runs_of_the_same_seed():
+    jobs = suite.make_jobs(["sac"], ["Hopper-v5"], [0, 1], with_sb3=True)
+    assert [(job.algorithm, job.seed) for job in jobs] == [
+        ("sac", 0),
+        ("sb3-sac", 0),
+        ("sac", 1),
+        ("sb3-sac", 1),
+    ]
+    assert len(suite.make_jobs(["ppo", "a2c"], ["CartPole-v1", "Acrobot-v1"], [0], with_sb3=False)) == 4
+
+
 def test_statistics():
     assert suite.interquartile_mean([0, 1, 2, 3, 4, 5, 6, 100]) == 3.5
     low, high = suite.bootstrap_interval([[1.0, 2.0, 3.0], [10.0, 11.0, 12.0]], suite.interquartile_mean)
