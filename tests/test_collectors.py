@@ -13,6 +13,7 @@ from envs import make_env
 from errors import InputError
 from recipes import a2c, ddpg, dqn, ppo, reinforce, sac
 from training import RunConfig, make_collector, quiet
+from training.distributed import WorkerCollector
 
 
 def first_batch(backend, num_envs=4, steps=8):
@@ -105,6 +106,31 @@ def test_killed_worker_process_stops_the_run_with_an_error():
     assert time.monotonic() - start < 60
     collector.shutdown()
     env.close()
+
+
+def test_a_worker_still_exiting_when_torchrl_closes_it_is_the_same_clear_error():
+    """TorchRL closes each other worker 0.1 s after terminating it; on a loaded machine one may still be exiting."""
+
+    class Collector:
+        procs = ()
+
+        def __iter__(self):
+            yield from ()
+            raise ValueError(
+                "Cannot close a process while it is still running. You should first call join()."
+            )
+
+        def shutdown(self):
+            self.stopped = True
+
+        def update_policy_weights_(self):
+            pass
+
+    inner = Collector()
+    collector = WorkerCollector(inner, "multiprocess", torch.nn.Linear(1, 1))
+    with pytest.raises(RuntimeError, match="A collector worker process failed"):
+        list(collector)
+    assert inner.stopped and collector.collector is None
 
 
 @pytest.mark.parametrize(

@@ -120,6 +120,15 @@ class WorkerCollector:
         except ray_errors as error:
             self.shutdown()
             raise RuntimeError(f"A Ray collector worker died: {error}") from None
+        except ValueError as error:
+            self.shutdown()
+            if "Cannot close a process while it is still running" in str(error):
+                # TorchRL found a dead worker and stops the others, but closes each 0.1 s after terminating it:
+                # on a loaded machine one is still exiting then
+                raise RuntimeError(
+                    "A collector worker process failed; the other workers were stopped."
+                ) from None
+            raise
         except BaseException:
             # stop the workers now: left to the interpreter's exit, TorchRL's clean-up can wait forever on them
             self.shutdown()
