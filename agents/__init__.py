@@ -1,5 +1,6 @@
 """Networks built from env specs, and the Agent that predicts, evaluates, saves and loads."""
 
+from agents import fast_paths
 from agents.actor_critic import TensorDDPGLoss, TensorSACLoss, TensorTD3Loss
 from agents.agent import POLICY_BUILDERS, Agent, EvaluationResult, write_video
 from agents.continuous import make_deterministic_actor, make_exploration_env, make_qvalue_critic
@@ -19,6 +20,8 @@ from agents.qvalue import (
 )
 from agents.rnd import INTRINSIC_REWARD_KEY, RandomNetworkDistillation, make_rnd_networks
 from agents.tabular import ObservationGrid, QTable, make_q_table
+
+fast_paths.install()
 
 __all__ = [
     "INTRINSIC_REWARD_KEY",

@@ -196,3 +196,32 @@ def test_loading_a_resume_checkpoint_as_an_agent_names_the_file_to_pass(tmp_path
         InputError, match=r"is a resume checkpoint .*pass the agent.ckpt or best_agent.ckpt beside it"
     ):
         Agent.load(tmp_path / "resume.ckpt")
+
+
+def test_policy_calls_do_not_search_for_pandas(monkeypatch):
+    """TensorDict.from_any looks for pandas on disk for every module output; importing agents short-cuts it for
+    tensors, and a policy call then makes no lookup at all (this fails if the per-call cost comes back)."""
+    import importlib.util
+
+    from tensordict import TensorDict
+
+    from agents.networks import make_actor
+    from envs import make_env
+
+    env = make_env("Pendulum-v1", 2)
+    actor = make_actor(env.observation_spec["observation"], env.action_spec)
+    step = env.reset()
+    lookups = []
+    original = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *args: lookups.append(name) or original(name, *args)
+    )
+    for _ in range(3):
+        actor(step.clone())
+    assert lookups == []
+    # everything else still takes TensorDict's own path
+    tensor = torch.ones(2)
+    assert TensorDict.from_any(tensor) is tensor
+    converted = TensorDict.from_any({"a": torch.zeros(3, 2)}, auto_batch_size=True)
+    assert isinstance(converted, TensorDict) and converted.batch_size == (3, 2)
+    env.close()

@@ -5,6 +5,7 @@ import gymnasium as gym
 import pytest
 import torch
 from tensordict import TensorDict
+from torch.func import functional_call
 from torchrl.data import Bounded, Categorical, Unbounded
 from torchrl.envs.utils import ExplorationType, set_exploration_type
 from torchrl.objectives import DDPGLoss, SACLoss, SoftUpdate, TD3Loss
@@ -19,6 +20,7 @@ from agents import (
     make_actor,
     make_qvalue_critic,
 )
+from agents.actor_critic import direct_forward
 from agents.continuous import default_target_entropy, make_deterministic_actor, make_exploration_env
 from agents.gsde import make_gsde_actor
 from envs import make_env
@@ -133,6 +135,59 @@ def test_tensor_losses_equal_torchrl_losses(name):
             if a is not None:
                 torch.testing.assert_close(a, b)
     torch.testing.assert_close(ours_batch["td_error"], theirs_batch["td_error"])
+
+
+def test_direct_forward_computes_what_functional_call_computes():
+    """The recipes' critics and actors run without functional_call's parameter swapping, with equal outputs
+    and gradients for parameters that are not the module's own; other modules fall back to functional_call."""
+    normalizer = ObservationNormalizer(3)
+    normalizer.update(torch.randn(64, 3) * 4 + 2)
+    modules = {
+        "critic": (make_qvalue_critic(OBSERVATION_SPEC, ACTION_SPEC, (16, 16), "tanh").module, 2),
+        "normalised critic": (
+            make_qvalue_critic(OBSERVATION_SPEC, ACTION_SPEC, (16, 16), normalizer=normalizer).module,
+            2,
+        ),
+        "actor": (make_actor(OBSERVATION_SPEC, ACTION_SPEC, (16,), state_dependent_scale=True)[0].module, 1),
+        "deterministic actor": (
+            make_deterministic_actor(OBSERVATION_SPEC, ACTION_SPEC, (16, 16))[0][0].module,
+            1,
+        ),
+        "linear without bias": (torch.nn.Linear(3, 4, bias=False), 1),
+    }
+    inputs = (torch.randn(BATCH, 3), torch.rand(BATCH, 2))
+    for name, (module, arity) in modules.items():
+        direct = direct_forward(module)
+        assert direct is not None, name
+        parameters = {key: value.detach() * 1.5 + 0.1 for key, value in module.named_parameters()}
+        for value in parameters.values():
+            value.requires_grad_(True)
+        ours = direct(parameters, *inputs[:arity])
+        theirs = functional_call(module, parameters, inputs[:arity])
+        for a, b in zip(torch.utils._pytree.tree_leaves(ours), torch.utils._pytree.tree_leaves(theirs)):
+            torch.testing.assert_close(a, b, rtol=0, atol=0)
+            grads_a = torch.autograd.grad(
+                a.sum(), list(parameters.values()), retain_graph=True, allow_unused=True
+            )
+            grads_b = torch.autograd.grad(
+                b.sum(), list(parameters.values()), retain_graph=True, allow_unused=True
+            )
+            for ga, gb in zip(grads_a, grads_b):
+                assert (ga is None) == (gb is None)
+                if ga is not None:
+                    torch.testing.assert_close(ga, gb, rtol=0, atol=0)
+    sac, td3, ddpg = sac_loss(), td3_loss(), ddpg_loss()
+    for network in (
+        sac._actor,
+        sac._qvalue,
+        td3._qvalue,
+        td3._action.network,
+        ddpg._value,
+        ddpg._action.network,
+    ):
+        assert network._direct is not None  # the losses take the direct path
+    assert direct_forward(torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.LayerNorm(4))) is None
+    assert direct_forward(torch.nn.Conv2d(1, 2, 3)) is None
 
 
 def parameter_groups(loss):
