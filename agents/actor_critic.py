@@ -67,9 +67,11 @@ class StackedNetwork:
         if not stacked:
             return self._call(flat, inputs)
         members = len(next(iter(flat.values())))
-        return torch.stack(
-            [self._call({name: value[k] for name, value in flat.items()}, inputs) for k in range(members)]
-        )
+        return torch.stack([self.member(parameters, k, *inputs) for k in range(members)])
+
+    def member(self, parameters: TensorDictBase, index: int, *inputs: torch.Tensor) -> torch.Tensor:
+        """The output of member ``index`` alone, with stacked parameters."""
+        return self._call({name: parameters.get(key)[index] for key, name in self.names.items()}, inputs)
 
 
 def direct_forward(module: nn.Module, prefix: str = "") -> Callable[..., torch.Tensor] | None:
@@ -245,9 +247,11 @@ class TensorTD3Loss(TD3Loss):
         """``-Q_1(s, mu(s))`` with the critics' parameters detached."""
         observation = tensordict.get("observation")
         action = self._action(self.actor_network_params, observation)
-        q_KB = self._qvalue(self._cached_detach_qvalue_network_params, observation, action).squeeze(-1)
+        q_B = self._qvalue.member(self._cached_detach_qvalue_network_params, 0, observation, action).squeeze(
+            -1
+        )
         weights = self._maybe_get_priority_weight(tensordict)
-        return self._reduce_loss(-q_KB[0], tensordict=tensordict, weights=weights), {}
+        return self._reduce_loss(-q_B, tensordict=tensordict, weights=weights), {}
 
     def forward(self, tensordict: TensorDictBase) -> TensorDictBase:
         """Both losses; writes the larger squared TD error of the two critics as priority."""
