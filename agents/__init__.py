@@ -1,9 +1,9 @@
 """Networks built from env specs, and the Agent that predicts, evaluates, saves and loads."""
 
-from agents import fast_paths
 from agents.actor_critic import TensorDDPGLoss, TensorSACLoss, TensorTD3Loss
 from agents.agent import POLICY_BUILDERS, Agent, EvaluationResult, write_video
 from agents.continuous import make_deterministic_actor, make_exploration_env, make_qvalue_critic
+from agents.fast_paths import install as install_fast_paths
 from agents.gsde import make_gsde_actor, make_gsde_env
 from agents.loss_addons import KLPenalty, LossAddon, addon_losses, build_loss_addons, trainable_parameters
 from agents.networks import find_normalizer, input_encoder, make_actor, make_critic, make_mlp, orthogonal_init
@@ -21,7 +21,7 @@ from agents.qvalue import (
 from agents.rnd import INTRINSIC_REWARD_KEY, RandomNetworkDistillation, make_rnd_networks
 from agents.tabular import ObservationGrid, QTable, make_q_table
 
-fast_paths.install()
+install_fast_paths()
 
 __all__ = [
     "INTRINSIC_REWARD_KEY",
