@@ -1,7 +1,9 @@
 """Atari: preprocessing, training-only tricks, the Nature CNN, agents and a PPO smoke run on ALE/Pong-v5."""
 
+import copy
 import csv
 import json
+import pickle
 import sys
 import zipfile
 
@@ -147,6 +149,69 @@ def test_pong_actor_acts_and_critic_shares_its_cnn():
     assert rollout["action"].shape == (2, 3) and ((rollout["action"] >= 0) & (rollout["action"] < 6)).all()
     assert critic(rollout)["state_value"].shape == (2, 3, 1)
     env.close()
+
+
+def test_shared_cnn_runs_once_per_ppo_minibatch_with_the_same_gradients():
+    """Actor and critic share the Nature CNN: ClipPPOLoss calls both on one minibatch, and the convolutions run
+    once, with the gradients of running them twice."""
+    from torchrl.objectives import ClipPPOLoss
+    from torchrl.objectives.value import GAE
+
+    losses, gradients, forward_calls = [], [], []
+    for reuse in (False, True):
+        torch.manual_seed(0)
+        env = make_env(PONG, num_envs=2, seed=0)
+        observation_spec = env.observation_spec["observation"]
+        actor = make_actor(observation_spec, env.action_spec, hidden_sizes=())
+        critic = make_critic(observation_spec, hidden_sizes=(), encoder=input_encoder(actor))
+        cnn = input_encoder(actor)
+        assert cnn.reuse_features  # make_critic turned it on for the shared trunk
+        cnn.reuse_features = reuse
+        with torch.no_grad():
+            batch = env.rollout(8, actor, break_when_any_done=False)
+            GAE(gamma=0.99, lmbda=0.95, value_network=critic)(batch)
+        loss_module = ClipPPOLoss(actor, critic, entropy_coeff=0.01, functional=False)
+        calls = []
+        handle = cnn.convolutions[0].register_forward_hook(lambda *args, calls=calls: calls.append(1))
+        loss = loss_module(batch.reshape(-1))
+        total = loss["loss_objective"] + loss["loss_critic"] + loss["loss_entropy"]
+        total.backward()
+        handle.remove()
+        losses.append(total.detach())
+        gradients.append([parameter.grad.clone() for parameter in cnn.parameters()])
+        forward_calls.append(len(calls))
+        assert cnn._memo is None  # the backward pass dropped the features it went through
+        env.close()
+    assert forward_calls == [2, 1]
+    torch.testing.assert_close(losses[1], losses[0])
+    for reused, recomputed in zip(gradients[1], gradients[0], strict=True):
+        torch.testing.assert_close(reused, recomputed)
+
+
+def test_cnn_reuses_features_only_for_the_same_input_parameters_and_grad_mode():
+    torch.manual_seed(0)
+    cnn = NatureCNN((4, 84, 84))
+    cnn.reuse_features = True
+    observation = torch.randint(0, 256, (3, 4, 84, 84), dtype=torch.uint8)
+    features = cnn(observation)
+    assert cnn(observation) is features
+    assert cnn(observation.clone()) is not features  # another tensor with the same values
+    again = cnn(observation)
+    with torch.no_grad():
+        assert cnn(observation) is not again  # another grad mode
+    again = cnn(observation)
+    observation[0, 0, 0, 0] += 1  # changed in place: its version moves on
+    assert cnn(observation) is not again
+    again = cnn(observation)
+    with torch.no_grad():
+        cnn.linear[0].bias.add_(1.0)  # what an optimizer step does
+    assert cnn(observation) is not again
+    copy.deepcopy(cnn), pickle.dumps(cnn)  # copies never carry the features or their graph
+    assert copy.deepcopy(cnn)._memo is None
+    plain = NatureCNN((4, 84, 84))  # off by default: a CNN that is not shared keeps no features
+    assert plain(observation) is not plain(observation) and plain._memo is None
+    vmapped = torch.vmap(cnn)(torch.stack([observation, observation]))  # under vmap: no memory formats
+    torch.testing.assert_close(vmapped[0], cnn(observation.clone()))
 
 
 def test_pong_agent_round_trip_and_evaluation_env(tmp_path, monkeypatch):

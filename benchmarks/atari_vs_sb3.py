@@ -1,0 +1,165 @@
+"""Atari throughput: this toolkit against Stable-Baselines3 at the same settings, one after the other here.
+
+Agent steps per second of training (no evaluation) on ``ALE/Pong-v5``, each side in a fresh process:
+
+* ``sb3``: Stable-Baselines3 with RL Zoo's Atari settings: ``make_atari_env`` (``AtariWrapper``: 30 no-ops, 4
+  frames per step max-pooled, episodic life, clipped rewards, 84x84 grayscale; ALE v5's sticky actions kept) and
+  ``VecFrameStack(4)``, ``CnnPolicy``, torch's default threads.
+* ``ours``: ``recipes.ppo`` / ``recipes.dqn`` with their Atari preset (the same settings) and nothing else.
+
+PPO: 8 envs x 128 steps, 4 epochs of minibatches of 256, lr 2.5e-4 and clip range 0.1 annealed, entropy 0.01.
+DQN: one gradient step of 32 per 4 agent steps, a 100k replay buffer, the target copied every 1000 agent steps;
+learning starts after ``--learning-starts`` steps (default 2000, RL Zoo's is 100k) so that the measured budget is
+mostly training. Peak resident memory of each process is printed too.
+
+    pip install -e ".[bench]"
+    python -m benchmarks.atari_vs_sb3 --algo ppo --frames 16384 --seeds 0
+    python -m benchmarks.atari_vs_sb3 --algo dqn --frames 20000 --seeds 0
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import warnings
+
+ENV_ID = "ALE/Pong-v5"
+SIDES = ["sb3", "ours"]
+
+
+def peak_memory_mb() -> float:
+    """This process's peak resident memory in MiB (Linux reports ru_maxrss in KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def linear(start: float):
+    return lambda progress_remaining: progress_remaining * start
+
+
+def run_sb3(algo: str, frames: int, seed: int, learning_starts: int) -> dict:
+    import ale_py
+    import gymnasium as gym
+    from stable_baselines3 import DQN, PPO
+    from stable_baselines3.common.env_util import make_atari_env
+    from stable_baselines3.common.vec_env import VecFrameStack
+
+    gym.register_envs(ale_py)
+    # frameskip=1: AtariWrapper repeats each action 4 times itself; ALE v5's sticky actions stay, as in ours
+    n_envs = 8 if algo == "ppo" else 1
+    env = VecFrameStack(make_atari_env(ENV_ID, n_envs=n_envs, seed=seed, env_kwargs={"frameskip": 1}), 4)
+    if algo == "ppo":
+        model = PPO(
+            "CnnPolicy", env, n_steps=128, n_epochs=4, batch_size=256, learning_rate=linear(2.5e-4),
+            clip_range=linear(0.1), vf_coef=0.5, ent_coef=0.01, seed=seed, verbose=0, device="cpu",
+        )  # fmt: skip
+    else:
+        model = DQN(
+            "CnnPolicy", env, buffer_size=100_000, learning_rate=1e-4, batch_size=32,
+            learning_starts=learning_starts, target_update_interval=1000, train_freq=4, gradient_steps=1,
+            exploration_fraction=0.1, exploration_final_eps=0.01, optimize_memory_usage=False, seed=seed,
+            verbose=0, device="cpu",
+        )  # fmt: skip
+    start = time.perf_counter()
+    model.learn(total_timesteps=frames)
+    wall_time = time.perf_counter() - start
+    return {
+        "frames": frames,
+        "wall_time_s": wall_time,
+        "fps": frames / wall_time,
+        "peak_mb": peak_memory_mb(),
+    }
+
+
+def run_ours(algo: str, frames: int, seed: int, learning_starts: int) -> dict:
+    import importlib
+
+    from training.cli import run_cli
+
+    recipe = importlib.import_module(f"recipes.{algo}")
+    output_dir = tempfile.mkdtemp(prefix=f"bench-atari-{algo}-")
+    sys.argv = [
+        algo, "--env-id", ENV_ID, "--seed", str(seed), "--total-frames", str(frames), "--eval-every", str(10**12),
+        "--eval-episodes", "1", "--stop-at-return", "inf", "--logger", "csv", "--no-video", "--no-progress",
+        "--output-dir", output_dir, "--overwrite",
+    ]  # fmt: skip
+    if algo == "dqn":
+        sys.argv += ["--learning-starts", str(learning_starts)]
+    config_class = recipe.PPOConfig if algo == "ppo" else recipe.DQNConfig
+    run_cli(recipe.main, config_class, recipe.__doc__, presets=recipe.PRESETS)
+    # training time: the run's clock at its last batch (the final evaluation game is not training)
+    with open(os.path.join(output_dir, "csv", "scalars", "time", "elapsed_s.csv")) as file:
+        last_frames, elapsed = (float(value) for value in list(csv.reader(file))[-1])
+    return {
+        "frames": int(last_frames),
+        "wall_time_s": elapsed,
+        "fps": last_frames / elapsed,
+        "peak_mb": peak_memory_mb(),
+    }
+
+
+def run_side(side: str, algo: str, frames: int, seed: int, learning_starts: int) -> dict:
+    """One side in a fresh interpreter, so that imports and thread pools do not leak between runs."""
+    command = [
+        sys.executable, "-m", "benchmarks.atari_vs_sb3", "--child", side, "--algo", algo, "--frames", str(frames),
+        "--seeds", str(seed), "--learning-starts", str(learning_starts),
+    ]  # fmt: skip
+    result = subprocess.run(
+        command, check=False, capture_output=True, text=True, env={**os.environ, "PYTHONWARNINGS": "ignore"}
+    )
+    if result.returncode != 0:
+        raise RuntimeError(f"{side} seed {seed} failed:\n{result.stderr[-3000:]}")
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--algo", choices=["ppo", "dqn"], default="ppo")
+    parser.add_argument("--frames", type=int, default=16_384, help="agent steps per run")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0])
+    parser.add_argument("--sides", nargs="+", default=SIDES, choices=SIDES)
+    parser.add_argument(
+        "--learning-starts", type=int, default=2_000, help="DQN: random steps before learning"
+    )
+    parser.add_argument("--child", choices=SIDES, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        warnings.filterwarnings("ignore")
+        run = run_sb3 if args.child == "sb3" else run_ours
+        print(json.dumps(run(args.algo, args.frames, args.seeds[0], args.learning_starts)))
+        return
+    results: dict[str, list[dict]] = {side: [] for side in args.sides}
+    for seed in args.seeds:
+        for side in args.sides:  # alternating sides: a slow spell of the machine hits both
+            row = run_side(side, args.algo, args.frames, seed, args.learning_starts)
+            results[side].append(row)
+            print(
+                f"seed {seed} {side:4s} {row['frames']} agent steps in {row['wall_time_s']:7.1f} s: "
+                f"{row['fps']:6.1f} steps/s, peak memory {row['peak_mb']:.0f} MiB",
+                flush=True,
+            )
+    print(f"\n{args.algo} on {ENV_ID}, {args.frames} agent steps, seeds {args.seeds}")
+    print("| run | agent steps/s | peak memory (MiB) |\n|---|---|---|")
+    for side, rows in results.items():
+        print(
+            f"| {side} | {statistics.mean(r['fps'] for r in rows):.1f} | "
+            f"{max(r['peak_mb'] for r in rows):.0f} |"
+        )
+    if len(results) == 2:
+        ratio = statistics.mean(r["fps"] for r in results["ours"]) / statistics.mean(
+            r["fps"] for r in results["sb3"]
+        )
+        print(f"agent steps/s ours / SB3: {ratio:.2f}x")
+
+
+if __name__ == "__main__":
+    main()
