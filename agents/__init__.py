@@ -6,7 +6,15 @@ from agents.continuous import make_deterministic_actor, make_exploration_env, ma
 from agents.fast_paths import install as install_fast_paths
 from agents.gsde import make_gsde_actor, make_gsde_env
 from agents.loss_addons import KLPenalty, LossAddon, addon_losses, build_loss_addons, trainable_parameters
-from agents.networks import find_normalizer, input_encoder, make_actor, make_critic, make_mlp, orthogonal_init
+from agents.networks import (
+    find_normalizer,
+    input_encoder,
+    is_image_spec,
+    make_actor,
+    make_critic,
+    make_mlp,
+    orthogonal_init,
+)
 from agents.normalization import ObservationNormalizer, RewardNormalizer
 from agents.qvalue import (
     TRANSITION_KEYS,
@@ -47,6 +55,7 @@ __all__ = [
     "build_loss_addons",
     "find_normalizer",
     "input_encoder",
+    "is_image_spec",
     "make_actor",
     "make_critic",
     "make_deterministic_actor",

@@ -42,12 +42,14 @@ from agents import (
     NStepReturns,
     TensorDQNLoss,
     find_normalizer,
+    is_image_spec,
     make_q_actor,
     make_target_updater,
 )
 from agents.options import Options, defaults
 from errors import InputError
 from training import (
+    FrameStackStorage,
     Run,
     RunConfig,
     TrainingState,
@@ -266,15 +268,20 @@ def main(config: DQNConfig) -> dict:
         num_batches * frames_per_batch,
     )
 
-    # buffer: uniform or prioritized sampling; n-step returns are computed as batches come in
+    # buffer: uniform or prioritized sampling; n-step returns are computed as batches come in; stacked frames
+    # (Atari) are stored one frame each, not eight times over
     if prioritized:
         sampler = PrioritizedSampler(
             buffer_config.buffer_size, alpha=buffer_config.alpha, beta=buffer_config.beta
         )
     else:
         sampler = RandomSampler()
+    if is_image_spec(env.observation_spec["observation"]):
+        storage = FrameStackStorage(buffer_config.buffer_size, device=device)
+    else:
+        storage = LazyTensorStorage(buffer_config.buffer_size, device=device)
     replay_buffer = TensorDictReplayBuffer(
-        storage=LazyTensorStorage(buffer_config.buffer_size, device=device),
+        storage=storage,
         sampler=sampler,
         priority_key="td_error",
     )

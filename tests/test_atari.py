@@ -302,3 +302,59 @@ def test_dqn_smoke_on_pong(output_dir):
     agent = Agent.load(output_dir)
     assert isinstance(agent.policy[0].module[0].module[0], NatureCNN)
     assert agent.predict(np.zeros((4, 84, 84), dtype=np.uint8)) in range(6)
+
+
+def test_dqn_on_pong_stores_frames_once_and_its_replay_buffer_resumes(tmp_path, monkeypatch):
+    """The Atari replay buffer is a FrameStackStorage, and a resumed run starts with the very transitions the
+    interrupted one had (the emulator's state is not saved, so the episodes themselves start anew)."""
+    from run_helpers import interrupt_at
+
+    from training import FrameStackStorage, Run
+
+    storages, at_start = [], []
+    original = Run.__init__
+
+    def record_storage(self, algorithm, config, run_config, agent, training):
+        original(self, algorithm, config, run_config, agent, training)  # a resumed run is restored here
+        storage = training.replay_buffer.storage
+        storages.append(storage)
+        at_start.append(storage.get(torch.arange(len(storage))) if len(storage) else None)
+
+    monkeypatch.setattr(Run, "__init__", record_storage)
+
+    def config(output_dir, **run):
+        return dqn.DQNConfig(
+            run=RunConfig(
+                env_id=PONG,
+                env_kwargs=("max_num_frames_per_episode=400",),  # short evaluation games
+                num_envs=2,
+                total_frames=192,
+                eval_every=192,
+                eval_episodes=1,
+                output_dir=output_dir,
+                logger="none",
+                video=False,
+                progress=False,
+                **run,
+            ),
+            collector=dqn.CollectorConfig(steps_per_env=16, updates_per_batch=4, learning_starts=32),
+            buffer=dqn.BufferConfig(buffer_size=100, batch_size=8),
+            loss=dqn.LossConfig(target_update_interval=4),
+            network=dqn.NetworkConfig(hidden_sizes=()),
+        )
+
+    dqn.main(config(tmp_path / "straight"))
+    assert isinstance(storages[0], FrameStackStorage) and len(storages[0]) == 100  # wrapped around
+    assert storages[0].frames_held <= 1.2 * 100
+    with monkeypatch.context() as patch:
+        interrupt_at(patch, 128)
+        stopped = dqn.main(config(tmp_path / "stopped"))
+    assert stopped["interrupted_by"] == "SIGINT"
+    saved = storages[1].get(torch.arange(len(storages[1])))
+    with pytest.warns(UserWarning, match="starts new episodes"):
+        resumed = dqn.main(config(tmp_path / "stopped", resume=tmp_path / "stopped"))
+    assert resumed["frames"] == 192
+    restored = at_start[2]
+    assert restored is not None and restored.shape == saved.shape == (100,)
+    for key in saved.keys(True, True):
+        assert torch.equal(restored.get(key), saved.get(key)), key

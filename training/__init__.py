@@ -15,6 +15,7 @@
 ``plotting``       the learning curve
 ``run``            :class:`Run`, what a recipe's loop calls: ``record_batch`` and ``finish``
 ``optim``          the off-policy recipes' optimiser options, the --anneal-lr schedule
+``frame_storage``  a replay storage that keeps each frame of stacked image observations once (Atari)
 ``presets``        hyperparameters per (recipe, env) from the recipes' preset tables
 ``cli``            the command line and its exit codes
 =================  ==========================================================================================
@@ -33,6 +34,7 @@ from training.collectors import (
 )
 from training.config import RunConfig, config_to_dict, quiet
 from training.evaluation import EVAL_SEED_OFFSET, evaluation_seed
+from training.frame_storage import FrameStackStorage
 from training.optim import OffPolicyOptimConfig, anneal_learning_rates
 from training.presets import apply_preset
 from training.run import Run
@@ -42,6 +44,7 @@ from training.state import TrainingState
 
 __all__ = [
     "EVAL_SEED_OFFSET",
+    "FrameStackStorage",
     "OffPolicyCollectorConfig",
     "OffPolicyOptimConfig",
     "Run",
