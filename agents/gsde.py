@@ -384,6 +384,24 @@ class ClipActionToBounds(Transform):
         return torch.clamp(action, self.low, self.high)
 
 
+def clip_env_actions(env: EnvBase) -> TransformedEnv:
+    """Wrap a batched training env so that the actions going in are clipped to its Box bounds
+    (:class:`ClipActionToBounds`): the env side of an unsquashed policy (``make_actor(..., squash=False)``).
+
+    Examples:
+        >>> from envs import make_env
+        >>> env = clip_env_actions(make_env("Pendulum-v1", num_envs=2, seed=0))
+        >>> env.rand_step(env.reset())["action"].shape
+        torch.Size([2, 1])
+    """
+    action_spec = env.action_spec
+    if not (isinstance(action_spec, Bounded) and action_spec.dtype.is_floating_point):
+        raise InputError(
+            f"Clipping actions needs a bounded Box action space, got {type(action_spec).__name__}."
+        )
+    return TransformedEnv(env, ClipActionToBounds(action_spec.space.low[0], action_spec.space.high[0]))
+
+
 def check_sde_options(use_sde: bool, sample_freq: int) -> None:
     """Raise :class:`InputError` for ``--sde-sample-freq`` given without ``--use-sde``, which would be ignored."""
     if sample_freq != -1 and not use_sde:
@@ -436,6 +454,7 @@ __all__ = [
     "GSDEPolicyNet",
     "StateDependentNormal",
     "check_sde_options",
+    "clip_env_actions",
     "find_gsde_head",
     "make_gsde_actor",
     "make_gsde_env",

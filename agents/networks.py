@@ -10,7 +10,7 @@ import torch
 from tensordict.nn import AddStateIndependentNormalScale, NormalParamExtractor, TensorDictModule
 from torch import nn
 from torchrl.data import Bounded, Categorical, TensorSpec
-from torchrl.modules import MLP, ProbabilisticActor, TanhNormal, ValueOperator
+from torchrl.modules import MLP, IndependentNormal, ProbabilisticActor, TanhNormal, ValueOperator
 
 from agents.normalization import ObservationNormalizer
 from errors import InputError
@@ -231,6 +231,25 @@ def initial_scale_kwargs(log_std_init: float, action_spec: TensorSpec, use_sde: 
     return {"sigma_init": math.exp(log_std_init)} if use_sde else {"log_std_init": log_std_init}
 
 
+def box_policy_kwargs(
+    action_spec: TensorSpec, log_std_init: float = 0.0, squash: bool = True, use_sde: bool = False
+) -> dict[str, float | bool]:
+    """The policy builder's keywords for a PPO/A2C policy's Box options: the first scale
+    (:func:`initial_scale_kwargs`) and, for :func:`make_actor`, ``squash=False`` (an unbounded Gaussian that the
+    env clips). A gSDE policy is unsquashed already, so ``squash`` adds nothing to it.
+
+    Raises:
+        InputError: ``log_std_init`` other than 0, or ``squash=False``, for actions that are not a Box.
+    """
+    kwargs: dict[str, float | bool] = dict(initial_scale_kwargs(log_std_init, action_spec, use_sde))
+    if not squash:
+        if not (isinstance(action_spec, Bounded) and action_spec.dtype.is_floating_point):
+            raise InputError("--no-squash makes a Box action policy unbounded; drop it for these actions.")
+        if not use_sde:
+            kwargs["squash"] = False
+    return kwargs
+
+
 def orthogonal_init(actor: nn.Module, *critics: nn.Module) -> None:
     """Initialise an actor-critic pair as Stable-Baselines3's ``ortho_init`` does for PPO and A2C: every linear
     and convolutional layer orthogonal with gain ``sqrt(2)`` and zero bias, then the policy's output layer with
@@ -274,12 +293,17 @@ def make_actor(
     state_dependent_scale: bool = False,
     encoder: nn.Module | None = None,
     log_std_init: float = 0.0,
+    squash: bool = True,
 ) -> ProbabilisticActor:
     """Build a stochastic MLP policy for the env's action spec.
 
     A ``Categorical`` action spec (Gymnasium ``Discrete``) gets a categorical distribution over logits; a
     ``Bounded`` spec (Gymnasium ``Box``) gets a tanh-normal distribution scaled to the action bounds, with a
-    learned state-independent scale (PPO's usual choice) or a state-dependent one. The network reads observations
+    learned state-independent scale (PPO's usual choice) or a state-dependent one. With ``squash=False`` a Box
+    policy is a plain diagonal Gaussian instead (Stable-Baselines3's PPO and A2C): its samples are unbounded,
+    and the env clips them to the Box on their way in (:func:`agents.gsde.clip_env_actions` for a training env;
+    :meth:`agents.Agent.predict` and ``evaluate`` clip likewise), so the collected action is the one whose
+    log-probability was recorded. The network reads observations
     through :func:`observation_encoder`: ``uint8`` images (stacked Atari frames) get the :class:`NatureCNN` and
     ``hidden_sizes`` then sizes the MLP on top of its 512 features (``()``: linear heads, as in Mnih et al. 2015).
 
@@ -293,6 +317,8 @@ def make_actor(
         encoder: an input module to share with a critic (from :func:`observation_encoder`); built when None.
         log_std_init: the logarithm of the first state-independent scale (Box actions; Stable-Baselines3's
             ``log_std_init``).
+        squash: Box actions: squash the Gaussian by ``tanh`` into the bounds (True), or leave it unbounded for
+            the env to clip (False). Its deterministic action is then the Gaussian's mean.
 
     Returns:
         A ``ProbabilisticActor`` reading ``"observation"`` and writing ``"action"`` and its log-probability.
@@ -335,6 +361,14 @@ def make_actor(
         module = TensorDictModule(
             nn.Sequential(encoder, *head), in_keys=["observation"], out_keys=["loc", "scale"]
         )
+        if not squash:
+            return ProbabilisticActor(
+                module,
+                in_keys=["loc", "scale"],
+                spec=action_spec,
+                distribution_class=IndependentNormal,
+                return_log_prob=True,
+            )
         return ProbabilisticActor(
             module,
             in_keys=["loc", "scale"],

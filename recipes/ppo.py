@@ -41,9 +41,9 @@ from agents import (
     make_gsde_env,
     orthogonal_init,
 )
-from agents.gsde import check_sde_options
+from agents.gsde import check_sde_options, clip_env_actions
 from agents.loss_addons import LossAddon, addon_losses, build_loss_addons, split_parameters
-from agents.networks import initial_scale_kwargs
+from agents.networks import box_policy_kwargs
 from agents.options import Options, defaults
 from errors import InputError
 from training import (
@@ -126,6 +126,9 @@ class NetworkConfig(Options):
     """Orthogonal initialisation as Stable-Baselines3's (gain sqrt(2), policy output 0.01, value output 1)."""
     log_std_init: float = 0.0
     """Box actions: the logarithm of the policy's first standard deviation (tanh-normal scale, or gSDE's sigma)."""
+    squash: bool = True
+    """Box actions: a tanh-normal policy squashed into the bounds; --no-squash: an unbounded Gaussian whose actions
+    the env clips to the Box (Stable-Baselines3's PPO and A2C; gSDE policies are unsquashed either way)."""
     use_sde: bool = False
     """Box actions: explore with gSDE (state-dependent noise, Raffin et al. 2021), not a tanh-normal policy."""
     sde_sample_freq: int = -1
@@ -210,8 +213,8 @@ def main(config: PPOConfig, loss_addons: Sequence[LossAddon] = ()) -> dict:
         "normalize_obs": config.network.normalize_obs,
     }
     try:
-        policy_kwargs |= initial_scale_kwargs(
-            config.network.log_std_init, env.action_spec, config.network.use_sde
+        policy_kwargs |= box_policy_kwargs(
+            env.action_spec, config.network.log_std_init, config.network.squash, config.network.use_sde
         )
     except InputError:
         env.close()
@@ -230,6 +233,8 @@ def main(config: PPOConfig, loss_addons: Sequence[LossAddon] = ()) -> dict:
     actor = agent.policy
     if config.network.use_sde:  # gSDE noise kept as env state; actions clipped to the Box on their way in
         env = make_gsde_env(env, actor, config.network.sde_sample_freq, config.collector.steps_per_env)
+    elif not config.network.squash:  # an unbounded Gaussian: the env clips its actions to the Box
+        env = clip_env_actions(env)
     critic = make_critic(
         observation_spec, config.network.hidden_sizes, config.network.activation, encoder=input_encoder(actor)
     ).to(device)

@@ -45,8 +45,9 @@ from agents import (
     make_rnd_networks,
     orthogonal_init,
 )
+from agents.gsde import clip_env_actions
 from agents.loss_addons import LossAddon, addon_losses, build_loss_addons, trainable_parameters
-from agents.networks import initial_scale_kwargs
+from agents.networks import box_policy_kwargs
 from agents.options import Options, defaults
 from agents.rnd import INTRINSIC_REWARD_KEY
 from errors import InputError
@@ -160,8 +161,8 @@ def main(config: RNDPPOConfig, loss_addons: Sequence[LossAddon] = ()) -> dict:
         "normalize_obs": config.network.normalize_obs,
     }
     try:
-        policy_kwargs |= initial_scale_kwargs(
-            config.network.log_std_init, env.action_spec, config.network.use_sde
+        policy_kwargs |= box_policy_kwargs(
+            env.action_spec, config.network.log_std_init, config.network.squash, config.network.use_sde
         )
     except InputError:
         env.close()
@@ -180,6 +181,8 @@ def main(config: RNDPPOConfig, loss_addons: Sequence[LossAddon] = ()) -> dict:
     actor = agent.policy
     if config.network.use_sde:  # gSDE noise kept as env state; actions clipped to the Box on their way in
         env = make_gsde_env(env, actor, config.network.sde_sample_freq, config.collector.steps_per_env)
+    elif not config.network.squash:  # an unbounded Gaussian: the env clips its actions to the Box
+        env = clip_env_actions(env)
     critic = make_critic(
         observation_spec, config.network.hidden_sizes, config.network.activation, encoder=input_encoder(actor)
     ).to(device)

@@ -1,0 +1,96 @@
+"""Unsquashed Box policies (``--no-squash``): a plain Gaussian whose actions the env clips to the Box."""
+
+import numpy as np
+import pytest
+import torch
+from tensordict import TensorDict
+from torchrl.envs.utils import ExplorationType, set_exploration_type
+from torchrl.modules import IndependentNormal, TanhNormal
+
+from agents import Agent, make_actor
+from agents.gsde import clip_env_actions
+from agents.networks import box_policy_kwargs
+from envs import make_env
+from errors import InputError
+from recipes import a2c, ppo, rnd_ppo
+from training import quiet
+
+
+def pendulum_actor(squash):
+    env = make_env("Pendulum-v1", num_envs=1)
+    actor = make_actor(env.observation_spec["observation"], env.action_spec, squash=squash)
+    return env, actor
+
+
+def test_an_unsquashed_actor_samples_an_unbounded_gaussian_and_acts_with_its_mean():
+    env, actor = pendulum_actor(squash=False)
+    observation = env.reset()
+    assert isinstance(actor.get_dist(observation.clone()), IndependentNormal)
+    assert isinstance(pendulum_actor(squash=True)[1].get_dist(observation.clone()), TanhNormal)
+    with torch.no_grad():
+        last = [m for m in actor.modules() if isinstance(m, torch.nn.Linear)][-1]
+        last.bias.fill_(5.0)  # a mean far outside Pendulum's [-2, 2]
+        with set_exploration_type(ExplorationType.DETERMINISTIC):
+            output = actor(observation.clone())
+        assert torch.allclose(output["action"], output["loc"])
+        assert (output["action"] > 2.0).all()  # not squashed: the env clips, the data keeps the mean
+        sampled = actor(observation.expand(4096).clone())
+    distribution = IndependentNormal(sampled["loc"], sampled["scale"])
+    assert torch.allclose(sampled["action_log_prob"], distribution.log_prob(sampled["action"]))
+    assert sampled["action"].mean().item() == pytest.approx(5.0 + 0.0, abs=0.1)  # scale 1 around the mean
+    env.close()
+
+
+def test_the_clipping_env_steps_with_clipped_actions_and_keeps_the_policys_action():
+    clipped = clip_env_actions(make_env("Pendulum-v1", num_envs=1, seed=3))
+    bounded = make_env("Pendulum-v1", num_envs=1, seed=3)
+    out_of_bounds = clipped.reset().set("action", torch.tensor([[7.5]]))
+    at_bound = bounded.reset().set("action", torch.tensor([[2.0]]))
+    step, reference = clipped.step(out_of_bounds), bounded.step(at_bound)
+    assert step["action"].item() == 7.5  # what the policy sampled, whose log-probability was recorded
+    assert torch.equal(step["next", "observation"], reference["next", "observation"])
+    assert torch.equal(step["next", "reward"], reference["next", "reward"])
+    clipped.close()
+    bounded.close()
+    with pytest.raises(InputError, match="bounded Box action space"):
+        clip_env_actions(make_env("CartPole-v1", num_envs=1))
+
+
+def test_box_policy_kwargs_refuse_no_squash_for_discrete_actions_and_ignore_it_for_gsde():
+    box = make_env("Pendulum-v1", num_envs=1).action_spec
+    assert box_policy_kwargs(box) == {}
+    assert box_policy_kwargs(box, -2.0, squash=False) == {"log_std_init": -2.0, "squash": False}
+    assert box_policy_kwargs(box, squash=False, use_sde=True) == {}  # gSDE's policy is unsquashed already
+    with pytest.raises(InputError, match="--no-squash makes a Box action policy unbounded"):
+        box_policy_kwargs(make_env("CartPole-v1", num_envs=1).action_spec, squash=False)
+
+
+@pytest.mark.parametrize(
+    "recipe, config_class", [(ppo, ppo.PPOConfig), (a2c, a2c.A2CConfig), (rnd_ppo, rnd_ppo.RNDPPOConfig)]
+)
+def test_recipes_train_save_and_reload_unsquashed_policies(recipe, config_class, tmp_path):
+    config = quiet(
+        config_class(), tmp_path / "run", env_id="Pendulum-v1", num_envs=2, total_frames=256, eval_every=256,
+        eval_episodes=1,
+    )  # fmt: skip
+    config.network.squash = False
+    config.network.log_std_init = 1.0  # wide samples: many fall outside the Box and reach the env clipped
+    if recipe is not a2c:
+        config.collector.steps_per_env = 64
+        config.optim.minibatch_size = 64
+    recipe.main(config)
+    agent = Agent.load(tmp_path / "run" / "agent.ckpt")
+    assert agent.policy_kwargs["squash"] is False
+    actions = agent.predict(np.zeros((256, 3), dtype=np.float32), deterministic=False)
+    assert np.abs(actions).max() <= 2.0 and (np.abs(actions) == 2.0).any()  # clipped into Pendulum's Box
+    distribution = agent.policy.get_dist(TensorDict({"observation": torch.zeros(1, 3)}, [1]))
+    assert isinstance(distribution, IndependentNormal)
+
+
+def test_no_squash_on_a_discrete_env_is_one_line(tmp_path):
+    config = quiet(ppo.PPOConfig(), tmp_path / "run", env_id="CartPole-v1", total_frames=64)
+    config.network.squash = False
+    with pytest.raises(InputError) as error:
+        ppo.main(config)
+    assert "--no-squash" in str(error.value) and "\n" not in str(error.value)
+    assert not (tmp_path / "run").exists()
