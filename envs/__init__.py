@@ -2,6 +2,10 @@
 batched classic-control envs (registered with Gymnasium as ``rlkit/<id>``), and Atari games with the standard
 preprocessing (:mod:`envs.atari`)."""
 
+from envs.rendering import drop_unusable_mujoco_gl
+
+drop_unusable_mujoco_gl()  # before TorchRL imports MuJoCo (see its docstring)
+
 from envs.atari import is_atari, make_atari_env
 from envs.classic import TORCH_ENVS, ClassicControlEnv
 from envs.classic_gym import TorchClassicEnv, TorchClassicVectorEnv, register_envs

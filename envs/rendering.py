@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 import contextlib
+import ctypes.util
 import os
+import warnings
 from collections.abc import Iterator
+
+# MuJoCo's headless OpenGL backends and the system library each one loads (through PyOpenGL)
+MUJOCO_GL_LIBRARIES = {"egl": "EGL", "osmesa": "OSMesa"}
 
 
 def _has_display() -> bool:
@@ -18,6 +23,32 @@ def use_headless_video_driver() -> None:
     """
     if not _has_display():
         os.environ.setdefault("SDL_VIDEODRIVER", "dummy")
+
+
+def drop_unusable_mujoco_gl() -> None:
+    """Unset ``MUJOCO_GL`` (and a matching ``PYOPENGL_PLATFORM``) when it names a headless backend whose system
+    library is not installed, with a one-line warning.
+
+    MuJoCo picks its OpenGL backend when it is imported (TorchRL imports it with ``torchrl.envs``), and a backend
+    whose library is missing (``MUJOCO_GL=osmesa`` without libOSMesa) breaks that import with an error deep inside
+    PyOpenGL, taking every recipe down with it, MuJoCo or not. Without the variable MuJoCo imports as usual and
+    trains, and :func:`headless_rendering` draws videos through EGL where it is installed (elsewhere runs skip the
+    video with a warning). Called when :mod:`envs` is imported, before TorchRL.
+    """
+    backend = os.environ.get("MUJOCO_GL", "").lower()
+    library = MUJOCO_GL_LIBRARIES.get(backend)
+    if library is None or ctypes.util.find_library(library) is not None:
+        return
+    os.environ.pop("MUJOCO_GL")
+    if os.environ.get("PYOPENGL_PLATFORM", "").lower() == backend:
+        os.environ.pop("PYOPENGL_PLATFORM")
+    package = {"egl": "libegl1", "osmesa": "libosmesa6"}[backend]
+    warnings.warn(
+        f"MUJOCO_GL={backend} was unset: its library lib{library} is not installed and MuJoCo would fail to import. "
+        f"Runs train as usual; videos render through EGL where it is installed. To use {backend}, install "
+        f"{package} (Debian).",
+        stacklevel=2,
+    )
 
 
 @contextlib.contextmanager

@@ -90,3 +90,46 @@ def test_without_an_opengl_backend_runs_keep_everything_but_the_video(tmp_path, 
     with pytest.warns(UserWarning, match="No video: the env could not be rendered"):
         summary = evaluate.main(evaluate.EvaluateConfig(path=tmp_path, episodes=1, video=True))
     assert summary["video"] is None and len(summary["returns"]) == 1
+
+
+def test_a_mujoco_gl_backend_without_its_library_is_unset_with_one_warning(monkeypatch):
+    from envs import rendering
+
+    monkeypatch.setenv("MUJOCO_GL", "osmesa")
+    monkeypatch.setenv("PYOPENGL_PLATFORM", "osmesa")
+    monkeypatch.setattr(rendering.ctypes.util, "find_library", lambda name: None)
+    with pytest.warns(UserWarning, match="MUJOCO_GL=osmesa was unset: its library libOSMesa is not installed"):
+        rendering.drop_unusable_mujoco_gl()
+    assert "MUJOCO_GL" not in os.environ and "PYOPENGL_PLATFORM" not in os.environ
+    for backend in ("glfw", "disable"):  # not headless library backends: left to MuJoCo
+        monkeypatch.setenv("MUJOCO_GL", backend)
+        rendering.drop_unusable_mujoco_gl()
+        assert os.environ["MUJOCO_GL"] == backend
+    monkeypatch.setattr(rendering.ctypes.util, "find_library", lambda name: f"lib{name}.so.1")
+    monkeypatch.setenv("MUJOCO_GL", "egl")
+    rendering.drop_unusable_mujoco_gl()  # installed: kept
+    assert os.environ["MUJOCO_GL"] == "egl"
+
+
+def test_recipes_import_and_train_whatever_mujoco_gl_names(tmp_path):
+    """MuJoCo is imported with TorchRL: an uninstallable backend must not take every recipe down."""
+    import ctypes.util
+
+    script = (
+        "import sys; sys.argv = ['ppo', '--env-id', 'InvertedPendulum-v5', '--total-frames', '64', '--eval-every', "
+        f"'64', '--eval-episodes', '1', '--logger', 'none', '--no-progress', '--output-dir', r'{tmp_path / 'run'}']\n"
+        "from recipes import ppo\nfrom training import run_cli\nrun_cli(ppo.main, ppo.PPOConfig, ppo.__doc__, "
+        "presets=ppo.PRESETS)"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script],
+        env={**os.environ, "MUJOCO_GL": "osmesa", "PYTHONWARNINGS": "default"},
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert (tmp_path / "run" / "agent.ckpt").exists()
+    if ctypes.util.find_library("OSMesa") is None:
+        assert result.stderr.count("MUJOCO_GL=osmesa was unset") == 1

@@ -21,6 +21,7 @@
 =================  ==========================================================================================
 """
 
+import envs  # noqa: F401  (first: it unsets an unusable MUJOCO_GL before TorchRL imports MuJoCo)
 from errors import check_ranges, require_positive
 from training.cli import run_cli
 from training.collectors import (
