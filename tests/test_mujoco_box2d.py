@@ -98,7 +98,9 @@ def test_a_mujoco_gl_backend_without_its_library_is_unset_with_one_warning(monke
     monkeypatch.setenv("MUJOCO_GL", "osmesa")
     monkeypatch.setenv("PYOPENGL_PLATFORM", "osmesa")
     monkeypatch.setattr(rendering.ctypes.util, "find_library", lambda name: None)
-    with pytest.warns(UserWarning, match="MUJOCO_GL=osmesa was unset: its library libOSMesa is not installed"):
+    with pytest.warns(
+        UserWarning, match="MUJOCO_GL=osmesa was unset: its library libOSMesa is not installed"
+    ):
         rendering.drop_unusable_mujoco_gl()
     assert "MUJOCO_GL" not in os.environ and "PYOPENGL_PLATFORM" not in os.environ
     for backend in ("glfw", "disable"):  # not headless library backends: left to MuJoCo
