@@ -1,5 +1,8 @@
 """Unsquashed Box policies (``--no-squash``): a plain Gaussian whose actions the env clips to the Box."""
 
+import os
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -13,7 +16,7 @@ from agents.networks import box_policy_kwargs
 from envs import make_env
 from errors import InputError
 from recipes import a2c, ppo, rnd_ppo
-from training import quiet
+from training import RunConfig, make_collector, make_training_env, quiet
 
 
 def pendulum_actor(squash):
@@ -98,3 +101,20 @@ def test_no_squash_on_a_discrete_env_is_one_line(tmp_path):
         ppo.main(config)
     assert "--no-squash" in str(error.value) and "\n" not in str(error.value)
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("backend", ["single", "multi"])
+def test_every_collector_backend_steps_its_envs_with_clipped_actions(backend, monkeypatch):
+    """Worker processes build their own envs: they must clip as the recipe's env does."""
+    tests_folder = str(Path(__file__).parent)
+    monkeypatch.syspath_prepend(tests_folder)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([tests_folder, os.environ.get("PYTHONPATH", "")]))
+    run = RunConfig(env_id="echo_env:EchoAction-v0", num_envs=4, collector_backend=backend, num_workers=2)
+    env = clip_env_actions(make_training_env(run, torch.device("cpu")))
+    actor = make_actor(env.observation_spec["observation"], env.action_spec, log_std_init=2.0, squash=False)
+    collector = make_collector(run, env, actor, torch.device("cpu"), 32, 320)
+    batch = next(iter(collector))
+    collector.shutdown()
+    env.close()
+    assert batch["action"].abs().max() > 1.0  # the policy's samples, kept unclipped for their log-probability
+    assert torch.equal(batch["next", "observation"], batch["action"].clamp(-1.0, 1.0))  # what the envs got

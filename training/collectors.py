@@ -12,8 +12,9 @@ from typing import Any
 import torch
 from torch import nn
 from torchrl.collectors import Collector
-from torchrl.envs import EnvBase
+from torchrl.envs import EnvBase, TransformedEnv
 
+from agents.gsde import ClipActionToBounds
 from agents.options import Options
 from envs.vector import make_env
 from errors import InputError, check_ranges, require_positive
@@ -46,7 +47,8 @@ def make_collector(
     """The collector of ``run.collector_backend``: TorchRL's ``Collector`` stepping ``env`` here, or one over
     ``run.num_workers`` processes or Ray actors, each building its share of the envs (worker ``i`` seeded
     ``seed + WORKER_SEED_STRIDE * i``) and iterated like the single one (see
-    :class:`training.distributed.WorkerCollector`).
+    :class:`training.distributed.WorkerCollector`). Workers' envs clip actions to the Box as ``env`` does when
+    it is wrapped by :func:`agents.gsde.clip_env_actions` (an unsquashed policy).
 
     Args:
         run: the run's options (env id, backend, seed, workers).
@@ -72,6 +74,9 @@ def make_collector(
         )
     from training.distributed import WORKER_SEED_STRIDE, make_worker_collector, make_worker_env
 
+    clip_actions = isinstance(env, TransformedEnv) and any(
+        isinstance(transform, ClipActionToBounds) for transform in env.transform.modules()
+    )
     env_factories = [
         functools.partial(
             make_worker_env,
@@ -83,6 +88,7 @@ def make_collector(
             vectorization=run.vectorization,
             backend=run.env_backend,
             env_kwargs=run.env_options or None,
+            clip_actions=clip_actions,
         )
         for index in range(run.num_workers)
     ]

@@ -22,6 +22,7 @@ from torchrl.collectors import Collector
 from torchrl.envs import EnvBase
 
 from agents.es import PopulationEvaluator, make_es_policy
+from agents.gsde import clip_env_actions
 from envs.specs import EPISODE_LENGTH_KEY, EPISODE_RETURN_KEY
 from envs.vector import make_env
 from errors import InputError
@@ -75,15 +76,19 @@ def init_ray(address: str | None, num_workers: int):
     return ray
 
 
-def make_worker_env(parent_pid: int, env_id: str, num_envs: int, *, seed: int, **options: Any) -> EnvBase:
-    """A collector worker's envs (``envs.make_env``); in a worker process it also seeds Python, NumPy and torch
-    with the worker's ``seed``, so that workers draw different random actions and noise (they would otherwise all
-    start from the same state)."""
+def make_worker_env(
+    parent_pid: int, env_id: str, num_envs: int, *, seed: int, clip_actions: bool = False, **options: Any
+) -> EnvBase:
+    """A collector worker's envs (``envs.make_env``), with actions clipped to the Box when ``clip_actions``
+    (:func:`agents.gsde.clip_env_actions`, for an unsquashed policy); in a worker process it also seeds Python,
+    NumPy and torch with the worker's ``seed``, so that workers draw different random actions and noise (they
+    would otherwise all start from the same state)."""
     if os.getpid() != parent_pid:
         random.seed(seed)
         np.random.seed(seed)
         torch.manual_seed(seed)
-    return make_env(env_id, num_envs, seed=seed, **options)
+    env = make_env(env_id, num_envs, seed=seed, **options)
+    return clip_env_actions(env) if clip_actions else env
 
 
 class WorkerCollector:
