@@ -103,7 +103,7 @@ def test_no_squash_on_a_discrete_env_is_one_line(tmp_path):
     assert not (tmp_path / "run").exists()
 
 
-@pytest.mark.parametrize("backend", ["single", "multi"])
+@pytest.mark.parametrize("backend", ["single", "multiprocess"])
 def test_every_collector_backend_steps_its_envs_with_clipped_actions(backend, monkeypatch):
     """Worker processes build their own envs: they must clip as the recipe's env does."""
     tests_folder = str(Path(__file__).parent)
