@@ -251,6 +251,26 @@ def test_run_config_refuses_seeds_numpy_cannot_take():
         RunConfig(seed=-1).validate()
 
 
+@pytest.mark.parametrize(
+    "option, value, choices",
+    [
+        ("collector_backend", "multi", "single, multiprocess, ray"),
+        ("logger", "tensorboard", "wandb, csv, none"),
+        ("env_backend", "jax", "gymnasium, torch"),
+        ("vectorization", "threads", "sync, async"),
+    ],
+)
+def test_run_config_refuses_a_choice_it_does_not_have(option, value, choices, tmp_path):
+    """From Python nothing checks a Literal option: an unknown collector backend used to fall through to Ray."""
+    config = tiny_ppo(tmp_path / "run")
+    setattr(config.run, option, value)
+    with pytest.raises(InputError) as error:
+        ppo.main(config)
+    flag = "--" + option.replace("_", "-")
+    assert str(error.value) == f"{flag} must be one of {choices}; got {value!r}."
+    assert not (tmp_path / "run").exists()  # refused before any work
+
+
 def test_a_link_among_the_csv_logs_of_a_continued_run_is_refused(tmp_path, monkeypatch):
     output_dir, outside = tmp_path / "run", tmp_path / "outside.csv"
     interrupt_at(monkeypatch, 256)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import typing
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, TypeVar
@@ -90,6 +91,13 @@ class RunConfig(Options):
 
     def validate(self) -> None:
         """Raise :class:`InputError` for out-of-range values."""
+        for name, hint in typing.get_type_hints(type(self)).items():
+            choices = typing.get_args(hint) if typing.get_origin(hint) is typing.Literal else ()
+            if choices and getattr(self, name) not in choices:
+                raise InputError(
+                    f"--{name.replace('_', '-')} must be one of {', '.join(map(str, choices))}; "
+                    f"got {getattr(self, name)!r}."
+                )
         if not 0 <= self.seed < 2**32:
             raise InputError(f"--seed must be in [0, 2**32), got {self.seed}.")
         if self.threads < 0:
