@@ -125,7 +125,7 @@ class NetworkConfig(Options):
     ortho_init: bool = False
     """Orthogonal initialisation as Stable-Baselines3's (gain sqrt(2), policy output 0.01, value output 1)."""
     log_std_init: float = 0.0
-    """Box actions: the logarithm of the policy's first standard deviation (tanh-normal scale, or gSDE's sigma)."""
+    """Box actions: the logarithm of the policy's first standard deviation (its Gaussian's scale, or gSDE's sigma)."""
     squash: bool = True
     """Box actions: a tanh-normal policy squashed into the bounds; --no-squash: an unbounded Gaussian whose actions
     the env clips to the Box (Stable-Baselines3's PPO and A2C; gSDE policies are unsquashed either way)."""
