@@ -298,6 +298,11 @@ def main(argv: list[str] | None = None) -> None:
         rows.append({"frames": model.num_timesteps, "wall_time_s": time.perf_counter() - start,
                      "return_mean": statistics.fmean(returns), "return_std": statistics.pstdev(returns),
                      "length_mean": statistics.fmean(lengths)})  # fmt: skip
+        row = rows[-1]
+        print(
+            f"frames {row['frames']}: evaluation return {row['return_mean']:.1f} ({row['wall_time_s']:.0f} s)",
+            flush=True,
+        )
 
     class Evaluations(BaseCallback):
         """Evaluate every ``--eval-every`` frames within one ``learn`` call (its schedules span the budget)."""
