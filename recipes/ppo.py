@@ -13,7 +13,7 @@ after 100k of its 200k frames (16 envs x 128 steps, 10 epochs, lr 1e-3, gamma 0.
 adding --use-sde --sde-sample-freq 4 gives -181 to -206 (seeds 0-2) at 102k frames.
 
     python -m recipes.ppo                      # CartPole-v1, with its preset
-    python -m recipes.ppo --env-id Hopper-v5   # RL Zoo's tuned Hopper settings
+    python -m recipes.ppo --env-id Hopper-v5   # Hopper-v5's preset (recipes/presets/ppo.toml)
     python -m recipes.ppo --list-presets       # every preset
     python -m recipes.ppo --help               # every option
 """
