@@ -21,9 +21,11 @@ Everything goes into one results folder (default ``benchmarks/results``):
     aggregate.png          interquartile mean of reference-normalised scores with bootstrap confidence intervals
                            (Agarwal et al. 2021), per algorithm
 
-The suite is resumable: a finished run (its record) is not redone; a run stopped by the end of a session
-(SIGTERM or SIGINT to the suite, which passes it on) saved resume.ckpt and continues with ``--resume``; runs write
-resume.ckpt every ``--checkpoint-every`` frames too, so even a killed run loses at most that much. Reference
+The suite is resumable: a finished run (its record) is not redone (a record whose preset has changed since is
+named, with the changes, in a warning and in report.md; delete it and its run folder to rerun it); a run stopped by
+the end of a session (SIGTERM or SIGINT to the suite, which passes it on) saved resume.ckpt and continues with
+``--resume``; runs write resume.ckpt every ``--checkpoint-every`` frames too, so even a killed run loses at most that
+much. Reference
 scores are ``benchmarks/references.csv`` (RL Zoo's benchmark.md, each row with its source); a score is
 normalised as (score - random) / (reference - random), the random policy's return measured here once per env.
 """
@@ -76,8 +78,8 @@ class Job:
         return results / "records" / self.algorithm / self.slug / f"seed{self.seed}.json"
 
 
-def recipe_budget(algorithm: str, env: str) -> tuple[int, int, int]:
-    """(total frames, eval every, eval episodes) of ``algorithm`` on ``env`` with its preset."""
+def recipe_config(algorithm: str, env: str) -> Any:
+    """The config of ``algorithm``'s recipe on ``env`` with today's preset applied."""
     import importlib
 
     from training.presets import apply_preset
@@ -92,7 +94,42 @@ def recipe_budget(algorithm: str, env: str) -> tuple[int, int, int]:
     config = config_type()
     config.run.env_id, config.run.env_kwargs = env.split()[0], tuple(env.split()[1:])
     apply_preset(config, module.PRESETS)
+    return config
+
+
+def recipe_budget(algorithm: str, env: str) -> tuple[int, int, int]:
+    """(total frames, eval every, eval episodes) of ``algorithm`` on ``env`` with its preset."""
+    config = recipe_config(algorithm, env)
     return config.run.total_frames, config.run.eval_every, config.run.eval_episodes
+
+
+# the options the suite gives each recipe run on its command line (``command``): no preset sets them there
+SUITE_OPTIONS = {"total_frames", "stop_at_return", "seed", "output_dir", "logger", "video", "progress",
+                 "checkpoint_every", "overwrite"}  # fmt: skip
+
+
+def preset_changes(record: dict[str, Any]) -> list[str]:
+    """How today's preset for a record's (algorithm, env) differs from the one its run had, as ``"name: then ->
+    now"`` lines; empty when it is the same (or for a Stable-Baselines3 run). What the suite gives the run on its
+    command line (a budget given with ``--frames``) is not a change."""
+    if record["algorithm"].startswith("sb3-"):
+        return []
+    from training.presets import get_option, json_ready, option_paths
+
+    config = recipe_config(record["algorithm"], record["env"])
+    then = record["config"]["run"].get("preset_applied") or {}
+    now = config.run.preset_applied
+    changes = [f"preset: {then.get('name')} -> {now['name']}"] if then.get("name") != now["name"] else []
+    defaults, paths = type(config)(), option_paths(config)  # the recipe's defaults: options no preset sets
+    for name in sorted(set(then.get("set", {})) | set(now["set"])):
+        if name in SUITE_OPTIONS and name not in then.get("set", {}):
+            continue  # given on the run's command line (the suite's --frames, --stop-at-return inf, ...)
+        default = json_ready(get_option(defaults, paths[name])) if name in paths else None
+        before = then.get("set", {}).get(name, default)
+        after = now["set"].get(name, default)
+        if before != after:
+            changes.append(f"{name}: {before} -> {after}")
+    return changes
 
 
 def make_jobs(algorithms: list[str], envs: list[str], seeds: list[int], with_sb3: bool) -> list[Job]:
@@ -432,6 +469,12 @@ def write_report(results: Path) -> Path:
             f"{statistics.fmean(run['summary']['wall_time_s'] for run in group):.0f} | "
             f"{statistics.fmean(run['summary']['fps'] for run in group):.0f} | {reference_text} | {source} |"
         )
+    stale = [(run, changes) for run in runs if (changes := preset_changes(run))]
+    if stale:
+        lines += ["", "Made with a preset that has changed since (these rows are not today's preset; delete the record",
+                  "and its run folder to run it again):", ""]  # fmt: skip
+        for run, changes in stale:
+            lines.append(f"- {run['algorithm']} {run['env']} seed {run['seed']}: {'; '.join(changes)}")
     if normalised:
         lines += ["", "## Aggregate", "", "Interquartile mean of the final returns normalised as (score - random) /",
                   "(reference - random), 95% stratified bootstrap interval over seeds (Agarwal et al. 2021):", "",
@@ -549,6 +592,15 @@ def main(argv: list[str] | None = None) -> None:
                 parser.error(f"no recipe {algorithm!r} (recipes/{algorithm}.py)")
         jobs = make_jobs(args.algos, args.envs, args.seeds, args.with_sb3)
         pending = [job for job in jobs if not finished(job, args.results)]
+        for job in jobs:
+            if job not in pending and (
+                changes := preset_changes(json.loads(job.record(args.results).read_text()))
+            ):
+                print(
+                    f"warning: {job.algorithm} {job.env} seed {job.seed} was run with another preset "
+                    f"({'; '.join(changes)}); delete {job.record(args.results)} and its run folder to run it again",
+                    flush=True,
+                )
         print(
             f"{len(jobs) - len(pending)} of {len(jobs)} runs already finished; {len(pending)} to run",
             flush=True,

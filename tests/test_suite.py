@@ -79,8 +79,24 @@ def test_suite_runs_each_seed_once_and_reports(tmp_path, capsys):
     assert [row["seed"] for row in rows] == ["0", "1"] and {row["preset"] for row in rows} == {"CartPole-v1"}
     assert (tmp_path / "records" / "ppo" / "CartPole-v1" / "seed1.json").exists()
     shutil.rmtree(tmp_path / "runs")  # a new checkout: the records, kept in the repository, are what counts
-    suite.main(arguments)  # nothing left to do
-    assert "2 of 2 runs already finished; 0 to run" in capsys.readouterr().out
+    suite.main(arguments)  # nothing left to do; --frames is not a preset change
+    output = capsys.readouterr().out
+    assert "2 of 2 runs already finished; 0 to run" in output and "warning" not in output
+    assert "Made with a preset that has changed" not in (tmp_path / "report.md").read_text()
+    record_path = tmp_path / "records" / "ppo" / "CartPole-v1" / "seed1.json"
+    record = json.loads(record_path.read_text())  # as if run before the preset's lr and epochs changed
+    record["config"]["run"]["preset_applied"]["set"] |= {"lr": 1e-3, "num_epochs": 10}
+    record_path.write_text(json.dumps(record))
+    suite.main(arguments)
+    output = capsys.readouterr().out
+    assert (
+        "warning: ppo CartPole-v1 seed 1 was run with another preset (lr: 0.001 -> 0.002; num_epochs: 10 -> 8)"
+        in output
+    )
+    assert (
+        "- ppo CartPole-v1 seed 1: lr: 0.001 -> 0.002; num_epochs: 10 -> 8"
+        in (tmp_path / "report.md").read_text()
+    )
 
 
 def test_report_only_without_runs(tmp_path, capsys):
