@@ -13,7 +13,7 @@ from envs import make_env
 from errors import InputError
 from recipes import a2c, ddpg, dqn, ppo, reinforce, sac
 from training import RunConfig, make_collector, quiet
-from training.distributed import WorkerCollector
+from training.distributed import WORKER_START_TIMEOUT_S, WorkerCollector
 
 
 def first_batch(backend, num_envs=4, steps=8):
@@ -88,6 +88,10 @@ def test_workers_act_with_the_weights_of_the_latest_update(backend, request):
     collector.shutdown()
     env.close()
     assert actions == [0.0, 1.0, 0.0]
+    if backend == "ray":  # the learner waits as long for the workers' weight sync as for their start
+        from torchrl.weight_update import _ray as ray_weight_sync
+
+        assert ray_weight_sync._DIST_TIMEOUT.total_seconds() >= WORKER_START_TIMEOUT_S
 
 
 def test_killed_worker_process_stops_the_run_with_an_error():

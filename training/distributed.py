@@ -12,6 +12,7 @@ import threading
 import time
 import warnings
 from collections.abc import Callable, Iterator
+from datetime import timedelta
 from typing import Any, Literal
 
 import numpy as np
@@ -219,6 +220,7 @@ def make_worker_collector(
                 "use --collector-backend multiprocess or single."
             )
         init_ray(ray_address, len(env_factories))
+        allow_slow_weight_sync(WORKER_START_TIMEOUT_S)
         collector = Collector(
             env_factories,
             policy,
@@ -230,15 +232,38 @@ def make_worker_collector(
             **common,
             **options,
         )
-        # the first weight update connects to every worker with a 60 s timeout: start it only once all
-        # workers are up (importing torch on a loaded machine can take a while)
+        # the first weight update connects to every worker: start it only once all workers are up (importing
+        # torch on a loaded machine can take a while)
         ray = require_ray()
         try:
-            ray.get([worker.__ray_ready__.remote() for worker in collector.remote_collectors], timeout=300)
+            ray.get(
+                [worker.__ray_ready__.remote() for worker in collector.remote_collectors],
+                timeout=WORKER_START_TIMEOUT_S,
+            )
         except ray.exceptions.GetTimeoutError:
             collector.shutdown()
-            raise RuntimeError("The Ray collector workers did not start within 300 s.") from None
+            raise RuntimeError(
+                f"The Ray collector workers did not start within {WORKER_START_TIMEOUT_S} s."
+            ) from None
     return WorkerCollector(collector, backend, policy, keep_traj_ids="trajs_per_batch" in options)
+
+
+WORKER_START_TIMEOUT_S = 300  # longest wait for Ray collector workers to start and join the weight sync
+
+
+def allow_slow_weight_sync(seconds: float) -> None:
+    """Let TorchRL's Ray weight sync wait ``seconds`` for every worker to join its process group.
+
+    TorchRL 0.14 fixes that wait at 60 s in a module constant (``torchrl.weight_update._ray._DIST_TIMEOUT``, read
+    when the group is made); on a loaded machine a worker still busy with its envs can take longer, and the first
+    weight update then fails with ``DistStoreError: wait timeout``. Raised here for the learner's side (the
+    workers' own waits keep TorchRL's value), never lowered; a TorchRL without the constant is left alone.
+    """
+    from torchrl.weight_update import _ray as ray_weight_sync
+
+    current = getattr(ray_weight_sync, "_DIST_TIMEOUT", None)
+    if isinstance(current, timedelta) and current.total_seconds() < seconds:
+        ray_weight_sync._DIST_TIMEOUT = timedelta(seconds=seconds)
 
 
 class PopulationWorker:
