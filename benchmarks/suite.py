@@ -116,8 +116,16 @@ def preset_changes(record: dict[str, Any]) -> list[str]:
         return []
     from training.presets import get_option, json_ready, option_paths
 
-    config = recipe_config(record["algorithm"], record["env"])
-    then = record["config"]["run"].get("preset_applied") or {}
+    try:
+        config = recipe_config(record["algorithm"], record["env"])
+        then = record["config"]["run"].get("preset_applied") or {}
+    except (
+        ImportError,
+        KeyError,
+        AttributeError,
+        TypeError,
+    ) as error:  # a recipe gone, a record of another shape
+        return [f"not comparable with today's preset ({type(error).__name__}: {error})"]
     now = config.run.preset_applied
     changes = [f"preset: {then.get('name')} -> {now['name']}"] if then.get("name") != now["name"] else []
     defaults, paths = type(config)(), option_paths(config)  # the recipe's defaults: options no preset sets

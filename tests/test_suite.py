@@ -168,3 +168,10 @@ def test_sb3_runner_writes_a_run_folder_the_suite_reads(tmp_path):
     )  # VecNormalize'd PPO: 16 envs x 256 steps, evaluated through its stats
     record = json.loads(job.record(tmp_path).read_text())
     assert record["summary"]["frames"] == 4096 and record["config"]["settings"]["normalize"] is True
+
+
+def test_a_record_that_cannot_be_compared_with_todays_preset_says_so():
+    gone = suite.preset_changes({"algorithm": "nosuch", "env": "CartPole-v1", "config": {}})
+    assert gone and gone[0].startswith("not comparable with today's preset (ModuleNotFoundError")
+    assert "KeyError" in suite.preset_changes({"algorithm": "ppo", "env": "CartPole-v1", "config": {}})[0]
+    assert suite.preset_changes({"algorithm": "sb3-ppo", "env": "CartPole-v1", "config": {}}) == []
