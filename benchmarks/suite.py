@@ -25,9 +25,8 @@ The suite is resumable: a finished run (its record) is not redone (a record whos
 named, with the changes, in a warning and in report.md; delete it and its run folder to rerun it); a run stopped by
 the end of a session (SIGTERM or SIGINT to the suite, which passes it on) saved resume.ckpt and continues with
 ``--resume``; runs write resume.ckpt every ``--checkpoint-every`` frames too, so even a killed run loses at most that
-much. Reference
-scores are ``benchmarks/references.csv`` (RL Zoo's benchmark.md, each row with its source); a score is
-normalised as (score - random) / (reference - random), the random policy's return measured here once per env.
+much. Reference scores are ``benchmarks/references.csv`` (RL Zoo's benchmark.md, each row with its source); a score
+is normalised as (score - random) / (reference - random), the random policy's return measured here once per env.
 """
 
 from __future__ import annotations
@@ -119,12 +118,8 @@ def preset_changes(record: dict[str, Any]) -> list[str]:
     try:
         config = recipe_config(record["algorithm"], record["env"])
         then = record["config"]["run"].get("preset_applied") or {}
-    except (
-        ImportError,
-        KeyError,
-        AttributeError,
-        TypeError,
-    ) as error:  # a recipe gone, a record of another shape
+    # a recipe gone, a record of another shape
+    except (ImportError, KeyError, AttributeError, TypeError) as error:
         return [f"not comparable with today's preset ({type(error).__name__}: {error})"]
     now = config.run.preset_applied
     changes = [f"preset: {then.get('name')} -> {now['name']}"] if then.get("name") != now["name"] else []
