@@ -41,6 +41,7 @@ from torchrl.modules import MLP, ProbabilisticActor
 from torchrl.modules.models.exploration import gSDEModule
 
 from agents.networks import ACTIVATIONS, encoder_width, observation_encoder
+from envs.vector import GymnasiumVectorEnv
 from errors import InputError
 
 # TorchRL's key (gSDEModule, gSDENoise); collectors leave "_" keys out of the batches they return
@@ -384,9 +385,12 @@ class ClipActionToBounds(Transform):
         return torch.clamp(action, self.low, self.high)
 
 
-def clip_env_actions(env: EnvBase) -> TransformedEnv:
-    """Wrap a batched training env so that the actions going in are clipped to its Box bounds
-    (:class:`ClipActionToBounds`): the env side of an unsquashed policy (``make_actor(..., squash=False)``).
+def clip_env_actions(env: EnvBase) -> EnvBase:
+    """Make a batched training env clip the actions going in to its Box bounds: the env side of an unsquashed
+    policy (``make_actor(..., squash=False)``). A Gymnasium env (:class:`envs.vector.GymnasiumVectorEnv`) clips
+    in NumPy inside its step and is returned itself (a ``TransformedEnv`` layer would cost about 0.2 ms a
+    step); any other env is wrapped with :class:`ClipActionToBounds`. Either way the tensordict keeps the
+    policy's unclipped action.
 
     Examples:
         >>> from envs import make_env
@@ -399,7 +403,19 @@ def clip_env_actions(env: EnvBase) -> TransformedEnv:
         raise InputError(
             f"Clipping actions needs a bounded Box action space, got {type(action_spec).__name__}."
         )
+    if isinstance(env, GymnasiumVectorEnv):
+        env.clip_actions = True
+        return env
     return TransformedEnv(env, ClipActionToBounds(action_spec.space.low[0], action_spec.space.high[0]))
+
+
+def clips_actions(env: EnvBase) -> bool:
+    """Whether ``env`` clips its actions to the Box bounds (:func:`clip_env_actions` or a gSDE env)."""
+    if isinstance(env, TransformedEnv):
+        if any(isinstance(transform, ClipActionToBounds) for transform in env.transform.modules()):
+            return True
+        env = env.base_env
+    return isinstance(env, GymnasiumVectorEnv) and env.clip_actions
 
 
 def check_sde_options(use_sde: bool, sample_freq: int) -> None:
@@ -455,6 +471,7 @@ __all__ = [
     "StateDependentNormal",
     "check_sde_options",
     "clip_env_actions",
+    "clips_actions",
     "find_gsde_head",
     "make_gsde_actor",
     "make_gsde_env",

@@ -59,6 +59,9 @@ class GymnasiumVectorEnv(EnvBase):
         vector_env: a Gymnasium vector env with ``autoreset_mode`` ``SAME_STEP`` (see :func:`make_env`, which
             also converts the other modes).
         device: where the env's tensors live. Stepping happens in NumPy on the CPU.
+        clip_actions: clip each action to the Box bounds on its way into the Gymnasium env, in NumPy, while the
+            tensordict keeps the action it was given (the env side of an unsquashed Gaussian policy, see
+            :func:`agents.gsde.clip_env_actions`). Needs a Box action space.
 
     Examples:
         >>> import gymnasium as gym
@@ -69,7 +72,9 @@ class GymnasiumVectorEnv(EnvBase):
         torch.Size([4, 3])
     """
 
-    def __init__(self, vector_env: gym.vector.VectorEnv, device: torch.device | str = "cpu"):
+    def __init__(
+        self, vector_env: gym.vector.VectorEnv, device: torch.device | str = "cpu", clip_actions: bool = False
+    ):
         mode = getattr(vector_env, "autoreset_mode", vector_env.metadata.get("autoreset_mode"))
         if mode != AutoresetMode.SAME_STEP:
             raise InputError(
@@ -84,6 +89,7 @@ class GymnasiumVectorEnv(EnvBase):
         self._action_offset = _start(self.single_action_space)
         self._observation_offset = _start(self.single_observation_space)
         self._action_dtype = self.single_action_space.dtype
+        self.clip_actions = clip_actions
         observation_dtype = space_to_spec(self.single_observation_space, num_envs).dtype
         self._observation_np_dtype = torch.empty((), dtype=observation_dtype).numpy().dtype
         self._on_cpu = self.device.type == "cpu"
@@ -92,6 +98,18 @@ class GymnasiumVectorEnv(EnvBase):
         self._observation: torch.Tensor | None = None  # the current observation, after any autoreset
         self._episode_return = torch.zeros(num_envs, 1, device=self.device)
         self._episode_length = torch.zeros(num_envs, 1, dtype=torch.int64, device=self.device)
+
+    @property
+    def clip_actions(self) -> bool:
+        """Whether actions are clipped to the Box bounds before they reach the Gymnasium env."""
+        return self._clip_bounds is not None
+
+    @clip_actions.setter
+    def clip_actions(self, clip: bool) -> None:
+        space = self.single_action_space
+        if clip and not (isinstance(space, gym.spaces.Box) and np.issubdtype(space.dtype, np.floating)):
+            raise InputError(f"Clipping actions needs a bounded Box action space, got {space}.")
+        self._clip_bounds = (space.low, space.high) if clip else None
 
     def _set_seed(self, seed: int | None) -> None:
         self._seed = seed
@@ -142,6 +160,8 @@ class GymnasiumVectorEnv(EnvBase):
 
     def _step(self, tensordict: TensorDictBase) -> TensorDictBase:
         action = tensordict.get("action").detach().cpu().numpy()
+        if self._clip_bounds is not None:
+            action = np.clip(action, *self._clip_bounds)  # a copy: the tensordict keeps the policy's action
         if self._action_offset:
             action = action + self._action_offset
         observation, reward, terminated, truncated, info = self.vector_env.step(

@@ -7,11 +7,12 @@ import numpy as np
 import pytest
 import torch
 from tensordict import TensorDict
+from torchrl.envs import TransformedEnv
 from torchrl.envs.utils import ExplorationType, set_exploration_type
 from torchrl.modules import IndependentNormal, TanhNormal
 
 from agents import Agent, make_actor
-from agents.gsde import clip_env_actions
+from agents.gsde import clip_env_actions, clips_actions
 from agents.networks import box_policy_kwargs
 from envs import make_env
 from errors import InputError
@@ -61,6 +62,24 @@ def test_the_clipping_env_steps_with_clipped_actions_and_keeps_the_policys_actio
     bounded.close()
     with pytest.raises(InputError, match="bounded Box action space"):
         clip_env_actions(make_env("CartPole-v1", num_envs=1))
+
+
+@pytest.mark.parametrize("backend", ["gymnasium", "torch"])
+def test_both_env_backends_clip_in_place_or_through_a_transform(backend):
+    """A Gymnasium env clips in NumPy inside its step (no TransformedEnv layer); a torch env gets the transform."""
+    plain = make_env("MountainCarContinuous-v0", num_envs=2, seed=3, backend=backend)
+    assert not clips_actions(plain)
+    clipped = clip_env_actions(plain)
+    assert clips_actions(clipped)
+    assert isinstance(clipped, TransformedEnv) == (backend == "torch")
+    reference = make_env("MountainCarContinuous-v0", num_envs=2, seed=3, backend=backend)
+    step = clipped.step(clipped.reset().set("action", torch.tensor([[7.5], [-3.0]])))
+    expected = reference.step(reference.reset().set("action", torch.tensor([[1.0], [-1.0]])))
+    assert step["action"].flatten().tolist() == [7.5, -3.0]
+    assert torch.equal(step["next", "reward"], expected["next", "reward"])  # the env's penalty on |action|
+    assert torch.equal(step["next", "observation"], expected["next", "observation"])
+    clipped.close()
+    reference.close()
 
 
 def test_box_policy_kwargs_refuse_no_squash_for_discrete_actions_and_ignore_it_for_gsde():

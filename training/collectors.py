@@ -12,9 +12,9 @@ from typing import Any
 import torch
 from torch import nn
 from torchrl.collectors import Collector
-from torchrl.envs import EnvBase, TransformedEnv
+from torchrl.envs import EnvBase
 
-from agents.gsde import ClipActionToBounds
+from agents.gsde import clips_actions
 from agents.options import Options
 from envs.vector import make_env
 from errors import InputError, check_ranges, require_positive
@@ -74,9 +74,7 @@ def make_collector(
         )
     from training.distributed import WORKER_SEED_STRIDE, make_worker_collector, make_worker_env
 
-    clip_actions = isinstance(env, TransformedEnv) and any(
-        isinstance(transform, ClipActionToBounds) for transform in env.transform.modules()
-    )
+    clip_actions = clips_actions(env)
     env_factories = [
         functools.partial(
             make_worker_env,
