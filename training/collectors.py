@@ -14,6 +14,7 @@ from torch import nn
 from torchrl.collectors import Collector
 from torchrl.envs import EnvBase
 
+from agents.fast_paths import lean_policy
 from agents.gsde import clips_actions
 from agents.options import Options
 from envs.vector import make_env
@@ -62,7 +63,7 @@ def make_collector(
     if run.collector_backend == "single":
         return Collector(
             env,
-            policy,
+            lean_policy(policy),  # the same policy, sampled in one call
             frames_per_batch=frames_per_batch,
             total_frames=total_frames,
             env_device=env.device,

@@ -1,0 +1,76 @@
+"""The lean collection policy: the same entries from the same random draws as the ProbabilisticActor it runs."""
+
+import pytest
+import torch
+from torchrl.collectors import Collector
+from torchrl.envs.utils import ExplorationType, set_exploration_type
+
+from agents import make_actor, make_gsde_actor, make_q_actor
+from agents.fast_paths import LeanActor, lean_policy
+from envs import make_env
+from training import RunConfig
+from training.collectors import make_collector
+
+ACTORS = {
+    "categorical": ("CartPole-v1", {}),
+    "tanh-normal": ("Pendulum-v1", {}),
+    "state-dependent tanh-normal": ("Pendulum-v1", {"state_dependent_scale": True}),
+    "unsquashed normal, normalised observations": ("Pendulum-v1", {"squash": False, "normalize_obs": True}),
+}
+
+
+@pytest.mark.parametrize("name", ACTORS)
+def test_the_lean_actor_writes_what_the_actor_writes_from_the_same_draws(name):
+    env_id, options = ACTORS[name]
+    env = make_env(env_id, num_envs=4, seed=0)
+    actor = make_actor(env.observation_spec["observation"], env.action_spec, **options)
+    lean = lean_policy(actor)
+    assert isinstance(lean, LeanActor)
+    assert lean.out_keys == actor.out_keys and lean.in_keys == actor.in_keys
+    step = env.reset()
+    with torch.no_grad(), set_exploration_type(ExplorationType.RANDOM):
+        torch.manual_seed(5)
+        expected = actor(step.clone())
+        torch.manual_seed(5)
+        result = lean(step.clone())
+        assert not torch.equal(lean(step.clone())["action"], result["action"])  # a new draw each call
+    assert set(result.keys(True)) == set(expected.keys(True))
+    for key in expected.keys(True, True):
+        assert torch.equal(result[key], expected[key]), key
+    with set_exploration_type(ExplorationType.DETERMINISTIC):  # not collection: the actor itself answers
+        assert torch.equal(lean(step.clone())["action"], actor(step.clone())["action"])
+    assert list(lean.parameters()) == list(actor.parameters())  # shared, not copied
+    env.close()
+
+
+def test_policies_of_other_shapes_are_left_as_they_are():
+    env = make_env("Pendulum-v1", num_envs=2, seed=0)
+    gsde = make_gsde_actor(env.observation_spec["observation"], env.action_spec)
+    assert lean_policy(gsde) is gsde
+    discrete = make_env("CartPole-v1", num_envs=2, seed=0)
+    q_actor = make_q_actor(discrete.observation_spec["observation"], discrete.action_spec)
+    assert lean_policy(q_actor) is q_actor
+    env.close()
+    discrete.close()
+
+
+def test_the_single_process_collector_collects_what_the_plain_actor_would():
+    run = RunConfig(env_id="Pendulum-v1", num_envs=2, seed=0)
+    batches = []
+    for lean in (True, False):
+        env = make_env("Pendulum-v1", num_envs=2, seed=0)
+        torch.manual_seed(0)
+        actor = make_actor(env.observation_spec["observation"], env.action_spec)
+        if lean:
+            collector = make_collector(run, env, actor, torch.device("cpu"), 64, 64)
+            assert isinstance(collector.policy, LeanActor)
+        else:  # the reference: TorchRL's collector around the actor itself
+            collector = Collector(env, actor, frames_per_batch=64, total_frames=64, track_traj_ids=False)
+        torch.manual_seed(1)
+        batches.append(next(iter(collector)))
+        collector.shutdown()
+        env.close()
+    lean_batch, actor_batch = batches
+    assert set(lean_batch.keys(True, True)) == set(actor_batch.keys(True, True))
+    for key in actor_batch.keys(True, True):
+        assert torch.equal(lean_batch[key], actor_batch[key]), key
