@@ -79,7 +79,7 @@ def run_ours(seed: int, zoo: bool) -> dict:
     else:
         config = PPOConfig()
         config.run.seed = seed
-    quiet(config, output_dir)
+    quiet(config, output_dir, overwrite=True)  # each benchmark run replaces the last one of its side and seed
     return summary_row(main(config))
 
 
