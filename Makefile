@@ -24,6 +24,7 @@ bench: install
 	$(PYTHON) -m benchmarks.dqn_vs_sb3
 	$(PYTHON) -m benchmarks.sac_vs_sb3
 	$(PYTHON) -m benchmarks.td3_vs_sb3
+	$(PYTHON) -m benchmarks.ppo_hopper_vs_sb3 --sides sb3 ours-zoo
 	$(PYTHON) -m benchmarks.atari_vs_sb3 --algo ppo
 	$(PYTHON) -m benchmarks.atari_vs_sb3 --algo dqn
 

@@ -14,7 +14,7 @@ observation and return normalisation; then 20 deterministic evaluation episodes.
 The headline is our frames per second over SB3's (``same hyperparameters`` line).
 
     pip install -e ".[bench]"
-    MUJOCO_GL=egl python -m benchmarks.ppo_hopper_vs_sb3 --sides sb3 ours-zoo --seeds 0 1 2
+    python -m benchmarks.ppo_hopper_vs_sb3 --sides sb3 ours-zoo --seeds 0 1 2
 """
 
 from __future__ import annotations
