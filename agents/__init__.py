@@ -17,6 +17,7 @@ from agents.networks import (
     orthogonal_init,
 )
 from agents.normalization import ObservationNormalizer, RewardNormalizer
+from agents.ppo_loss import TensorClipPPOLoss
 from agents.qvalue import (
     TRANSITION_KEYS,
     DuelingHead,
@@ -48,6 +49,7 @@ __all__ = [
     "QTable",
     "RandomNetworkDistillation",
     "RewardNormalizer",
+    "TensorClipPPOLoss",
     "TensorDDPGLoss",
     "TensorDQNLoss",
     "TensorSACLoss",

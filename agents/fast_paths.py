@@ -70,15 +70,26 @@ class LeanActor(TensorDictModuleBase):
         self.distribution_kwargs = dict(distribution.distribution_kwargs)
         self.action_key, self.log_prob_key = distribution.dist_sample_keys[0], distribution.log_prob_key
 
-    def forward(self, tensordict: TensorDictBase) -> TensorDictBase:
-        if interaction_type() is not InteractionType.RANDOM:
-            return self.actor(tensordict)
-        outputs = self.network(tensordict.get(self.network_in_key))
+    def parameters_and_distribution(
+        self, observation: torch.Tensor
+    ) -> tuple[tuple[torch.Tensor, ...], torch.distributions.Distribution]:
+        """The network's outputs (the distribution's parameters) for ``observation``, and the distribution."""
+        outputs = self.network(observation)
         if isinstance(outputs, torch.Tensor):
             outputs = (outputs,)
         distribution = self.distribution_class(
             **{name: outputs[index] for name, index in self.arguments}, **self.distribution_kwargs
         )
+        return outputs, distribution
+
+    def distribution(self, observation: torch.Tensor) -> torch.distributions.Distribution:
+        """The policy's action distribution for ``observation`` (what the actor's ``get_dist`` returns)."""
+        return self.parameters_and_distribution(observation)[1]
+
+    def forward(self, tensordict: TensorDictBase) -> TensorDictBase:
+        if interaction_type() is not InteractionType.RANDOM:
+            return self.actor(tensordict)
+        outputs, distribution = self.parameters_and_distribution(tensordict.get(self.network_in_key))
         action, log_prob = sample_and_log_prob(distribution, reparameterize=distribution.has_rsample)
         for key, value in zip(self.parameter_keys, outputs, strict=True):
             tensordict.set(key, value)

@@ -30,12 +30,13 @@ from pathlib import Path
 import torch
 from torchrl.data import LazyTensorStorage, SamplerWithoutReplacement, TensorDictReplayBuffer
 from torchrl.modules import ValueOperator
-from torchrl.objectives import ClipPPOLoss, distance_loss
+from torchrl.objectives import distance_loss
 from torchrl.objectives.value import GAE
 
 from agents import (
     Agent,
     RandomNetworkDistillation,
+    TensorClipPPOLoss,
     find_normalizer,
     input_encoder,
     make_actor,
@@ -211,7 +212,7 @@ def main(config: RNDPPOConfig, loss_addons: Sequence[LossAddon] = ()) -> dict:
     ).to(device)
 
     # loss + value estimators: the clipped objective reads the combined advantage; one GAE per reward stream
-    loss_module = ClipPPOLoss(
+    loss_module = TensorClipPPOLoss(
         actor,
         critic,
         clip_epsilon=loss_config.clip_epsilon,

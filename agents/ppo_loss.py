@@ -1,0 +1,143 @@
+"""TorchRL's ``ClipPPOLoss`` with its actor and critic called on the observation tensor.
+
+``ClipPPOLoss.forward`` copies the minibatch, runs the actor's three TensorDict modules to get the distribution,
+the critic's to get the value, and reduces a TensorDict of outputs with ``named_apply``: with 64-unit networks
+and 64-sample minibatches that bookkeeping is most of a gradient step's forward pass. :class:`TensorClipPPOLoss`
+keeps everything else of the parent (construction, parameters, keys, the clip bounds, advantage standardisation,
+entropy, value clipping, reduction and masks, all through the parent's own tensor-level methods) and computes the
+same losses, from the same random draws, with the networks called directly; a configuration it does not cover
+(functional parameters, a delayed actor, importance-ratio caps, advantage scaling, composite or other policies)
+runs the parent's forward unchanged. Tests check losses and gradients against the parent's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from tensordict import TensorDict, TensorDictBase
+from tensordict.nn import TensorDictModule
+from torch import nn
+from torchrl.objectives import ClipPPOLoss
+from torchrl.objectives.utils import _clip_value_loss, distance_loss
+
+from agents.fast_paths import LeanActor, lean_policy
+
+
+@dataclass
+class _Networks:
+    """The plain modules the loss calls (kept outside ``nn.Module`` registration: the loss's state dict and
+    parameters stay the parent's)."""
+
+    actor: LeanActor
+    critic: nn.Module
+
+
+class TensorClipPPOLoss(ClipPPOLoss):
+    """``ClipPPOLoss`` computed on tensors (same constructor, outputs and gradients; see the module docstring)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._networks = self._direct_networks()
+
+    def _direct_networks(self) -> _Networks | None:
+        actor = lean_policy(self.actor_network)
+        critic = self.critic_network
+        covered = (
+            isinstance(actor, LeanActor)
+            and not self.functional
+            and not self.delay_actor
+            and getattr(self, "max_importance_ratio", None) is None
+            and getattr(self, "advantage_norm", None) is None
+            and getattr(self, "_entropy_coeff_map", None) is None
+            and isinstance(critic, TensorDictModule)
+            and list(critic.in_keys) == [actor.network_in_key]
+            and list(critic.out_keys) == [self.tensor_keys.value]
+            and self.tensor_keys.action == actor.action_key
+            and self.tensor_keys.sample_log_prob == actor.log_prob_key
+        )
+        return _Networks(actor, critic.module) if covered else None
+
+    def forward(self, tensordict: TensorDictBase) -> TensorDictBase:
+        keys = self.tensor_keys
+        advantage = tensordict.get(keys.advantage, None)
+        if self._networks is None or advantage is None:
+            return super().forward(tensordict)
+        actor, critic = self._networks.actor, self._networks.critic
+        advantage = self._maybe_normalize_advantage(advantage, tensordict, update_norm=False)
+        observation = tensordict.get(actor.network_in_key)
+        prev_log_prob = tensordict.get(keys.sample_log_prob)
+        if prev_log_prob.requires_grad:
+            raise RuntimeError(f"tensordict stored {keys.sample_log_prob} requires grad.")
+        action = tensordict.get(keys.action)
+        if action.requires_grad:
+            raise RuntimeError(f"tensordict stored {keys.action} requires grad.")
+
+        # the policy's log-probability of the collected actions, as _log_weight computes it
+        distribution = actor.distribution(observation)
+        log_prob = distribution.log_prob(action)
+        log_weight = (log_prob - prev_log_prob).unsqueeze(-1)
+        kl_approx = (prev_log_prob - log_prob).unsqueeze(-1)
+        with torch.no_grad():
+            lw = log_weight.squeeze(-1)
+            ess = (2 * lw.logsumexp(0) - (2 * lw).logsumexp(0)).exp()
+            batch = log_weight.shape[0]
+        gain1 = log_weight.exp() * advantage
+        log_weight_clip = log_weight.clamp(*self._clip_bounds)
+        clip_fraction = (log_weight_clip != log_weight).to(log_weight.dtype).mean()
+        gain2 = log_weight_clip.exp() * advantage
+        gain = torch.stack([gain1, gain2], -1).min(dim=-1).values
+        outputs = {
+            "loss_objective": -gain,
+            "clip_fraction": clip_fraction,
+            "kl_approx": kl_approx.detach().mean(),
+        }
+        if self.entropy_bonus:
+            entropy = self._get_entropy(distribution, adv_shape=advantage.shape[:-1])
+            outputs["entropy"] = entropy.detach().mean()
+            outputs["loss_entropy"] = self._weighted_loss_entropy(entropy)
+        if self._has_critic:
+            outputs |= self._critic_outputs(tensordict, critic(observation))
+        outputs["ESS"] = ess / batch
+        with torch.no_grad():
+            ratio = log_weight.exp()
+            outputs["max_ratio"], outputs["mean_ratio"] = ratio.max(), ratio.mean()
+        for name, value in outputs.items():
+            if name.startswith("loss_"):
+                outputs[name] = self._reduce_loss(value, tensordict).squeeze(-1)
+        return TensorDict(outputs)
+
+    def _critic_outputs(
+        self, tensordict: TensorDictBase, state_value: torch.Tensor
+    ) -> dict[str, torch.Tensor]:
+        """``loss_critic`` (and the value clip fraction and explained variance) as the parent's ``loss_critic``
+        computes them from ``state_value``."""
+        keys = self.tensor_keys
+        target_return = tensordict.get(keys.value_target, None)
+        if target_return is None:
+            raise KeyError(f"the key {keys.value_target} was not found in the input tensordict.")
+        if self.separate_losses:
+            target_return = target_return.detach()
+        loss_value = distance_loss(target_return, state_value, loss_function=self.loss_critic_type)
+        outputs = {"loss_critic": None}  # first, as the parent's order of entries
+        if self.clip_value:
+            old_state_value = tensordict.get(keys.value, None)
+            if old_state_value is None:
+                raise KeyError(f"clip_value needs the key {keys.value} in the input tensordict.")
+            loss_value, outputs["value_clip_fraction"] = _clip_value_loss(
+                old_state_value,
+                state_value,
+                self.clip_value,
+                target_return,
+                loss_value,
+                self.loss_critic_type,
+            )
+        if self.log_explained_variance:
+            with torch.no_grad():
+                target, prediction = target_return.detach(), state_value.detach()
+                eps = torch.finfo(target.dtype).eps
+                residual = torch.var(target - prediction, correction=0, dim=0)
+                total = torch.var(target, correction=0, dim=0)
+                outputs["explained_variance"] = 1.0 - residual / (total + eps)
+        outputs["loss_critic"] = self.critic_coeff * loss_value
+        return outputs

@@ -1,0 +1,76 @@
+"""TensorClipPPOLoss gives ClipPPOLoss's outputs and gradients, from the same random draws."""
+
+import pytest
+import torch
+from torchrl.envs.utils import ExplorationType, set_exploration_type
+from torchrl.objectives import ClipPPOLoss
+from torchrl.objectives.value import GAE
+
+from agents import input_encoder, make_actor, make_critic, make_gsde_actor
+from agents.ppo_loss import TensorClipPPOLoss
+from envs import make_env
+
+CASES = {
+    "categorical": ("CartPole-v1", {}, {}),
+    "categorical, entropy bonus, clipped value": (
+        "CartPole-v1",
+        {},
+        {"entropy_bonus": True, "entropy_coeff": 0.01, "clip_value": 0.2},
+    ),
+    "tanh-normal, sampled entropy": ("Pendulum-v1", {}, {"entropy_bonus": True, "entropy_coeff": 0.001}),
+    "unsquashed normal, normalised observations, raw advantage": (
+        "Pendulum-v1",
+        {"squash": False, "normalize_obs": True},
+        {"normalize_advantage": False, "loss_critic_type": "smooth_l1"},
+    ),
+}
+
+
+def minibatch(env_id, actor_options):
+    torch.manual_seed(0)
+    env = make_env(env_id, num_envs=4, seed=0)
+    spec = env.observation_spec["observation"]
+    actor = make_actor(spec, env.action_spec, **actor_options)
+    critic = make_critic(spec, encoder=input_encoder(actor))
+    with torch.no_grad(), set_exploration_type(ExplorationType.RANDOM):
+        batch = env.rollout(16, actor, break_when_any_done=False)
+        GAE(gamma=0.99, lmbda=0.95, value_network=critic, average_gae=False)(batch)
+    env.close()
+    return actor, critic, batch.reshape(-1)
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_losses_and_gradients_equal_the_parents(name):
+    env_id, actor_options, loss_options = CASES[name]
+    actor, critic, batch = minibatch(env_id, actor_options)
+    options = {"clip_epsilon": 0.2, "critic_coeff": 0.5, "normalize_advantage": True, "entropy_bonus": False}
+    options |= {"loss_critic_type": "l2"} | loss_options
+    results = []
+    for loss_class in (ClipPPOLoss, TensorClipPPOLoss):
+        loss = loss_class(actor, critic, functional=False, **options)
+        if loss_class is TensorClipPPOLoss:
+            assert loss._networks is not None  # the tensor path, not the parent's
+        actor.zero_grad(set_to_none=True)
+        critic.zero_grad(set_to_none=True)
+        torch.manual_seed(3)  # the sampled entropy of a tanh-normal policy draws actions
+        output = loss(batch.clone())
+        total = sum(output[key] for key in output.keys() if key.startswith("loss_"))
+        total.backward()
+        gradients = {name: p.grad.clone() for name, p in loss.named_parameters() if p.grad is not None}
+        results.append((output.detach(), gradients))
+    (expected, expected_gradients), (output, gradients) = results
+    assert list(output.keys()) == list(expected.keys())
+    for key in expected.keys():
+        torch.testing.assert_close(output[key], expected[key], rtol=0, atol=0, msg=key)
+    assert gradients.keys() == expected_gradients.keys() and gradients
+    for name, gradient in expected_gradients.items():
+        torch.testing.assert_close(gradients[name], gradient, rtol=0, atol=0, msg=name)
+
+
+def test_a_policy_it_does_not_cover_takes_the_parents_path():
+    env = make_env("Pendulum-v1", num_envs=2, seed=0)
+    spec = env.observation_spec["observation"]
+    gsde = make_gsde_actor(spec, env.action_spec)
+    loss = TensorClipPPOLoss(gsde, make_critic(spec), functional=False)
+    assert loss._networks is None
+    env.close()
