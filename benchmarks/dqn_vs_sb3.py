@@ -80,6 +80,7 @@ def run_ours(seed: int, zoo: bool) -> dict:
                 eval_every=TOTAL_FRAMES,
                 seed=seed,
                 stop_at_return=float("inf"),
+                preset="none",  # every setting below, nothing from CartPole-v1's preset
             ),
             collector=CollectorConfig(steps_per_env=256, updates_per_batch=128, learning_starts=1_000),
             buffer=BufferConfig(buffer_size=100_000, batch_size=64, n_steps=1),

@@ -71,10 +71,11 @@ def run_ours(seed: int, zoo: bool) -> dict:
                 eval_every=TOTAL_FRAMES,
                 seed=seed,
                 stop_at_return=float("inf"),
+                preset="none",  # every setting below, nothing from CartPole-v1's preset
             ),
             collector=CollectorConfig(steps_per_env=32),
-            loss=LossConfig(gamma=0.98, gae_lambda=0.8, clip_epsilon=0.2, entropy_coef=0.0),
-            optim=OptimConfig(lr=1e-3, num_epochs=20, minibatch_size=256),
+            loss=LossConfig(gamma=0.98, gae_lambda=0.8, clip_epsilon=0.2, anneal_clip=True, entropy_coef=0.0),
+            optim=OptimConfig(lr=1e-3, anneal_lr=True, num_epochs=20, minibatch_size=256),
         )
     else:
         config = PPOConfig()
