@@ -6,7 +6,7 @@ from torchrl.collectors import Collector
 from torchrl.envs.utils import ExplorationType, set_exploration_type
 
 from agents import make_actor, make_gsde_actor, make_q_actor
-from agents.fast_paths import LeanActor, lean_policy
+from agents.fast_paths import LeanActor, LeanQPolicy, lean_policy
 from envs import make_env
 from training import RunConfig
 from training.collectors import make_collector
@@ -43,13 +43,38 @@ def test_the_lean_actor_writes_what_the_actor_writes_from_the_same_draws(name):
     env.close()
 
 
+@pytest.mark.parametrize("dueling", [False, True])
+def test_the_lean_q_policy_explores_as_the_epsilon_greedy_policy_does(dueling):
+    env = make_env("CartPole-v1", num_envs=64, seed=0)
+    policy = make_q_actor(env.observation_spec["observation"], env.action_spec, dueling=dueling, epsilon=0.5)
+    lean = lean_policy(policy)
+    assert isinstance(lean, LeanQPolicy) and lean.out_keys == policy.out_keys
+    step = env.reset()
+    with torch.no_grad(), set_exploration_type(ExplorationType.RANDOM):
+        for _ in range(2):  # the second call: the cached batch-shaped spec
+            seed = torch.seed()
+            expected = policy(step.clone())
+            torch.manual_seed(seed)
+            result = lean(step.clone())
+            assert set(result.keys(True, True)) == set(expected.keys(True, True))
+            for key in expected.keys(True, True):
+                assert torch.equal(result[key], expected[key]), key
+        greedy = expected["action_value"].argmax(-1)
+        assert 0 < (expected["action"] != greedy).sum() < 64  # some actions explored, some greedy
+        policy[1].eps.fill_(0.0)  # the policy's own epsilon buffer, annealed by the recipe
+        assert torch.equal(lean(step.clone())["action"], greedy)
+    with set_exploration_type(ExplorationType.DETERMINISTIC):
+        assert torch.equal(lean(step.clone())["action"], policy(step.clone())["action"])
+    env.close()
+
+
 def test_policies_of_other_shapes_are_left_as_they_are():
     env = make_env("Pendulum-v1", num_envs=2, seed=0)
     gsde = make_gsde_actor(env.observation_spec["observation"], env.action_spec)
     assert lean_policy(gsde) is gsde
     discrete = make_env("CartPole-v1", num_envs=2, seed=0)
-    q_actor = make_q_actor(discrete.observation_spec["observation"], discrete.action_spec)
-    assert lean_policy(q_actor) is q_actor
+    noisy = make_q_actor(discrete.observation_spec["observation"], discrete.action_spec, noisy=True)
+    assert lean_policy(noisy) is noisy  # its noise resampler has work of its own
     env.close()
     discrete.close()
 
