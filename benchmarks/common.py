@@ -19,8 +19,15 @@ EVAL_SEED_OFFSET = (
 )
 
 
-def evaluate_sb3(model: Any, env_id: str, seed: int, episodes: int = 20) -> float:
-    """Mean return of ``episodes`` deterministic episodes, seeded like our recipes' evaluations."""
+def evaluate_sb3(
+    model: Any,
+    env_id: str,
+    seed: int,
+    episodes: int = 20,
+    normalize_obs: Callable[[Any], Any] | None = None,
+) -> float:
+    """Mean return of ``episodes`` deterministic episodes, seeded like our recipes' evaluations; observations go
+    through ``normalize_obs`` first when given (a frozen ``VecNormalize``'s ``normalize_obs``)."""
     import gymnasium as gym
 
     env = gym.make(env_id)
@@ -29,13 +36,25 @@ def evaluate_sb3(model: Any, env_id: str, seed: int, episodes: int = 20) -> floa
         observation, _ = env.reset(seed=EVAL_SEED_OFFSET + seed + episode)
         done, total = False, 0.0
         while not done:
-            action, _ = model.predict(observation, deterministic=True)
+            policy_input = observation if normalize_obs is None else normalize_obs(observation)
+            action, _ = model.predict(policy_input, deterministic=True)
             observation, reward, terminated, truncated, _ = env.step(action)
             total += float(reward)
             done = terminated or truncated
         returns.append(total)
     env.close()
     return float(statistics.mean(returns))
+
+
+def sb3_row(train_time_s: float, frames: int, eval_return_mean: float) -> dict[str, Any]:
+    """The benchmark's row of a Stable-Baselines3 run (it has no evaluation during training)."""
+    return {
+        "wall_time_s": train_time_s,
+        "frames": frames,
+        "fps": frames / train_time_s,
+        "eval_return_mean": eval_return_mean,
+        "time_to_target_s": None,
+    }
 
 
 def summary_row(summary: dict[str, Any]) -> dict[str, Any]:

@@ -19,10 +19,9 @@ The headline is our frames per second over SB3's (``same hyperparameters`` line)
 
 from __future__ import annotations
 
-import statistics
 import time
 
-from benchmarks.common import EVAL_SEED_OFFSET, benchmark_cli, summary_row
+from benchmarks.common import benchmark_cli, evaluate_sb3, sb3_row, summary_row
 
 ENV_ID = "Hopper-v5"
 TOTAL_FRAMES = 100_000
@@ -55,34 +54,10 @@ def run_sb3(seed: int) -> dict:
     )
     model.learn(total_timesteps=TOTAL_FRAMES)
     train_time = time.perf_counter() - start
-    return {
-        "wall_time_s": train_time,
-        "frames": TOTAL_FRAMES,
-        "fps": TOTAL_FRAMES / train_time,
-        "eval_return_mean": evaluate_normalized(model, env, seed),
-        "time_to_target_s": None,
-    }
-
-
-def evaluate_normalized(model, vec_normalize, seed: int) -> float:
-    """Mean return of deterministic episodes on the raw env, observations normalised with the frozen statistics
-    (seeded like our recipes' evaluations)."""
-    import gymnasium as gym
-
-    vec_normalize.training = False
-    env = gym.make(ENV_ID)
-    returns = []
-    for episode in range(EVAL_EPISODES):
-        observation, _ = env.reset(seed=EVAL_SEED_OFFSET + seed + episode)
-        done, total = False, 0.0
-        while not done:
-            action, _ = model.predict(vec_normalize.normalize_obs(observation), deterministic=True)
-            observation, reward, terminated, truncated, _ = env.step(action)
-            total += float(reward)
-            done = terminated or truncated
-        returns.append(total)
-    env.close()
-    return float(statistics.mean(returns))
+    env.training = False  # evaluation reads the normaliser's statistics, frozen
+    return sb3_row(
+        train_time, TOTAL_FRAMES, evaluate_sb3(model, ENV_ID, seed, EVAL_EPISODES, env.normalize_obs)
+    )
 
 
 def run_ours(seed: int, zoo: bool) -> dict:

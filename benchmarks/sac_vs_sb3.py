@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import time
 
-from benchmarks.common import benchmark_cli, evaluate_sb3, summary_row, time_to_return
+from benchmarks.common import benchmark_cli, evaluate_sb3, sb3_row, summary_row, time_to_return
 
 TOTAL_FRAMES = 20_000
 TARGET = -200.0
@@ -34,13 +34,7 @@ def run_sb3(seed: int) -> dict:
     model = SAC("MlpPolicy", "Pendulum-v1", learning_rate=1e-3, seed=seed, verbose=0, device="cpu")
     model.learn(total_timesteps=TOTAL_FRAMES)
     train_time = time.perf_counter() - start
-    return {
-        "wall_time_s": train_time,
-        "frames": TOTAL_FRAMES,
-        "fps": TOTAL_FRAMES / train_time,
-        "eval_return_mean": evaluate_sb3(model, "Pendulum-v1", seed),
-        "time_to_target_s": None,
-    }
+    return sb3_row(train_time, TOTAL_FRAMES, evaluate_sb3(model, "Pendulum-v1", seed))
 
 
 def run_ours(seed: int, zoo: bool) -> dict:
