@@ -82,6 +82,14 @@ def test_both_env_backends_clip_in_place_or_through_a_transform(backend):
     reference.close()
 
 
+def test_a_discrete_gymnasium_env_refuses_to_clip_in_one_line():
+    env = make_env("CartPole-v1", num_envs=1)
+    with pytest.raises(InputError, match="bounded Box action space") as error:
+        env.clip_actions = True
+    assert "\n" not in str(error.value) and not env.clip_actions
+    env.close()
+
+
 def test_box_policy_kwargs_refuse_no_squash_for_discrete_actions_and_ignore_it_for_gsde():
     box = make_env("Pendulum-v1", num_envs=1).action_spec
     assert box_policy_kwargs(box) == {}
