@@ -151,11 +151,16 @@ def test_pong_actor_acts_and_critic_shares_its_cnn():
     env.close()
 
 
-def test_shared_cnn_runs_once_per_ppo_minibatch_with_the_same_gradients():
-    """Actor and critic share the Nature CNN: ClipPPOLoss calls both on one minibatch, and the convolutions run
-    once, with the gradients of running them twice."""
+@pytest.mark.parametrize("loss_class", ["ClipPPOLoss", "TensorClipPPOLoss"])
+def test_shared_cnn_runs_once_per_ppo_minibatch_with_the_same_gradients(loss_class):
+    """Actor and critic share the Nature CNN: the PPO loss (TorchRL's, and the tensor one recipes.ppo runs) calls
+    both on one minibatch, and the convolutions run once, with the gradients of running them twice."""
     from torchrl.objectives import ClipPPOLoss
     from torchrl.objectives.value import GAE
+
+    from agents import TensorClipPPOLoss
+
+    loss_class = {"ClipPPOLoss": ClipPPOLoss, "TensorClipPPOLoss": TensorClipPPOLoss}[loss_class]
 
     losses, gradients, forward_calls = [], [], []
     for reuse in (False, True):
@@ -170,7 +175,7 @@ def test_shared_cnn_runs_once_per_ppo_minibatch_with_the_same_gradients():
         with torch.no_grad():
             batch = env.rollout(8, actor, break_when_any_done=False)
             GAE(gamma=0.99, lmbda=0.95, value_network=critic)(batch)
-        loss_module = ClipPPOLoss(actor, critic, entropy_coeff=0.01, functional=False)
+        loss_module = loss_class(actor, critic, entropy_coeff=0.01, functional=False)
         calls = []
         handle = cnn.convolutions[0].register_forward_hook(lambda *args, calls=calls: calls.append(1))
         loss = loss_module(batch.reshape(-1))

@@ -136,16 +136,16 @@ def test_nan_reward_stops_the_run_and_keeps_the_last_good_checkpoint(output_dir,
 
 
 def test_nan_loss_is_named(output_dir, monkeypatch):
-    from torchrl.objectives import ClipPPOLoss
+    from agents import TensorClipPPOLoss  # the loss recipes.ppo runs
 
-    original = ClipPPOLoss.forward
+    original = TensorClipPPOLoss.forward
 
     def forward(self, tensordict):
         loss = original(self, tensordict)
         loss.set("loss_critic", loss.get("loss_critic") * float("nan"))
         return loss
 
-    monkeypatch.setattr(ClipPPOLoss, "forward", forward)
+    monkeypatch.setattr(TensorClipPPOLoss, "forward", forward)
     with pytest.raises(NonFiniteError, match=r"NaN or Inf in .*train/loss_critic \(nan\)"):
         ppo.main(tiny_ppo(output_dir))
 
@@ -301,12 +301,12 @@ def test_a_run_stopped_by_sigterm_resumes_from_where_it_stopped(tmp_path):
 
 
 def test_a_run_that_fails_leaves_the_callers_signal_handlers_in_place(output_dir, monkeypatch):
-    from torchrl.objectives import ClipPPOLoss
+    from agents import TensorClipPPOLoss  # the loss recipes.ppo runs
 
     def broken(self, tensordict):
         raise RuntimeError("a loss that fails")
 
-    monkeypatch.setattr(ClipPPOLoss, "forward", broken)
+    monkeypatch.setattr(TensorClipPPOLoss, "forward", broken)
     before = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
     with pytest.raises(RuntimeError, match="a loss that fails"):
         ppo.main(tiny_ppo(output_dir))
