@@ -2,6 +2,7 @@
 
 import envs  # noqa: F401  (first: it unsets an unusable MUJOCO_GL before TorchRL imports MuJoCo)
 from agents.actor_critic import TensorDDPGLoss, TensorSACLoss, TensorTD3Loss
+from agents.advantages import OneCallGAE, OneCallTD1
 from agents.agent import POLICY_BUILDERS, Agent, EvaluationResult, write_video
 from agents.continuous import make_deterministic_actor, make_exploration_env, make_qvalue_critic
 from agents.fast_paths import install as install_fast_paths
@@ -46,6 +47,8 @@ __all__ = [
     "NStepReturns",
     "ObservationGrid",
     "ObservationNormalizer",
+    "OneCallGAE",
+    "OneCallTD1",
     "QTable",
     "RandomNetworkDistillation",
     "RewardNormalizer",

@@ -35,10 +35,11 @@ from typing import Literal
 import torch
 from torchrl.modules import ValueOperator
 from torchrl.objectives import A2CLoss
-from torchrl.objectives.value import GAE, TD1Estimator
 
 from agents import (
     Agent,
+    OneCallGAE,
+    OneCallTD1,
     RewardNormalizer,
     find_normalizer,
     input_encoder,
@@ -174,15 +175,15 @@ class A2CConfig(Options):
 
 def make_advantage_module(
     critic: ValueOperator, gamma: float, gae_lambda: float | None, device: torch.device
-) -> TD1Estimator | GAE:
+) -> OneCallTD1 | OneCallGAE:
     """n-step returns (TD(1) to the end of each env's segment) for ``gae_lambda`` None or 1, else GAE.
 
     Both write ``"advantage"`` and ``"value_target"``, stop at terminations and bootstrap from the critic at
     time-limit truncations and at the end of the segment.
     """
     if gae_lambda is None or gae_lambda == 1.0:
-        return TD1Estimator(gamma=gamma, value_network=critic, device=device)
-    return GAE(gamma=gamma, lmbda=gae_lambda, value_network=critic, average_gae=False, device=device)
+        return OneCallTD1(gamma=gamma, value_network=critic, device=device)
+    return OneCallGAE(gamma=gamma, lmbda=gae_lambda, value_network=critic, average_gae=False, device=device)
 
 
 @recipe_main

@@ -28,10 +28,10 @@ from typing import Literal
 
 import torch
 from torchrl.data import LazyTensorStorage, SamplerWithoutReplacement, TensorDictReplayBuffer
-from torchrl.objectives.value import GAE
 
 from agents import (
     Agent,
+    OneCallGAE,
     RewardNormalizer,
     TensorClipPPOLoss,
     find_normalizer,
@@ -256,7 +256,7 @@ def main(config: PPOConfig, loss_addons: Sequence[LossAddon] = ()) -> dict:
         clip_value=loss_config.clip_value,
         functional=False,  # no target networks: skip swapping parameters in and out on every call
     )
-    advantage_module = GAE(
+    advantage_module = OneCallGAE(
         gamma=loss_config.gamma,
         lmbda=loss_config.gae_lambda,
         value_network=critic,

@@ -31,10 +31,10 @@ import torch
 from torchrl.data import LazyTensorStorage, SamplerWithoutReplacement, TensorDictReplayBuffer
 from torchrl.modules import ValueOperator
 from torchrl.objectives import distance_loss
-from torchrl.objectives.value import GAE
 
 from agents import (
     Agent,
+    OneCallGAE,
     RandomNetworkDistillation,
     TensorClipPPOLoss,
     find_normalizer,
@@ -223,7 +223,7 @@ def main(config: RNDPPOConfig, loss_addons: Sequence[LossAddon] = ()) -> dict:
         normalize_advantage=loss_config.normalize_advantage,
         functional=False,
     )
-    extrinsic_gae = GAE(
+    extrinsic_gae = OneCallGAE(
         gamma=loss_config.gamma,
         lmbda=loss_config.gae_lambda,
         value_network=critic,
@@ -231,7 +231,7 @@ def main(config: RNDPPOConfig, loss_addons: Sequence[LossAddon] = ()) -> dict:
         device=device,
     )
     extrinsic_gae.set_keys(advantage=EXTRINSIC_ADVANTAGE_KEY)  # value target: "value_target", for loss_module
-    intrinsic_gae = GAE(
+    intrinsic_gae = OneCallGAE(
         gamma=intrinsic_config.gamma_int,
         lmbda=loss_config.gae_lambda,
         value_network=intrinsic_critic,

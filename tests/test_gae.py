@@ -1,8 +1,11 @@
+import pytest
 import torch
 from tensordict import TensorDict
 from torch import nn
 from torchrl.modules import ValueOperator
-from torchrl.objectives.value import GAE
+from torchrl.objectives.value import GAE, TD1Estimator
+
+from agents import make_actor
 
 
 def test_gae_matches_hand_computed_values_across_truncation_and_termination():
@@ -39,3 +42,110 @@ def test_gae_matches_hand_computed_values_across_truncation_and_termination():
     torch.testing.assert_close(
         batch["value_target"].flatten(), expected_advantage + torch.tensor([2.0, 4.0, 10.0, 12.0])
     )
+
+
+def auto_reset_batch(num_envs=3, steps=7, observation_size=2, seed=0):
+    """A collector-shaped batch ``[env, time]``: each step's next observation is the next step's observation,
+    except where an episode ended (terminated or truncated: the next observation is the final one and the
+    following step starts from a reset)."""
+    generator = torch.Generator().manual_seed(seed)
+    observation = torch.randn(num_envs, steps, observation_size, generator=generator)
+    terminated = torch.zeros(num_envs, steps, 1, dtype=torch.bool)
+    truncated = torch.zeros(num_envs, steps, 1, dtype=torch.bool)
+    for flags, env, step in [(terminated, 0, 2), (truncated, 1, 4), (terminated, 2, 0), (truncated, 2, 5)]:
+        flags[env, step] = True
+    truncated[0, steps - 1] = True
+    done = terminated | truncated
+    next_observation = observation.roll(-1, 1).clone()
+    final = torch.randn(num_envs, steps, observation_size, generator=generator)  # final observations
+    ended = done.squeeze(-1).clone()
+    ended[:, -1] = True
+    next_observation[ended] = final[ended]
+    return TensorDict(
+        {
+            "observation": observation,
+            "next": {
+                "observation": next_observation,
+                "reward": torch.randn(num_envs, steps, 1, generator=generator),
+                "terminated": terminated,
+                "truncated": truncated,
+                "done": done,
+            },
+        },
+        batch_size=[num_envs, steps],
+    )
+
+
+class CountingCritic(nn.Module):
+    def __init__(self, observation_size=2):
+        super().__init__()
+        torch.manual_seed(0)
+        self.body = nn.Sequential(nn.Linear(observation_size, 16), nn.Tanh(), nn.Linear(16, 1))
+        self.rows = 0
+
+    def forward(self, observation):
+        self.rows += observation.shape[:-1].numel()
+        return self.body(observation)
+
+
+@pytest.mark.parametrize("estimator", ["gae", "td1"])
+def test_one_call_estimators_give_torchrls_values_and_advantages_from_one_critic_pass(estimator):
+    from agents import OneCallGAE, OneCallTD1
+
+    batch = auto_reset_batch()
+    network = CountingCritic()
+    critic = ValueOperator(network, in_keys=["observation"])
+    if estimator == "gae":
+        reference, one_call = (
+            cls(gamma=0.9, lmbda=0.8, value_network=critic, average_gae=False) for cls in (GAE, OneCallGAE)
+        )
+    else:
+        reference, one_call = (cls(gamma=0.9, value_network=critic) for cls in (TD1Estimator, OneCallTD1))
+    expected = reference(batch.clone())
+    network.rows = 0
+    result = one_call(batch.clone())
+    for key in ["advantage", "value_target", "state_value", ("next", "state_value")]:
+        torch.testing.assert_close(result[key], expected[key])
+    # the 21 observations once, plus the next observations the batch lacks: 5 episode ends and the 3 segment ends
+    # (one of which is also an episode end)
+    assert network.rows == 21 + 5 + 2
+
+
+def test_one_call_gae_matches_torchrls_on_a_collected_batch_with_time_limits_and_terminations():
+    from agents import OneCallGAE, make_critic
+    from envs import make_env
+    from training import RunConfig, make_collector
+
+    env = make_env("CartPole-v1", 4, seed=0, env_kwargs={"max_episode_steps": 30})  # time limits too
+    actor = make_actor(env.observation_spec["observation"], env.action_spec)
+    critic = make_critic(env.observation_spec["observation"], [8], "tanh")
+    collector = make_collector(RunConfig(num_envs=4), env, actor, torch.device("cpu"), 4 * 64, 4 * 64)
+    batch = next(iter(collector))
+    collector.shutdown()
+    env.close()
+    assert batch["next", "truncated"].any() and batch["next", "terminated"].any()
+    expected = GAE(gamma=0.99, lmbda=0.95, value_network=critic, average_gae=False)(batch.clone())
+    result = OneCallGAE(gamma=0.99, lmbda=0.95, value_network=critic, average_gae=False)(batch.clone())
+    for key in ["advantage", "value_target", ("next", "state_value")]:
+        torch.testing.assert_close(result[key], expected[key])
+
+
+def test_one_call_gae_leaves_recurrent_inputs_and_functional_parameters_to_torchrl(monkeypatch):
+    from agents import OneCallGAE
+
+    parent_calls = []
+    parent = GAE._call_value_nets
+
+    def spy(self, *args, **kwargs):
+        parent_calls.append(args)
+        return parent(self, *args, **kwargs)
+
+    monkeypatch.setattr(GAE, "_call_value_nets", spy)
+    critic = ValueOperator(CountingCritic(), in_keys=["observation"])
+    estimator = OneCallGAE(gamma=0.9, lmbda=0.8, value_network=critic, average_gae=False)
+    estimator(auto_reset_batch())
+    assert not parent_calls
+    recurrent = auto_reset_batch()
+    recurrent["is_init"] = torch.zeros(*recurrent.shape, 1, dtype=torch.bool)
+    estimator(recurrent)
+    assert len(parent_calls) == 1
