@@ -75,6 +75,16 @@ def test_issue_coverage_of_presets():
             assert find_preset(presets, env_id, env_kwargs) is not None, (name, env)
 
 
+def test_ant_without_contact_forces_gets_its_own_ppo_table():
+    presets = read_presets(ppo.PRESETS)
+    assert find_preset(presets, "Ant-v5", {}).name == "Ant-v5"
+    assert (
+        find_preset(presets, "Ant-v5", {"include_cfrc_ext_in_observation": False}).name
+        == "Ant-v5 without contact forces"
+    )
+    assert find_preset(presets, "Ant-v5", {"include_cfrc_ext_in_observation": True}) is None
+
+
 def test_the_envs_preset_fills_only_the_options_the_user_left_alone(output_dir):
     config = ppo.PPOConfig(optim=ppo.OptimConfig(minibatch_size=64))  # given, at the default's value: wins
     config.run.env_id = "LunarLander-v3"
