@@ -205,6 +205,8 @@ def write_record(job: Job, results: Path) -> None:
     config = json.loads((folder / "config.json").read_text())
     with open(folder / "evaluations.csv") as file:
         curve = [[int(row["frames"]), float(row["return_mean"])] for row in csv.DictReader(file)]
+    # the run folder relative to the results folder: a record is kept in the repository, read on other machines
+    summary["output_dir"] = config["run"]["output_dir"] = folder.relative_to(results).as_posix()
     record = {"algorithm": job.algorithm, "env": job.env, "seed": job.seed, "summary": summary, "curve": curve,
               "preset": (config["run"].get("preset_applied") or {}).get("name"), "config": config}  # fmt: skip
     path = job.record(results)
