@@ -78,7 +78,11 @@ def test_suite_runs_each_seed_once_and_reports(tmp_path, capsys):
         rows = list(csv.DictReader(file))
     assert [row["seed"] for row in rows] == ["0", "1"] and {row["preset"] for row in rows} == {"CartPole-v1"}
     record = json.loads((tmp_path / "records" / "ppo" / "CartPole-v1" / "seed1.json").read_text())
-    assert record["summary"]["output_dir"] == record["config"]["run"]["output_dir"] == "runs/ppo/CartPole-v1/seed1"
+    assert (
+        record["summary"]["output_dir"]
+        == record["config"]["run"]["output_dir"]
+        == "runs/ppo/CartPole-v1/seed1"
+    )
     shutil.rmtree(tmp_path / "runs")  # a new checkout: the records, kept in the repository, are what counts
     suite.main(arguments)  # nothing left to do; --frames is not a preset change
     output = capsys.readouterr().out
