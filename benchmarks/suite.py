@@ -104,7 +104,7 @@ def recipe_budget(algorithm: str, env: str) -> tuple[int, int, int]:
 
 # the options the suite gives each recipe run on its command line (``command``): no preset sets them there
 SUITE_OPTIONS = {"total_frames", "stop_at_return", "seed", "output_dir", "logger", "video", "progress",
-                 "checkpoint_every", "overwrite"}  # fmt: skip
+                 "checkpoint_every", "overwrite", "threads"}  # fmt: skip
 
 
 def preset_changes(record: dict[str, Any]) -> list[str]:
@@ -142,9 +142,12 @@ def make_jobs(algorithms: list[str], envs: list[str], seeds: list[int], with_sb3
             for name in ([algorithm, f"sb3-{algorithm}"] if with_sb3 else [algorithm])]  # fmt: skip
 
 
-def command(job: Job, results: Path, frames: int | None, checkpoint_every: int) -> list[str]:
+def command(
+    job: Job, results: Path, frames: int | None, checkpoint_every: int, threads: int | None = 1
+) -> list[str]:
     """The recipe's command line for ``job``: a fresh run, the continuation of a stopped one, or a fresh run over a
-    failed one. An ``sb3-ALGO`` job runs Stable-Baselines3 with RL Zoo's settings at the recipe's budget and
+    failed one; ``threads`` torch threads, or None for the recipe's (a preset's ``threads = 0``, all cores, would
+    have runs side by side fight over every core). An ``sb3-ALGO`` job runs Stable-Baselines3 with RL Zoo's settings at the recipe's budget and
     evaluation cadence (``benchmarks/sb3_runner.py``; it starts over when stopped)."""
     folder = job.folder(results)
     if job.algorithm.startswith("sb3-"):
@@ -175,6 +178,7 @@ def command(job: Job, results: Path, frames: int | None, checkpoint_every: int) 
         str(folder),
         "--stop-at-return",
         "inf",
+        *(["--threads", str(threads)] if threads is not None else []),
     ]
     if job.env_kwargs:
         options += ["--env-kwargs", *job.env_kwargs]
@@ -229,7 +233,10 @@ class Runner:
         logs = results / "logs"
         logs.mkdir(parents=True, exist_ok=True)
         log_path = logs / f"{job.algorithm}-{job.slug}-seed{job.seed}.log"
-        arguments = command(job, results, frames, checkpoint_every)
+        threads = (
+            1 if self.jobs >= (os.cpu_count() or 1) else None
+        )  # a core each when the runs fill the machine
+        arguments = command(job, results, frames, checkpoint_every, threads)
         with open(log_path, "a") as log:
             log.write("$ " + " ".join(arguments) + "\n")
             log.flush()

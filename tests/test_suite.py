@@ -22,11 +22,32 @@ def test_commands_start_continue_or_replace_a_run(tmp_path):
     assert fresh[fresh.index("--env-kwargs") + 1] == "continuous=true"
     assert fresh[fresh.index("--total-frames") + 1] == "5000" and "--overwrite" not in fresh
     assert fresh[fresh.index("--stop-at-return") + 1] == "inf"  # the whole budget
+    assert fresh[fresh.index("--threads") + 1] == "1"  # a core each: no preset's threads = 0 oversubscribes
+    assert "--threads" not in suite.command(job, tmp_path, 5_000, 1_000, threads=None)  # the recipe's own
     folder.mkdir(parents=True)
     assert "--overwrite" in suite.command(job, tmp_path, 5_000, 1_000)  # a run that failed early
     (folder / "resume.ckpt").write_bytes(b"")
     resumed = suite.command(job, tmp_path, 5_000, 1_000)
     assert resumed[3:5] == ["--resume", str(folder)] and "--env-id" not in resumed
+
+
+def test_runs_side_by_side_get_one_thread_each_and_a_run_alone_its_recipes(monkeypatch, tmp_path):
+    commands = []
+
+    class Recorded:
+        def __init__(self, arguments, **kwargs):
+            commands.append(arguments)
+            self.returncode = 0
+
+        def wait(self):
+            return 0
+
+    monkeypatch.setattr(suite.subprocess, "Popen", Recorded)
+    monkeypatch.setattr(suite.os, "cpu_count", lambda: 2)
+    job = suite.Job("ppo", "ALE/Pong-v5", 0)
+    for jobs in (2, 1):
+        suite.Runner(jobs).run(job, tmp_path, 1_000, 1_000)
+    assert commands[0][commands[0].index("--threads") + 1] == "1" and "--threads" not in commands[1]
 
 
 def test_a_stopped_run_is_not_finished_and_sb3_runs_at_the_recipes_budget(tmp_path):
