@@ -381,10 +381,14 @@ def random_score(env: str, cache: Path, episodes: int = 10) -> float:
     if env not in scores:
         import gymnasium as gym
 
+        from envs.atari import is_atari, make_atari_env
         from training.config import parse_env_kwargs
 
         env_id, *kwargs = env.split()
-        instance = gym.make(env_id, **parse_env_kwargs(kwargs))
+        if is_atari(env_id):  # as the evaluations score it: whole games, the game's own score
+            instance = make_atari_env(env_id, training=False, **parse_env_kwargs(kwargs))
+        else:
+            instance = gym.make(env_id, **parse_env_kwargs(kwargs))
         instance.action_space.seed(0)
         returns = []
         for episode in range(episodes):

@@ -201,3 +201,21 @@ def test_a_record_that_cannot_be_compared_with_todays_preset_says_so():
     assert gone and gone[0].startswith("not comparable with today's preset (ModuleNotFoundError")
     assert "KeyError" in suite.preset_changes({"algorithm": "ppo", "env": "CartPole-v1", "config": {}})[0]
     assert suite.preset_changes({"algorithm": "sb3-ppo", "env": "CartPole-v1", "config": {}}) == []
+
+
+def test_random_scores_of_atari_games_are_whole_games_of_the_real_score(tmp_path, monkeypatch):
+    import envs.atari
+
+    built = []
+
+    def make_atari_env(env_id, training, **kwargs):
+        built.append(training)
+        return original(env_id, training, **kwargs)
+
+    original = envs.atari.make_atari_env
+    monkeypatch.setattr(envs.atari, "make_atari_env", make_atari_env)
+    cache = tmp_path / "random_scores.json"
+    score = suite.random_score("ALE/Breakout-v5", cache, episodes=1)
+    assert built == [False]  # the evaluation envs: whole games, unclipped points
+    assert score >= 0 and float(score).is_integer()
+    assert json.loads(cache.read_text()) == {"ALE/Breakout-v5": score}
