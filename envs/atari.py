@@ -9,6 +9,8 @@ for evaluation: ALE v5's sticky actions (repeat probability 0.25) stay on, and t
   flicker between frames);
 - 84x84 grayscale frames, kept as ``uint8``, and the last 4 stacked: observations are ``uint8`` arrays of shape
   ``(4, 84, 84)``;
+- in games that wait for FIRE to start play (Breakout), FIRE pressed as each life starts, as Stable-Baselines3's
+  ``FireResetEnv`` does;
 - for training only, the two tricks of Mnih et al. (2015): a lost life ends the episode (the game itself goes on at
   the next reset), and rewards are clipped to their sign.
 
@@ -107,6 +109,49 @@ class EpisodicLife(gym.Wrapper):
         return observation, info
 
 
+class FireAtLifeStart(gym.Wrapper):
+    """Presses FIRE as each life starts, in games whose action set has it: at every reset and right after a lost
+    life, within the step that lost it (its reward joins that step's).
+
+    Breakout and many other games wait for FIRE to put the ball or the player in play; a deterministic policy that
+    has not learnt to press it stands still until the game's frame limit (108,000 frames) and scores nothing.
+    Stable-Baselines3's ``FireResetEnv`` and ALE's vector env (``use_fire_reset``) press it at reset; with
+    :class:`EpisodicLife` outside this wrapper, training episodes (one life each) and evaluation games (every life)
+    both get it at the start of each life.
+
+    Args:
+        env: an ALE env, possibly wrapped (by ``AtariPreprocessing``: the FIRE step then skips frames too); its
+            action set must contain FIRE (:func:`needs_fire`).
+    """
+
+    def __init__(self, env: gym.Env):
+        super().__init__(env)
+        self.fire_action = env.unwrapped.get_action_meanings().index("FIRE")
+        self.lives = 0
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[Any, dict]:
+        self.env.reset(seed=seed, options=options)
+        observation, _, terminated, truncated, info = self.env.step(self.fire_action)
+        if terminated or truncated:  # the game ended on the very first press: start another
+            observation, info = self.env.reset(options=options)
+        self.lives = self.env.unwrapped.ale.lives()
+        return observation, info
+
+    def step(self, action: Any) -> tuple[Any, SupportsFloat, bool, bool, dict[str, Any]]:
+        observation, reward, terminated, truncated, info = self.env.step(action)
+        lives = self.env.unwrapped.ale.lives()
+        if 0 < lives < self.lives and not (terminated or truncated):  # a life lost, the game going on
+            observation, fire_reward, terminated, truncated, info = self.env.step(self.fire_action)
+            reward = float(reward) + float(fire_reward)
+        self.lives = self.env.unwrapped.ale.lives()
+        return observation, reward, terminated, truncated, info
+
+
+def needs_fire(env: gym.Env) -> bool:
+    """Whether an ALE env's action set has FIRE (the games that wait for it get :class:`FireAtLifeStart`)."""
+    return "FIRE" in env.unwrapped.get_action_meanings()
+
+
 class SignReward(gym.RewardWrapper):
     """Replaces each reward by its sign, -1.0, 0.0 or 1.0 (Mnih et al. 2015), keeping rewards Python floats.
 
@@ -123,7 +168,8 @@ def make_atari_env(env_id: str, training: bool, render_mode: str | None = None, 
 
     The env is ``gymnasium.make(env_id, frameskip=1, ...)`` wrapped in Gymnasium's ``AtariPreprocessing`` (up to
     30 no-op actions at reset, 4 frames per step max-pooled over the last two, 84x84 grayscale ``uint8``) and
-    ``FrameStackObservation(4)``. With ``training``, a lost life also ends the episode (:class:`EpisodicLife`) and
+    ``FrameStackObservation(4)``; in games that wait for FIRE, FIRE is pressed as each life starts
+    (:class:`FireAtLifeStart`). With ``training``, a lost life also ends the episode (:class:`EpisodicLife`) and
     rewards are clipped to their sign (:class:`SignReward`); without it, episodes are whole games with the game's
     score as return. Everything else is ALE v5's default, sticky actions (probability 0.25) included.
 
@@ -165,6 +211,8 @@ def make_atari_env(env_id: str, training: bool, render_mode: str | None = None, 
         grayscale_obs=True,
         scale_obs=False,
     )
+    if needs_fire(env):
+        env = FireAtLifeStart(env)
     if training:
         env = SignReward(EpisodicLife(env))
     env = FrameStackObservation(env, FRAME_STACK)

@@ -363,3 +363,36 @@ def test_dqn_on_pong_stores_frames_once_and_its_replay_buffer_resumes(tmp_path, 
     assert restored is not None and restored.shape == saved.shape == (100,)
     for key in saved.keys(True, True):
         assert torch.equal(restored.get(key), saved.get(key)), key
+
+
+def test_fire_starts_each_life_in_games_that_wait_for_it():
+    from envs.atari import FireAtLifeStart
+
+    breakout = make_atari_env("ALE/Breakout-v5", training=False)
+    assert any(isinstance(layer, FireAtLifeStart) for layer in _layers(breakout))
+    breakout.reset(seed=0)
+    # a policy that never presses FIRE: the ball is launched at each life all the same, so the game ends (5 lives)
+    # long before the frame limit (27,000 agent steps) where it would otherwise stand still
+    for step in range(5000):
+        _, _, terminated, truncated, _ = breakout.step(0)
+        if terminated or truncated:
+            break
+    assert terminated and not truncated and step < 5000
+    training = make_atari_env("ALE/Breakout-v5", training=True)
+    training.reset(seed=0)
+    lives = training.unwrapped.ale.lives()
+    for _ in range(5000):  # one life a training episode; the next starts with the ball in play again
+        _, _, terminated, _, _ = training.step(0)
+        if terminated:
+            break
+    assert terminated and training.unwrapped.ale.lives() == lives - 1
+    freeway = make_atari_env("ALE/Freeway-v5", training=False)  # no FIRE button: nothing to press
+    assert not any(isinstance(layer, FireAtLifeStart) for layer in _layers(freeway))
+
+
+def _layers(env):
+    while True:
+        yield env
+        if not hasattr(env, "env"):
+            return
+        env = env.env
