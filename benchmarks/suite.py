@@ -147,8 +147,8 @@ def command(
 ) -> list[str]:
     """The recipe's command line for ``job``: a fresh run, the continuation of a stopped one, or a fresh run over a
     failed one; ``threads`` torch threads, or None for the recipe's (a preset's ``threads = 0``, all cores, would
-    have runs side by side fight over every core). An ``sb3-ALGO`` job runs Stable-Baselines3 with RL Zoo's settings at the recipe's budget and
-    evaluation cadence (``benchmarks/sb3_runner.py``; it starts over when stopped)."""
+    have runs side by side fight over every core). An ``sb3-ALGO`` job runs Stable-Baselines3 with RL Zoo's
+    settings at the recipe's budget and evaluation cadence (``benchmarks/sb3_runner.py``; it starts over when stopped)."""
     folder = job.folder(results)
     if job.algorithm.startswith("sb3-"):
         algorithm = job.algorithm.removeprefix("sb3-")
@@ -233,9 +233,8 @@ class Runner:
         logs = results / "logs"
         logs.mkdir(parents=True, exist_ok=True)
         log_path = logs / f"{job.algorithm}-{job.slug}-seed{job.seed}.log"
-        threads = (
-            1 if self.jobs >= (os.cpu_count() or 1) else None
-        )  # a core each when the runs fill the machine
+        fills_machine = self.jobs >= (os.cpu_count() or 1)
+        threads = 1 if fills_machine else None  # a core each when the runs fill the machine
         arguments = command(job, results, frames, checkpoint_every, threads)
         with open(log_path, "a") as log:
             log.write("$ " + " ".join(arguments) + "\n")

@@ -68,6 +68,13 @@ def register_atari_envs() -> None:
     gym.register_envs(ale_py)
 
 
+def lost_a_life(before: int, now: int) -> bool:
+    """Whether the life count going from ``before`` to ``now`` is a lost life. Some games show 0 lives for a few
+    frames before the game is over: only a drop to a positive count is one (as in Stable-Baselines3's
+    EpisodicLifeEnv)."""
+    return 0 < now < before
+
+
 class EpisodicLife(gym.Wrapper):
     """Ends an episode when a life is lost, and resets the game only once it is really over.
 
@@ -90,9 +97,7 @@ class EpisodicLife(gym.Wrapper):
         observation, reward, terminated, truncated, info = self.env.step(action)
         self.game_over = terminated or truncated
         lives = self.env.unwrapped.ale.lives()
-        # Some games show 0 lives for a few frames before the game is over: only a drop to a positive count
-        # is a lost life (as in Stable-Baselines3's EpisodicLifeEnv).
-        if 0 < lives < self.lives:
+        if lost_a_life(self.lives, lives):
             terminated = True
         self.lives = lives
         return observation, reward, terminated, truncated, info
@@ -139,8 +144,7 @@ class FireAtLifeStart(gym.Wrapper):
 
     def step(self, action: Any) -> tuple[Any, SupportsFloat, bool, bool, dict[str, Any]]:
         observation, reward, terminated, truncated, info = self.env.step(action)
-        lives = self.env.unwrapped.ale.lives()
-        if 0 < lives < self.lives and not (terminated or truncated):  # a life lost, the game going on
+        if lost_a_life(self.lives, self.env.unwrapped.ale.lives()) and not (terminated or truncated):
             observation, fire_reward, terminated, truncated, info = self.env.step(self.fire_action)
             reward = float(reward) + float(fire_reward)
         self.lives = self.env.unwrapped.ale.lives()
