@@ -10,11 +10,17 @@ unchanged. That lookup costs about 0.1 ms per output, several per policy call: a
 collection time on a MuJoCo task. :func:`install` makes ``from_any`` return tensors at once, the value it returns
 for them anyway (a tensor is no dict, tuple, dataclass, array, DataFrame or HDF5 file); every other input takes
 TensorDict's own path. Importing :mod:`agents` installs it.
+
+:func:`compiled` is ``torch.compile`` as the recipes' ``--compile`` uses it: on the loss, and (through
+``lean_policy(..., compile=True)``) on the collector's sampling step.
 """
 
 from __future__ import annotations
 
 import functools
+import logging
+from collections.abc import Callable
+from typing import TypeVar
 
 import torch
 from tensordict import TensorDictBase, is_tensor_collection
@@ -30,6 +36,39 @@ from torchrl.modules import (
     SafeProbabilisticModule,
 )
 from torchrl.modules.distributions.utils import sample_and_log_prob
+
+from errors import InputError
+
+CompiledT = TypeVar("CompiledT", bound=Callable)
+
+
+def check_compile(device: str | torch.device) -> None:
+    """Raise :class:`InputError` if ``torch.compile`` cannot build code for ``device`` here (on the CPU: no C++
+    compiler)."""
+    if torch.device(device).type != "cpu":
+        return
+    from torch._inductor.cpp_builder import get_cpp_compiler
+    from torch._inductor.exc import InvalidCxxCompiler
+
+    try:
+        get_cpp_compiler()
+    except InvalidCxxCompiler:
+        raise InputError(
+            "--compile on the CPU needs a C++ compiler (g++ or clang++; set CXX to choose one) and none was found; "
+            "install one (e.g. apt install g++) or leave out --compile."
+        ) from None
+
+
+def compiled(function: CompiledT) -> CompiledT:
+    """``torch.compile(function)``, with random draws made by torch's eager kernels (Inductor's
+    ``fallback_random``), so that a seeded run samples the same numbers compiled or not."""
+    import torch._inductor.config
+
+    torch._inductor.config.fallback_random = True
+    logging.getLogger("torch.utils.cpp_extension").setLevel(
+        logging.ERROR
+    )  # "No CUDA runtime is found" on CPUs
+    return torch.compile(function)
 
 
 def install() -> None:
@@ -60,9 +99,10 @@ class LeanActor(TensorDictModuleBase):
     Args:
         actor: a ``ProbabilisticActor`` of a ``TensorDictModule`` (the network) and a ``SafeProbabilisticModule``
             that returns the log-probability (:func:`agents.make_actor` builds these); see :func:`lean_policy`.
+        compile: run the sampling step (network, distribution, draw) through :func:`compiled`.
     """
 
-    def __init__(self, actor: ProbabilisticActor):
+    def __init__(self, actor: ProbabilisticActor, compile: bool = False):
         super().__init__()
         network, distribution = actor.module[0], actor.module[1]
         self.actor = actor
@@ -78,6 +118,7 @@ class LeanActor(TensorDictModuleBase):
         self.distribution_class = distribution.distribution_class
         self.distribution_kwargs = dict(distribution.distribution_kwargs)
         self.action_key, self.log_prob_key = distribution.dist_sample_keys[0], distribution.log_prob_key
+        self._sample = compiled(self.sample) if compile else self.sample
 
     def parameters_and_distribution(
         self, observation: torch.Tensor
@@ -95,11 +136,18 @@ class LeanActor(TensorDictModuleBase):
         """The policy's action distribution for ``observation`` (what the actor's ``get_dist`` returns)."""
         return self.parameters_and_distribution(observation)[1]
 
+    def sample(
+        self, observation: torch.Tensor
+    ) -> tuple[tuple[torch.Tensor, ...], torch.Tensor, torch.Tensor]:
+        """The network's outputs for ``observation``, an action drawn from the distribution, its log-probability."""
+        outputs, distribution = self.parameters_and_distribution(observation)
+        action, log_prob = sample_and_log_prob(distribution, reparameterize=distribution.has_rsample)
+        return outputs, action, log_prob
+
     def forward(self, tensordict: TensorDictBase) -> TensorDictBase:
         if interaction_type() is not InteractionType.RANDOM:
             return self.actor(tensordict)
-        outputs, distribution = self.parameters_and_distribution(tensordict.get(self.network_in_key))
-        action, log_prob = sample_and_log_prob(distribution, reparameterize=distribution.has_rsample)
+        outputs, action, log_prob = self._sample(tensordict.get(self.network_in_key))
         for key, value in zip(self.parameter_keys, outputs, strict=True):
             tensordict.set(key, value)
         tensordict.set(self.action_key, action)
@@ -119,14 +167,16 @@ class LeanQPolicy(TensorDictModuleBase):
     Args:
         policy: an epsilon-greedy Q policy without action masks (:func:`agents.make_q_actor` without noisy
             layers); see :func:`lean_policy`.
+        compile: run the Q-network through :func:`compiled`.
     """
 
-    def __init__(self, policy: TensorDictSequential):
+    def __init__(self, policy: TensorDictSequential, compile: bool = False):
         super().__init__()
         q_actor, exploration = policy.module
         self.policy = policy
         self.network_in_key = q_actor.module[0].in_keys[0]
         self.network = q_actor.module[0].module
+        self._compiled_network = compiled(self.network.forward) if compile else None
         self.q_values = q_actor.module[1]
         self.exploration = exploration
         self.in_keys, self.out_keys = list(policy.in_keys), list(policy.out_keys)
@@ -138,7 +188,7 @@ class LeanQPolicy(TensorDictModuleBase):
         if interaction_type() is not InteractionType.RANDOM:
             return self.policy(tensordict)
         q_values = self.q_values
-        values = self.network(tensordict.get(self.network_in_key))
+        values = (self._compiled_network or self.network)(tensordict.get(self.network_in_key))
         action = q_values.action_func_mapping[q_values.action_space](values)
         value_of = q_values.action_value_func_mapping.get(
             q_values.action_space, q_values._default_action_value
@@ -160,8 +210,9 @@ class LeanQPolicy(TensorDictModuleBase):
         return tensordict
 
 
-def lean_policy(policy: torch.nn.Module) -> torch.nn.Module:
-    """A :class:`LeanActor` or :class:`LeanQPolicy` for a policy of exactly the shape it runs, else the policy.
+def lean_policy(policy: torch.nn.Module, compile: bool = False) -> torch.nn.Module:
+    """A :class:`LeanActor` or :class:`LeanQPolicy` for a policy of exactly the shape it runs (``compile``: its
+    sampling step through :func:`compiled`), else the policy.
 
     Covered: a ``ProbabilisticActor`` of one single-input ``TensorDictModule`` and a ``SafeProbabilisticModule``
     that samples once, returns the log-probability, has no safety projection and no generator key; a
@@ -169,7 +220,7 @@ def lean_policy(policy: torch.nn.Module) -> torch.nn.Module:
     ``EGreedyModule`` on its action, neither with an action mask.
     """
     if _is_epsilon_greedy_q_policy(policy):
-        return LeanQPolicy(policy)
+        return LeanQPolicy(policy, compile)
     if type(policy) is not ProbabilisticActor or len(policy.module) != 2:
         return policy
     network, distribution = policy.module
@@ -186,7 +237,7 @@ def lean_policy(policy: torch.nn.Module) -> torch.nn.Module:
         and len(distribution.dist_sample_keys) == 1
     ):
         return policy
-    return LeanActor(policy)
+    return LeanActor(policy, compile)
 
 
 def _is_epsilon_greedy_q_policy(policy: torch.nn.Module) -> bool:

@@ -13,7 +13,7 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
-SIDES = ["sb3", "ours-zoo", "ours"]
+SIDES = ["sb3", "ours-zoo", "ours", "ours-zoo-compiled"]  # the last: ours-zoo with --compile
 EVAL_SEED_OFFSET = (
     1_000_000  # training.evaluation.EVAL_SEED_OFFSET (not imported: the SB3 side runs without torchrl)
 )
@@ -117,11 +117,12 @@ def compare(module: str, sides: list[str], seeds: list[int], target: str = "475"
         sb3_time = statistics.mean(r["wall_time_s"] for r in results["sb3"])
         ours = [r["time_to_target_s"] or r["wall_time_s"] for r in results["ours"]]
         print(f"\nSB3 wall-clock / our time to {target}: {sb3_time / statistics.mean(ours):.1f}x")
-    if "sb3" in results and "ours-zoo" in results:
-        ratio = statistics.mean(r["fps"] for r in results["ours-zoo"]) / statistics.mean(
-            r["fps"] for r in results["sb3"]
-        )
-        print(f"same hyperparameters, frames/s ours / SB3: {ratio:.2f}x")
+    for side, label in (("ours-zoo", ""), ("ours-zoo-compiled", ", --compile")):
+        if "sb3" in results and side in results:
+            ratio = statistics.mean(r["fps"] for r in results[side]) / statistics.mean(
+                r["fps"] for r in results["sb3"]
+            )
+            print(f"same hyperparameters{label}, frames/s ours / SB3: {ratio:.2f}x")
 
 
 def benchmark_cli(
@@ -142,7 +143,10 @@ def benchmark_cli(
     if args.child:
         warnings.filterwarnings("ignore")
         seed = args.seeds[0]
-        result = run_sb3(seed) if args.child == "sb3" else run_ours(seed, args.child == "ours-zoo")
+        if args.child == "sb3":
+            result = run_sb3(seed)
+        else:
+            result = run_ours(seed, args.child != "ours", compile=args.child == "ours-zoo-compiled")
         print(json.dumps(result))
         return
     compare(module, args.sides, args.seeds, target)

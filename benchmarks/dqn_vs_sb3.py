@@ -52,7 +52,7 @@ def run_sb3(seed: int) -> dict:
     return sb3_row(train_time, TOTAL_FRAMES, evaluate_sb3(model, "CartPole-v1", seed))
 
 
-def run_ours(seed: int, zoo: bool) -> dict:
+def run_ours(seed: int, zoo: bool, compile: bool = False) -> dict:
     from agents import ExplorationConfig
     from recipes.dqn import (
         BufferConfig,
@@ -65,7 +65,7 @@ def run_ours(seed: int, zoo: bool) -> dict:
     )
     from training import RunConfig, quiet
 
-    output_dir = f"runs/bench-dqn-{'zoo' if zoo else 'default'}-{seed}"
+    output_dir = f"runs/bench-dqn-{'zoo' if zoo else 'default'}{'-compiled' if compile else ''}-{seed}"
     if zoo:
         config = DQNConfig(
             run=RunConfig(
@@ -86,7 +86,9 @@ def run_ours(seed: int, zoo: bool) -> dict:
     else:
         config = DQNConfig()
         config.run.seed = seed
-    quiet(config, output_dir, overwrite=True)  # each benchmark run replaces the last one of its side and seed
+    quiet(
+        config, output_dir, overwrite=True, compile=compile
+    )  # each benchmark run replaces the last one of its side and seed
     return summary_row(main(config))
 
 

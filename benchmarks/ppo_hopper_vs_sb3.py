@@ -60,7 +60,7 @@ def run_sb3(seed: int) -> dict:
     )
 
 
-def run_ours(seed: int, zoo: bool) -> dict:
+def run_ours(seed: int, zoo: bool, compile: bool = False) -> dict:
     from recipes.ppo import CollectorConfig, LossConfig, NetworkConfig, OptimConfig, PPOConfig, main
     from training import RunConfig, quiet
 
@@ -96,7 +96,12 @@ def run_ours(seed: int, zoo: bool) -> dict:
             squash=False,
         ),
     )
-    quiet(config, f"runs/bench-ppo-hopper-{'zoo' if zoo else 'default'}-{seed}", overwrite=True)
+    quiet(
+        config,
+        f"runs/bench-ppo-hopper-{'zoo' if zoo else 'default'}{'-compiled' if compile else ''}-{seed}",
+        overwrite=True,
+        compile=compile,
+    )
     return summary_row(main(config))
 
 

@@ -52,7 +52,7 @@ def run_sb3(seed: int) -> dict:
     return sb3_row(train_time, TOTAL_FRAMES, evaluate_sb3(model, "Pendulum-v1", seed))
 
 
-def run_ours(seed: int, zoo: bool) -> dict:
+def run_ours(seed: int, zoo: bool, compile: bool = False) -> dict:
     from recipes.td3 import TD3Config, main
     from training import quiet
 
@@ -65,8 +65,10 @@ def run_ours(seed: int, zoo: bool) -> dict:
         config.network.hidden_sizes = (400, 300)
     else:
         config.run.stop_at_return = float("inf")  # the whole budget: its final return, and the time to -200
-    output_dir = f"runs/bench-td3-{'zoo' if zoo else 'default'}-{seed}"
-    quiet(config, output_dir, overwrite=True)  # each benchmark run replaces the last one of its side and seed
+    output_dir = f"runs/bench-td3-{'zoo' if zoo else 'default'}{'-compiled' if compile else ''}-{seed}"
+    quiet(
+        config, output_dir, overwrite=True, compile=compile
+    )  # each benchmark run replaces the last one of its side and seed
     row = summary_row(main(config))
     row["time_to_target_s"] = None if zoo else time_to_return(output_dir, TARGET)
     return row

@@ -41,6 +41,7 @@ from agents import (
     OneCallGAE,
     OneCallTD1,
     RewardNormalizer,
+    compiled,
     find_normalizer,
     input_encoder,
     make_actor,
@@ -302,8 +303,10 @@ def main(config: A2CConfig, loss_addons: Sequence[LossAddon] = ()) -> dict:
     loss_keys = ["loss_objective", "loss_critic"] + (["loss_entropy"] if loss_config.entropy_coef > 0 else [])
     max_grad_norm, reward_scale = optim_config.max_grad_norm, loss_config.reward_scale
 
+    loss_fn = compiled(loss_module) if run_config.compile else loss_module  # --compile: forward and backward
+
     def update(batch):
-        loss = loss_module(batch)
+        loss = loss_fn(batch)
         addon_total, addon_metrics = addon_losses(addons, batch)
         total = sum(loss[key] for key in loss_keys) + addon_total
         optimizer.zero_grad(set_to_none=True)

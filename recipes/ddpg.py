@@ -33,6 +33,7 @@ from agents import (
     TRANSITION_KEYS,
     Agent,
     TensorDDPGLoss,
+    compiled,
     find_normalizer,
     make_deterministic_actor,
     make_exploration_env,
@@ -228,8 +229,10 @@ def main(config: DDPGConfig) -> dict:
     max_grad_norm = optim_config.max_grad_norm
     clip = max_grad_norm != float("inf")
 
+    loss_fn = compiled(loss_module) if run_config.compile else loss_module  # --compile: forward and backward
+
     def update(sample):
-        loss = loss_module(sample)
+        loss = loss_fn(sample)
         actor_optimizer.zero_grad(set_to_none=True)
         critic_optimizer.zero_grad(set_to_none=True)
         (loss["loss_actor"] + loss["loss_value"]).backward()  # each term reaches only its own network

@@ -41,6 +41,7 @@ from agents import (
     ExplorationConfig,
     NStepReturns,
     TensorDQNLoss,
+    compiled,
     find_normalizer,
     is_image_spec,
     make_q_actor,
@@ -309,8 +310,10 @@ def main(config: DQNConfig) -> dict:
     learning_starts, updates_per_batch = config.collector.learning_starts, config.collector.updates_per_batch
     batch_size = buffer_config.batch_size
 
+    loss_fn = compiled(loss_module) if run_config.compile else loss_module  # --compile: forward and backward
+
     def update(sample):
-        loss = loss_module(sample)["loss"]
+        loss = loss_fn(sample)["loss"]
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         grad_norm = torch.nn.utils.clip_grad_norm_(parameters, max_grad_norm)

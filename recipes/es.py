@@ -109,6 +109,10 @@ class ESConfig(Options):
     def validate(self) -> None:
         """Raise :class:`InputError` for options outside their meaningful range or that do not combine."""
         self.run.validate()
+        if self.run.compile:
+            raise InputError(
+                "--compile has nothing to compile in recipes.es (no loss, no backward pass); leave it out."
+            )
         search, optim = self.search, self.optim
         require_positive(episodes_per_member=search.episodes_per_member, steps_per_env=search.steps_per_env)
         if self.run.num_envs % 2:

@@ -34,6 +34,7 @@ from agents import (
     OneCallGAE,
     RewardNormalizer,
     TensorClipPPOLoss,
+    compiled,
     find_normalizer,
     input_encoder,
     make_actor,
@@ -315,8 +316,10 @@ def main(config: PPOConfig, loss_addons: Sequence[LossAddon] = ()) -> dict:
     loss_keys = ["loss_objective", "loss_critic"] + (["loss_entropy"] if loss_config.entropy_coef > 0 else [])
     max_grad_norm = optim_config.max_grad_norm
 
+    loss_fn = compiled(loss_module) if run_config.compile else loss_module  # --compile: forward and backward
+
     def update(minibatch):
-        loss = loss_module(minibatch)
+        loss = loss_fn(minibatch)
         addon_total, addon_metrics = addon_losses(addons, minibatch)
         total = sum(loss[key] for key in loss_keys) + addon_total
         optimizer.zero_grad(set_to_none=True)

@@ -95,6 +95,10 @@ class QLearningConfig(Options):
     def validate(self) -> None:
         """Raise :class:`InputError` for options outside their meaningful range."""
         self.run.validate()
+        if self.run.compile:
+            raise InputError(
+                "--compile has nothing to compile in recipes.qlearning (a Q-table); leave it out."
+            )
         require_positive(steps_per_env=self.collector.steps_per_env)
         check_ranges(lr=(self.learning.lr, "(0, 1]"), gamma=(self.learning.gamma, "(0, 1]"))
         self.exploration.validate()

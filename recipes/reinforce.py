@@ -35,7 +35,7 @@ from typing import Literal
 import torch
 from torchrl.objectives import A2CLoss
 
-from agents import Agent, find_normalizer, make_actor
+from agents import Agent, compiled, find_normalizer, make_actor
 from agents.options import Options, defaults
 from agents.policy_gradient import ReturnBaseline, returns_to_go
 from training import (
@@ -179,8 +179,10 @@ def main(config: ReinforceConfig) -> dict:
     loss_keys = ["loss_objective"] + (["loss_entropy"] if loss_config.entropy_coef > 0 else [])
     gamma, normalize_returns = loss_config.gamma, loss_config.normalize_returns
 
+    loss_fn = compiled(loss_module) if run_config.compile else loss_module  # --compile: forward and backward
+
     def update(episodes):
-        loss = loss_module(episodes)
+        loss = loss_fn(episodes)
         total = sum(loss[key] for key in loss_keys)
         optimizer.zero_grad(set_to_none=True)
         total.backward()

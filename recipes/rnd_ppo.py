@@ -37,6 +37,7 @@ from agents import (
     OneCallGAE,
     RandomNetworkDistillation,
     TensorClipPPOLoss,
+    compiled,
     find_normalizer,
     input_encoder,
     make_actor,
@@ -289,8 +290,10 @@ def main(config: RNDPPOConfig, loss_addons: Sequence[LossAddon] = ()) -> dict:
     ext_coef, int_coef = intrinsic_config.ext_coef, intrinsic_config.int_coef
     intrinsic_episodic = intrinsic_config.intrinsic_episodic
 
+    loss_fn = compiled(loss_module) if run_config.compile else loss_module  # --compile: forward and backward
+
     def update(minibatch):
-        loss = loss_module(minibatch)  # clipped objective on the combined advantage, extrinsic value, entropy
+        loss = loss_fn(minibatch)  # clipped objective on the combined advantage, extrinsic value, entropy
         value_int = intrinsic_critic(minibatch.select("observation")).get(INTRINSIC_VALUE_KEY)
         target_int = minibatch.get(INTRINSIC_VALUE_TARGET_KEY)
         loss["loss_critic_int"] = critic_coef * distance_loss(target_int, value_int, critic_loss_type).mean()

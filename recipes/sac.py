@@ -39,6 +39,7 @@ from agents import (
     Agent,
     NStepReturns,
     TensorSACLoss,
+    compiled,
     find_normalizer,
     make_actor,
     make_gsde_actor,
@@ -330,8 +331,10 @@ def main(config: SACConfig) -> dict:
     learning_starts, max_grad_norm = config.collector.learning_starts, optim_config.max_grad_norm
     clip = max_grad_norm != float("inf")
 
+    loss_fn = compiled(loss_module) if run_config.compile else loss_module  # --compile: forward and backward
+
     def update(sample):
-        loss = loss_module(sample)
+        loss = loss_fn(sample)
         total = loss["loss_actor"] + loss["loss_qvalue"] + loss["loss_alpha"]
         for optimizer in optimizers:
             optimizer.zero_grad(set_to_none=True)

@@ -32,6 +32,7 @@ from agents import (
     TRANSITION_KEYS,
     Agent,
     TensorTD3Loss,
+    compiled,
     find_normalizer,
     make_deterministic_actor,
     make_qvalue_critic,
@@ -233,8 +234,12 @@ def main(config: TD3Config) -> dict:
     max_grad_norm = optim_config.max_grad_norm
     clip = max_grad_norm != float("inf")
 
+    # --compile: the critic's and the actor's loss, forward and backward
+    value_loss = compiled(loss_module.value_loss) if run_config.compile else loss_module.value_loss
+    actor_loss = compiled(loss_module.actor_loss) if run_config.compile else loss_module.actor_loss
+
     def update(sample, update_actor: bool):
-        loss_qvalue, _ = loss_module.value_loss(sample)
+        loss_qvalue, _ = value_loss(sample)
         critic_optimizer.zero_grad(set_to_none=True)
         loss_qvalue.backward()
         if clip:
@@ -242,7 +247,7 @@ def main(config: TD3Config) -> dict:
         critic_optimizer.step()
         if not update_actor:
             return loss_qvalue.detach(), None
-        loss_actor, _ = loss_module.actor_loss(sample)
+        loss_actor, _ = actor_loss(sample)
         actor_optimizer.zero_grad(set_to_none=True)
         loss_actor.backward()
         if clip:

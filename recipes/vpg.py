@@ -40,7 +40,7 @@ from typing import Literal
 import torch
 from torchrl.objectives import A2CLoss
 
-from agents import Agent, find_normalizer, input_encoder, make_actor, make_critic
+from agents import Agent, compiled, find_normalizer, input_encoder, make_actor, make_critic
 from agents.options import Options, defaults
 from agents.policy_gradient import ReturnBaseline, returns_to_go
 from training import (
@@ -217,8 +217,10 @@ def main(config: VPGConfig) -> dict:
     )
     gamma, normalize_advantage = loss_config.gamma, loss_config.normalize_advantage
 
+    loss_fn = compiled(loss_module) if run_config.compile else loss_module  # --compile: forward and backward
+
     def update(episodes):
-        loss = loss_module(episodes)
+        loss = loss_fn(episodes)
         total = sum(loss[key] for key in loss_keys)
         optimizer.zero_grad(set_to_none=True)
         total.backward()

@@ -63,7 +63,7 @@ def make_collector(
     if run.collector_backend == "single":
         return Collector(
             env,
-            lean_policy(policy),  # the same policy, sampled in one call
+            lean_policy(policy, run.compile),  # the same policy, sampled in one call
             frames_per_batch=frames_per_batch,
             total_frames=total_frames,
             env_device=env.device,

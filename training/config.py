@@ -12,6 +12,7 @@ from typing import Any, Literal, TypeVar
 
 import tyro
 
+from agents.fast_paths import check_compile
 from agents.options import Options
 from envs.classic import torch_env_class
 from envs.vector import check_device, check_env_id, env_spec
@@ -66,6 +67,10 @@ class RunConfig(Options):
     """Show a progress bar."""
     threads: int = 1
     """Torch CPU threads; 1 is fastest and steadiest for small networks on a few cores; 0 keeps torch's default."""
+    compile: bool = False
+    """Compile the loss (its forward and backward) and the collector's policy with torch.compile: the first
+    updates wait for a one-off compilation (seconds to a minute), later ones run faster where Python overhead,
+    not arithmetic, dominates (small networks). Needs a C++ compiler for the CPU; random draws are eager's."""
     checkpoint_every: int | None = None
     """Also save agent.ckpt and resume.ckpt (the whole training state, for --resume) every this many frames
     (default: agent.ckpt at the end; both on SIGINT/SIGTERM)."""
@@ -125,6 +130,8 @@ class RunConfig(Options):
                     f"--num-envs {self.num_envs} must split evenly over --num-workers {self.num_workers}."
                 )
         check_device(self.device)
+        if self.compile:
+            check_compile(self.device)
         check_env_id(self.env_id)
         self.env_options  # noqa: B018 - parsing raises InputError for a malformed item
         if self.env_backend == "torch":
