@@ -54,22 +54,9 @@ class ObservationNormalizer(nn.Module):
         self.count.copy_(total)
 
     def forward(self, observation: torch.Tensor) -> torch.Tensor:
-        mean, std = self._mean_and_std(observation.dtype)
+        mean = self.mean.to(observation.dtype)
+        std = torch.sqrt(self.var + self.epsilon).to(observation.dtype)
         return ((observation - mean) / std).clamp(-self.clip, self.clip)
-
-    def _mean_and_std(self, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """The mean and standard deviation in ``dtype``, kept between calls until the statistics change: an
-        update or a loaded state dict bumps the buffers' version counters, a device move or swapped-in
-        parameters replace the buffers."""
-        mean, var = self.mean, self.var
-        if torch.compiler.is_compiling() or mean.is_inference() or var.is_inference():  # no version counters
-            return mean.to(dtype), torch.sqrt(var + self.epsilon).to(dtype)
-        key = (mean._version, var._version, dtype)
-        cached = self.__dict__.get("_statistics")
-        if cached is None or cached[0] is not mean or cached[1] is not var or cached[2] != key:
-            cached = (mean, var, key, mean.to(dtype), torch.sqrt(var + self.epsilon).to(dtype))
-            self.__dict__["_statistics"] = cached
-        return cached[3], cached[4]
 
 
 class RewardNormalizer(nn.Module):

@@ -247,17 +247,32 @@ class TensorDQNLoss(DQNLoss):
         q_module = value_network[0]
         self._q_network = q_module.module
         self._observation_keys = list(q_module.in_keys)
-        self._target_network: nn.Module | None = None  # built on first use, see _target
+        self._target_network: nn.Module | None = None  # see _target
+        self._target()
+
+    def _apply(self, fn, *args, **kwargs):
+        module = super()._apply(fn, *args, **kwargs)
+        if self.__dict__.get("_target_network") is not None:
+            self._target()  # rebuilt on the moved target tensors, ready for a compiled forward
+        return module
 
     def _target(self) -> nn.Module:
         """A copy of the Q-network whose parameters and buffers are the target tensors themselves.
 
         Target updaters and ``load_state_dict`` write those tensors in place, so the copy always computes with
         the current target values, without swapping parameters in and out on every call. It is rebuilt if the
-        target tensors were replaced (the loss moved to another device).
+        target tensors were replaced (the loss moved to another device) when called eagerly; a compiled forward
+        (``--compile``) uses the copy as it is, since building one inside a compiled graph would break it.
         """
-        anchor = next(iter(self.target_value_network_params.values(True, True)))
-        if self._target_network is None or self._target_anchor is not anchor:
+        if torch.compiler.is_compiling():
+            return self._target_network
+        tensor = next(iter(self.target_value_network_params.values(True, True)))
+        anchor = (tensor, tensor.data_ptr(), tensor.dtype, tensor.device)  # .to() may swap a tensor's data
+        if (
+            self._target_network is None
+            or self._target_anchor[0] is not tensor
+            or self._target_anchor[1:] != anchor[1:]
+        ):
             actor = copy.deepcopy(self.value_network)
             self.target_value_network_params.to_module(actor)
             # kept out of the module tree: its tensors are already the loss module's target parameters
@@ -285,6 +300,7 @@ class TensorDQNLoss(DQNLoss):
                 "TensorDQNLoss does not standardise rewards; use DQNLoss for average_rewards=True."
             )
         keys = self.tensor_keys
+        target_network = self._target()
         observations = [tensordict.get(key) for key in self._observation_keys]
         next_observations = [tensordict.get(("next", key)) for key in self._observation_keys]
         chosen_value_B = self._chosen(self._q_network(*observations), tensordict.get(keys.action))
@@ -292,7 +308,7 @@ class TensorDQNLoss(DQNLoss):
         with torch.no_grad():
             if self.double_dqn:  # the online network picks the next action, the target network values it
                 next_action_B1 = self._q_network(*next_observations).argmax(-1, keepdim=True)
-            next_values_BA = self._target()(*next_observations)
+            next_values_BA = target_network(*next_observations)
             if self.double_dqn:
                 next_value_B1 = next_values_BA.gather(-1, next_action_B1)
             else:

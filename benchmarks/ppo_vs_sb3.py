@@ -74,9 +74,8 @@ def run_ours(seed: int, zoo: bool, compile: bool = False) -> dict:
     else:
         config = PPOConfig()
         config.run.seed = seed
-    quiet(
-        config, output_dir, overwrite=True, compile=compile
-    )  # each benchmark run replaces the last one of its side and seed
+    # each benchmark run replaces the last one of its side and seed
+    quiet(config, output_dir, overwrite=True, compile=compile)
     return summary_row(main(config))
 
 

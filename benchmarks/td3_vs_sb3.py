@@ -66,9 +66,8 @@ def run_ours(seed: int, zoo: bool, compile: bool = False) -> dict:
     else:
         config.run.stop_at_return = float("inf")  # the whole budget: its final return, and the time to -200
     output_dir = f"runs/bench-td3-{'zoo' if zoo else 'default'}{'-compiled' if compile else ''}-{seed}"
-    quiet(
-        config, output_dir, overwrite=True, compile=compile
-    )  # each benchmark run replaces the last one of its side and seed
+    # each benchmark run replaces the last one of its side and seed
+    quiet(config, output_dir, overwrite=True, compile=compile)
     row = summary_row(main(config))
     row["time_to_target_s"] = None if zoo else time_to_return(output_dir, TARGET)
     return row

@@ -447,3 +447,20 @@ def test_dqn_run_gives_no_conflicting_batch_size_warning(output_dir):
         warnings.simplefilter("always")
         dqn.main(tiny_dqn(output_dir, buffer__prioritized=False))
     assert not [warning for warning in caught if "conflicting batch_sizes" in str(warning.message)]
+
+
+def test_the_target_copy_follows_the_loss_to_a_new_dtype_before_any_call():
+    """A compiled forward cannot rebuild the target copy: moving the loss rebuilds it at once."""
+    q_actor = linear_q_actor()
+    loss_module = dqn_loss(q_actor, gamma=0.5).double()
+    target = loss_module._target_network
+    assert all(parameter.dtype == torch.float64 for parameter in target.parameters())
+    target_tensors = {
+        tensor.data_ptr() for tensor in loss_module.target_value_network_params.values(True, True)
+    }
+    assert {parameter.data_ptr() for parameter in target.parameters()} == target_tensors
+    batch = transitions([1.0], [0], [1.0], [3.0], [False], [False]).apply(
+        lambda tensor: tensor.double() if tensor.is_floating_point() else tensor
+    )
+    loss_module(batch)
+    assert loss_module._target_network is target  # the call found it current
