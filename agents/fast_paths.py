@@ -45,6 +45,15 @@ CompiledT = TypeVar("CompiledT", bound=Callable)
 def check_compile(device: str | torch.device) -> None:
     """Raise :class:`InputError` if ``torch.compile`` cannot build code for ``device`` here (on the CPU: no C++
     compiler)."""
+    if torch.device(device).type == "cuda":
+        from torch.utils._triton import has_triton
+
+        if not has_triton():
+            raise InputError(
+                f"--compile on {device} needs Triton (pip install triton, which CUDA builds of torch bring) and it "
+                "is not installed; install it or leave out --compile."
+            )
+        return
     if torch.device(device).type != "cpu":
         return
     from torch._inductor.cpp_builder import get_cpp_compiler
@@ -59,15 +68,17 @@ def check_compile(device: str | torch.device) -> None:
         ) from None
 
 
-def compiled(function: CompiledT) -> CompiledT:
-    """``torch.compile(function)``, with random draws made by torch's eager kernels (Inductor's
-    ``fallback_random``), so that a seeded run samples the same numbers compiled or not."""
+def compiled(function: CompiledT, enabled: bool = True) -> CompiledT:
+    """``torch.compile(function)`` (``function`` itself when not ``enabled``: a run without ``--compile``), with
+    random draws made by torch's eager kernels (Inductor's ``fallback_random``), so that a seeded run samples the
+    same numbers compiled or not."""
+    if not enabled:
+        return function
     import torch._inductor.config
 
     torch._inductor.config.fallback_random = True
-    logging.getLogger("torch.utils.cpp_extension").setLevel(
-        logging.ERROR
-    )  # "No CUDA runtime is found" on CPUs
+    # torch warns "No CUDA runtime is found" when it builds CPU kernels; nothing is wrong
+    logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)
     return torch.compile(function)
 
 
@@ -118,7 +129,7 @@ class LeanActor(TensorDictModuleBase):
         self.distribution_class = distribution.distribution_class
         self.distribution_kwargs = dict(distribution.distribution_kwargs)
         self.action_key, self.log_prob_key = distribution.dist_sample_keys[0], distribution.log_prob_key
-        self._sample = compiled(self.sample) if compile else self.sample
+        self._sample = compiled(self.sample, compile)
 
     def parameters_and_distribution(
         self, observation: torch.Tensor

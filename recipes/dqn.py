@@ -310,7 +310,7 @@ def main(config: DQNConfig) -> dict:
     learning_starts, updates_per_batch = config.collector.learning_starts, config.collector.updates_per_batch
     batch_size = buffer_config.batch_size
 
-    loss_fn = compiled(loss_module) if run_config.compile else loss_module  # --compile: forward and backward
+    loss_fn = compiled(loss_module, run_config.compile)  # --compile: forward and backward
 
     def update(sample):
         loss = loss_fn(sample)["loss"]

@@ -179,7 +179,7 @@ def main(config: ReinforceConfig) -> dict:
     loss_keys = ["loss_objective"] + (["loss_entropy"] if loss_config.entropy_coef > 0 else [])
     gamma, normalize_returns = loss_config.gamma, loss_config.normalize_returns
 
-    loss_fn = compiled(loss_module) if run_config.compile else loss_module  # --compile: forward and backward
+    loss_fn = compiled(loss_module, run_config.compile)  # --compile: forward and backward
 
     def update(episodes):
         loss = loss_fn(episodes)

@@ -290,7 +290,7 @@ def main(config: RNDPPOConfig, loss_addons: Sequence[LossAddon] = ()) -> dict:
     ext_coef, int_coef = intrinsic_config.ext_coef, intrinsic_config.int_coef
     intrinsic_episodic = intrinsic_config.intrinsic_episodic
 
-    loss_fn = compiled(loss_module) if run_config.compile else loss_module  # --compile: forward and backward
+    loss_fn = compiled(loss_module, run_config.compile)  # --compile: forward and backward
 
     def update(minibatch):
         loss = loss_fn(minibatch)  # clipped objective on the combined advantage, extrinsic value, entropy

@@ -331,7 +331,7 @@ def main(config: SACConfig) -> dict:
     learning_starts, max_grad_norm = config.collector.learning_starts, optim_config.max_grad_norm
     clip = max_grad_norm != float("inf")
 
-    loss_fn = compiled(loss_module) if run_config.compile else loss_module  # --compile: forward and backward
+    loss_fn = compiled(loss_module, run_config.compile)  # --compile: forward and backward
 
     def update(sample):
         loss = loss_fn(sample)

@@ -235,8 +235,8 @@ def main(config: TD3Config) -> dict:
     clip = max_grad_norm != float("inf")
 
     # --compile: the critic's and the actor's loss, forward and backward
-    value_loss = compiled(loss_module.value_loss) if run_config.compile else loss_module.value_loss
-    actor_loss = compiled(loss_module.actor_loss) if run_config.compile else loss_module.actor_loss
+    value_loss = compiled(loss_module.value_loss, run_config.compile)
+    actor_loss = compiled(loss_module.actor_loss, run_config.compile)
 
     def update(sample, update_actor: bool):
         loss_qvalue, _ = value_loss(sample)

@@ -217,7 +217,7 @@ def main(config: VPGConfig) -> dict:
     )
     gamma, normalize_advantage = loss_config.gamma, loss_config.normalize_advantage
 
-    loss_fn = compiled(loss_module) if run_config.compile else loss_module  # --compile: forward and backward
+    loss_fn = compiled(loss_module, run_config.compile)  # --compile: forward and backward
 
     def update(episodes):
         loss = loss_fn(episodes)

@@ -9,7 +9,7 @@ from torchrl.envs.utils import ExplorationType, set_exploration_type
 
 import agents
 from agents import make_actor, make_q_actor
-from agents.fast_paths import LeanActor, LeanQPolicy, lean_policy
+from agents.fast_paths import LeanActor, LeanQPolicy, check_compile, lean_policy
 from envs import make_env
 from errors import InputError
 from training import RunConfig, quiet
@@ -63,7 +63,8 @@ def test_the_compiled_loss_of_each_recipe_returns_the_eager_losses_and_gradients
     draws: the same outputs and the same gradients of the summed loss terms; the run trains on the compiled one."""
     checked = []
 
-    def checking(function):
+    def checking(function, enabled):
+        assert enabled  # the run's --compile reaches the recipe's call
         compiled_function = agents.compiled(function)
         owner = getattr(function, "__self__", function)
         parameters = [p for p in owner.parameters() if p.requires_grad]
@@ -140,6 +141,20 @@ def test_compile_without_a_cpp_compiler_is_refused_in_one_line(monkeypatch):
     with pytest.raises(InputError, match="needs a C\\+\\+ compiler"):
         RunConfig(compile=True).validate()
     RunConfig(compile=False).validate()
+
+
+def test_compile_on_cuda_without_triton_is_refused_in_one_line(monkeypatch):
+    monkeypatch.setattr("torch.utils._triton.has_triton", lambda: False)
+    with pytest.raises(InputError, match="needs Triton"):
+        check_compile("cuda")
+    check_compile("cpu")
+
+
+def test_compiled_returns_the_function_itself_when_not_enabled():
+    def function(x):
+        return x
+
+    assert agents.compiled(function, enabled=False) is function
 
 
 @pytest.mark.parametrize("recipe", ["es", "qlearning"])
