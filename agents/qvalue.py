@@ -266,7 +266,9 @@ class TensorDQNLoss(DQNLoss):
         """
         if torch.compiler.is_compiling():
             return self._target_network
-        tensor = next(iter(self.target_value_network_params.values(True, True)))
+        # the target tensors themselves (the attribute would warn while no target updater is attached yet)
+        target_params = self._modules["target_value_network_params"]
+        tensor = next(iter(target_params.values(True, True)))
         anchor = (tensor, tensor.data_ptr(), tensor.dtype, tensor.device)  # .to() may swap a tensor's data
         if (
             self._target_network is None
@@ -274,7 +276,7 @@ class TensorDQNLoss(DQNLoss):
             or self._target_anchor[1:] != anchor[1:]
         ):
             actor = copy.deepcopy(self.value_network)
-            self.target_value_network_params.to_module(actor)
+            target_params.to_module(actor)
             # kept out of the module tree: its tensors are already the loss module's target parameters
             object.__setattr__(self, "_target_network", actor[0].module)
             object.__setattr__(self, "_target_anchor", anchor)

@@ -30,7 +30,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import ClassVar, Literal
 
 import torch
 from torchrl.modules import ValueOperator
@@ -57,18 +57,24 @@ from agents.options import Options, defaults
 from agents.policy_gradient import make_shared_critic
 from errors import InputError
 from training import (
+    Learner,
     Run,
     RunConfig,
     TrainingState,
+    WorkerSession,
     apply_preset,
+    check_gradient_workers,
     check_ranges,
     make_collector,
     make_training_env,
     prepare_process,
     recipe_main,
+    refuse_loss_addons,
     require_positive,
     run_cli,
+    set_learning_rates,
     single_collector_only,
+    train_on_gradient_workers,
 )
 
 PRESETS = Path(__file__).with_name("presets") / "a2c.toml"  # hyperparameters per env
@@ -145,6 +151,8 @@ class NetworkConfig(Options):
 class A2CConfig(Options):
     """A2C: synchronous advantage actor-critic with n-step returns."""
 
+    GRADIENT_SPLIT: ClassVar[tuple[str, ...]] = ()  # gradient workers share out the envs; one step per batch
+
     run: RunConfig = field(
         default_factory=defaults(RunConfig, num_envs=8, total_frames=1_000_000, eval_every=25_000)
     )
@@ -172,6 +180,7 @@ class A2CConfig(Options):
         check_sde_options(self.network.use_sde, self.network.sde_sample_freq)
         if self.network.use_sde:
             single_collector_only(self.run, "--use-sde")
+        check_gradient_workers(self)
 
 
 def make_advantage_module(
@@ -196,6 +205,7 @@ def main(config: A2CConfig, loss_addons: Sequence[LossAddon] = ()) -> dict:
     # config: the env's preset fills in the options left at their defaults
     apply_preset(config, PRESETS)
     config.validate()
+    refuse_loss_addons(loss_addons, config.run)
     run_config, loss_config, optim_config = config.run, config.loss, config.optim
     prepare_process(run_config)
     device = torch.device(run_config.device)
@@ -267,28 +277,72 @@ def main(config: A2CConfig, loss_addons: Sequence[LossAddon] = ()) -> dict:
         else None
     )
 
-    # collector
-    collector = make_collector(
-        run_config,
-        env,
-        actor,
-        device,
-        frames_per_batch,
-        num_batches * frames_per_batch,
+    # collector (with --gradient-workers, each worker has its own)
+    collector = (
+        None
+        if run_config.learns_on_workers
+        else make_collector(
+            run_config,
+            env,
+            actor,
+            device,
+            frames_per_batch,
+            num_batches * frames_per_batch,
+        )
     )
 
     # optimizer: the actor's (and shared) parameters and the critic's in groups of their own learning rates
     actor_parameters, critic_parameters = split_parameters([actor, addons], [loss_module])
-    parameters = actor_parameters + critic_parameters
-    learning_rates = [optim_config.lr, optim_config.critic_lr or optim_config.lr]
-    groups = [
-        {"params": actor_parameters, "lr": learning_rates[0]},
-        {"params": critic_parameters, "lr": learning_rates[1]},
-    ]
+    groups = [{"params": actor_parameters}, {"params": critic_parameters}]
     if optim_config.optimizer == "rmsprop":
-        optimizer = torch.optim.RMSprop(groups, alpha=RMSPROP_ALPHA, eps=optim_config.optimizer_eps)
+        optimizer = torch.optim.RMSprop(
+            groups, lr=optim_config.lr, alpha=RMSPROP_ALPHA, eps=optim_config.optimizer_eps
+        )
     else:
-        optimizer = torch.optim.Adam(groups, eps=optim_config.optimizer_eps)
+        optimizer = torch.optim.Adam(groups, lr=optim_config.lr, eps=optim_config.optimizer_eps)
+
+    loss_keys = ["loss_objective", "loss_critic"] + (["loss_entropy"] if loss_config.entropy_coef > 0 else [])
+    reward_scale = loss_config.reward_scale
+    loss_fn = compiled(loss_module, run_config.compile)  # --compile: forward and backward
+
+    def update(batch):
+        loss = loss_fn(batch)
+        addon_total, addon_metrics = addon_losses(addons, batch)
+        total = sum(loss[key] for key in loss_keys) + addon_total
+        return total, loss.select(*loss_keys, "entropy", strict=False).detach().update(addon_metrics)
+
+    def schedule(learner):  # learning rates, annealed linearly over the budget with --anneal-lr
+        values = learner.hyperparameters
+        scale = 1.0 - learner.steps / num_batches if optim_config.anneal_lr else 1.0
+        set_learning_rates(optimizer, [values["lr"], values["critic_lr"]], scale)
+        if "entropy_coef" in values:
+            loss_module.entropy_coeff.fill_(values["entropy_coef"])
+
+    learner = Learner(
+        update,
+        optimizer,
+        {"loss": loss_module, "addons": addons},
+        max_grad_norm=optim_config.max_grad_norm,
+        hyperparameters={"lr": optim_config.lr, "critic_lr": optim_config.critic_lr or optim_config.lr}
+        | ({"entropy_coef": loss_config.entropy_coef} if loss_config.entropy_coef > 0 else {}),
+        schedule=schedule,
+    )
+
+    def minibatches(batch):  # one gradient step on the whole batch, with its advantages
+        if reward_scale != 1.0:
+            batch.set(("next", "reward"), batch.get(("next", "reward")) * reward_scale)
+        if reward_normalizer is not None:  # the batch's rewards only: logged returns keep the env's
+            reward_normalizer.normalize(batch)
+        with torch.no_grad():
+            advantage_module(batch)
+        yield batch.reshape(-1)
+
+    def after_batch(batch):  # observation statistics, once the batch's update is done
+        if normalizer is not None:
+            normalizer.update(batch.get("observation"))
+
+    if run_config.gradient_worker is not None:  # this process is a gradient worker: the learner drives it
+        return WorkerSession(learner, collector, minibatches)
 
     # logger, evaluation, checkpoints, resume
     training = TrainingState(
@@ -297,38 +351,17 @@ def main(config: A2CConfig, loss_addons: Sequence[LossAddon] = ()) -> dict:
         modules={"loss": loss_module, "addons": addons}
         | ({"reward_normalizer": reward_normalizer} if reward_normalizer is not None else {}),
         optimizers={"optimizer": optimizer},
+        extras={"learner": learner},
     )
     run = Run("a2c", config, run_config, agent, training)
-
-    loss_keys = ["loss_objective", "loss_critic"] + (["loss_entropy"] if loss_config.entropy_coef > 0 else [])
-    max_grad_norm, reward_scale = optim_config.max_grad_norm, loss_config.reward_scale
-
-    loss_fn = compiled(loss_module, run_config.compile)  # --compile: forward and backward
-
-    def update(batch):
-        loss = loss_fn(batch)
-        addon_total, addon_metrics = addon_losses(addons, batch)
-        total = sum(loss[key] for key in loss_keys) + addon_total
-        optimizer.zero_grad(set_to_none=True)
-        total.backward()
-        grad_norm = torch.nn.utils.clip_grad_norm_(parameters, max_grad_norm)
-        optimizer.step()
-        return loss.select(*loss_keys, "entropy", strict=False).detach().update(addon_metrics), grad_norm
+    if run_config.learns_on_workers:
+        return train_on_gradient_workers(run, config, learner, after_batch)
 
     # loop: one gradient step per collected batch
-    for batch_index, batch in enumerate(collector, start=run.frames // frames_per_batch):  # resumed: > 0
-        if optim_config.anneal_lr:
-            for group, lr in zip(optimizer.param_groups, learning_rates, strict=True):
-                group["lr"] = lr * (1.0 - batch_index / num_batches)
-        if reward_scale != 1.0:
-            batch.set(("next", "reward"), batch.get(("next", "reward")) * reward_scale)
-        if reward_normalizer is not None:  # the batch's rewards only: logged returns keep the env's
-            reward_normalizer.normalize(batch)
-        with torch.no_grad():
-            advantage_module(batch)
-        losses, grad_norm = update(batch.reshape(-1))
-        if normalizer is not None:
-            normalizer.update(batch.get("observation"))
+    for batch in collector:
+        for minibatch in minibatches(batch):
+            losses, grad_norm = learner.step(minibatch)
+        after_batch(batch)
         metrics = {f"train/{key}": value.item() for key, value in losses.items()}
         metrics["train/grad_norm"] = grad_norm.item()
         metrics["train/lr"] = optimizer.param_groups[0]["lr"]

@@ -28,10 +28,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import ClassVar, Literal
 
 import gymnasium as gym
 import torch
+from tensordict import TensorDict
 from torchrl.data import LazyTensorStorage, PrioritizedSampler, RandomSampler, TensorDictReplayBuffer
 from torchrl.envs.utils import ExplorationType
 from torchrl.modules import reset_noise
@@ -51,12 +52,15 @@ from agents.options import Options, defaults
 from errors import InputError
 from training import (
     FrameStackStorage,
+    Learner,
     Run,
     RunConfig,
     TrainingState,
+    WorkerSession,
     anneal_learning_rates,
     apply_preset,
     check_batch_fits_buffer,
+    check_gradient_workers,
     check_ranges,
     make_collector,
     make_training_env,
@@ -64,6 +68,7 @@ from training import (
     recipe_main,
     require_positive,
     run_cli,
+    train_on_gradient_workers,
     warn_if_never_updated,
 )
 
@@ -140,6 +145,9 @@ class NetworkConfig(Options):
 class DQNConfig(Options):
     """DQN with Double, Dueling, Noisy, N-step and Prioritized-replay options."""
 
+    # shared out among gradient workers: each keeps a replay buffer of its own frames
+    GRADIENT_SPLIT: ClassVar[tuple[str, ...]] = ("buffer.batch_size", "buffer.buffer_size")
+
     run: RunConfig = field(
         default_factory=defaults(RunConfig, num_envs=8, total_frames=1_000_000, eval_every=25_000)
     )
@@ -198,6 +206,7 @@ class DQNConfig(Options):
         )
         self.exploration.validate()
         check_batch_fits_buffer(buffer.batch_size, buffer.buffer_size)
+        check_gradient_workers(self)
 
 
 @recipe_main
@@ -259,14 +268,18 @@ def main(config: DQNConfig) -> dict:
         loss_module.deterministic_sampling_mode = ExplorationType.RANDOM
     target_updater = make_target_updater(loss_module, loss_config.target_update_interval, loss_config.tau)
 
-    # collector
-    collector = make_collector(
-        run_config,
-        env,
-        policy,
-        device,
-        frames_per_batch,
-        num_batches * frames_per_batch,
+    # collector (with --gradient-workers, each worker has its own)
+    collector = (
+        None
+        if run_config.learns_on_workers
+        else make_collector(
+            run_config,
+            env,
+            policy,
+            device,
+            frames_per_batch,
+            num_batches * frames_per_batch,
+        )
     )
 
     # buffer: uniform or prioritized sampling; n-step returns are computed as batches come in; stacked frames
@@ -294,6 +307,60 @@ def main(config: DQNConfig) -> dict:
         parameters, lr=config.optim.lr, eps=config.optim.adam_eps, fused=device.type in ("cpu", "cuda")
     )
 
+    max_grad_norm = config.optim.max_grad_norm
+    learning_starts, updates_per_batch = config.collector.learning_starts, config.collector.updates_per_batch
+    batch_size, total_frames = buffer_config.batch_size, run_config.total_frames
+    loss_fn = compiled(loss_module, run_config.compile)  # --compile: forward and backward
+
+    def update(sample):
+        loss = loss_fn(sample)["loss"]
+        return loss, TensorDict(loss=loss.detach())
+
+    def schedule(learner):  # the learning rate, annealed over the frames with --anneal-lr
+        progress = learner.frames / total_frames if config.optim.anneal_lr else 0.0
+        anneal_learning_rates([optimizer], [learner.hyperparameters["lr"]], progress)
+
+    def after_step():
+        target_updater.step()
+        if noisy:
+            q_actor.apply(reset_noise)  # a fresh noise sample after every optimisation step
+
+    learner = Learner(
+        update,
+        optimizer,
+        {"loss": loss_module, "policy": policy},
+        max_grad_norm=max_grad_norm,
+        hyperparameters={"lr": config.optim.lr},
+        schedule=schedule,
+        after_step=after_step,
+    )
+
+    def minibatches(batch):  # store the batch; once learning has started, the samples of its gradient steps
+        n_step_returns.extend(replay_buffer, batch)
+        frames = (
+            learner.frames
+        )  # this batch's included (on a gradient worker: every worker's, as last counted)
+        if frames < learning_starts or len(replay_buffer) < batch_size:
+            return
+        if prioritized:
+            sampler.beta = buffer_config.beta + (1.0 - buffer_config.beta) * min(1.0, frames / total_frames)
+            for _ in range(updates_per_batch):  # each draw sees the priorities the previous update wrote
+                sample = replay_buffer.sample(batch_size)
+                yield sample  # the gradient step runs here and writes the squared TD errors into the sample
+                # the paper's priority is |TD error|
+                sample.set("td_error", sample.get("td_error").sqrt())
+                replay_buffer.update_tensordict_priority(sample)
+        else:  # uniform draws from an unchanging buffer: one sampler call gives them all
+            yield from replay_buffer.sample(batch_size * updates_per_batch).split(batch_size)
+
+    def after_batch(batch):  # the next batch's exploration rate; observation statistics
+        epsilon_greedy.eps.fill_(exploration.epsilon(learner.frames, total_frames))
+        if normalizer is not None:
+            normalizer.update(batch.get("observation"))
+
+    if run_config.gradient_worker is not None:  # this process is a gradient worker: the learner drives it
+        return WorkerSession(learner, collector, minibatches)
+
     # logger, evaluation, checkpoints, resume
     training = TrainingState(
         env=env,
@@ -302,59 +369,27 @@ def main(config: DQNConfig) -> dict:
         optimizers={"adam": optimizer},
         replay_buffer=replay_buffer,
         target_updater=target_updater,
-        extras={"n_step_returns": n_step_returns} if n_steps > 1 else {},
+        extras={"learner": learner} | ({"n_step_returns": n_step_returns} if n_steps > 1 else {}),
     )
     run = Run("dqn", config, run_config, agent, training)
-
-    max_grad_norm = config.optim.max_grad_norm
-    learning_starts, updates_per_batch = config.collector.learning_starts, config.collector.updates_per_batch
-    batch_size = buffer_config.batch_size
-
-    loss_fn = compiled(loss_module, run_config.compile)  # --compile: forward and backward
-
-    def update(sample):
-        loss = loss_fn(sample)["loss"]
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        grad_norm = torch.nn.utils.clip_grad_norm_(parameters, max_grad_norm)
-        optimizer.step()
-        target_updater.step()
-        if noisy:
-            q_actor.apply(reset_noise)  # a fresh noise sample after every optimisation step
-        return loss.detach(), grad_norm
+    if run_config.learns_on_workers:
+        return train_on_gradient_workers(run, config, learner, after_batch)
 
     # loop
-    frames = run.frames  # 0, or where a resumed run stopped
     for batch in collector:
-        frames += batch.numel()
-        epsilon_greedy.eps.fill_(exploration.epsilon(frames, run_config.total_frames))
-        n_step_returns.extend(replay_buffer, batch)
+        learner.set_frames(run.frames + batch.numel())
+        losses, grad_norms = [], []
+        for sample in minibatches(batch):
+            loss, grad_norm = learner.step(sample)
+            losses.append(loss["loss"])
+            grad_norms.append(grad_norm)
+        after_batch(batch)
         metrics = {"train/epsilon": epsilon_greedy.eps.item()}
         if config.optim.anneal_lr:
-            anneal_learning_rates([optimizer], [config.optim.lr], frames / run_config.total_frames)
             metrics["train/lr"] = optimizer.param_groups[0]["lr"]
-        if frames >= learning_starts and len(replay_buffer) >= batch_size:
-            if prioritized:
-                sampler.beta = buffer_config.beta + (1.0 - buffer_config.beta) * min(
-                    1.0, frames / run_config.total_frames
-                )
-            losses, grad_norms = [], []
-            if prioritized:  # each draw sees the priorities the previous update wrote
-                samples = (replay_buffer.sample(batch_size) for _ in range(updates_per_batch))
-            else:  # uniform draws from an unchanging buffer: one sampler call gives them all
-                samples = replay_buffer.sample(batch_size * updates_per_batch).split(batch_size)
-            for sample in samples:
-                loss, grad_norm = update(sample)
-                if prioritized:
-                    # DQNLoss stores squared TD errors; the paper's priority is |TD error|
-                    sample.set("td_error", sample.get("td_error").sqrt())
-                    replay_buffer.update_tensordict_priority(sample)
-                losses.append(loss)
-                grad_norms.append(grad_norm)
+        if losses:
             metrics["train/loss"] = torch.stack(losses).mean().item()
             metrics["train/grad_norm"] = torch.stack(grad_norms).mean().item()
-        if normalizer is not None:
-            normalizer.update(batch.get("observation"))
         if run.record_batch(batch, metrics):
             break
     collector.shutdown()

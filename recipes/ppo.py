@@ -24,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import ClassVar, Literal
 
 import torch
 from torchrl.data import LazyTensorStorage, SamplerWithoutReplacement, TensorDictReplayBuffer
@@ -49,18 +49,25 @@ from agents.networks import box_policy_kwargs
 from agents.options import Options, defaults
 from errors import InputError
 from training import (
+    Learner,
     Run,
     RunConfig,
     TrainingState,
+    WorkerSession,
     apply_preset,
+    check_gradient_workers,
     check_ranges,
     make_collector,
     make_training_env,
     prepare_process,
     recipe_main,
+    refuse_loss_addons,
     require_positive,
     run_cli,
+    set_learning_rates,
     single_collector_only,
+    stack_metrics,
+    train_on_gradient_workers,
 )
 
 PRESETS = Path(__file__).with_name("presets") / "ppo.toml"  # hyperparameters per env
@@ -141,6 +148,8 @@ class NetworkConfig(Options):
 class PPOConfig(Options):
     """PPO: clipped policy gradient with GAE."""
 
+    GRADIENT_SPLIT: ClassVar[tuple[str, ...]] = ("optim.minibatch_size",)  # shared out among gradient workers
+
     run: RunConfig = field(
         default_factory=defaults(RunConfig, num_envs=1, total_frames=1_000_000, eval_every=25_000)
     )
@@ -152,6 +161,7 @@ class PPOConfig(Options):
     def validate(self) -> None:
         """Raise :class:`InputError` for options outside their meaningful range or that do not combine."""
         check_ppo_options(self.run, self.collector, self.loss, self.optim, self.network)
+        check_gradient_workers(self)
 
 
 def check_ppo_options(
@@ -197,6 +207,7 @@ def main(config: PPOConfig, loss_addons: Sequence[LossAddon] = ()) -> dict:
     # config: the env's preset fills in the options left at their defaults
     apply_preset(config, PRESETS)
     config.validate()
+    refuse_loss_addons(loss_addons, config.run)
     run_config, loss_config, optim_config = config.run, config.loss, config.optim
     frames_per_batch = run_config.num_envs * config.collector.steps_per_env
     prepare_process(run_config)
@@ -271,14 +282,18 @@ def main(config: PPOConfig, loss_addons: Sequence[LossAddon] = ()) -> dict:
         else None
     )
 
-    # collector
-    collector = make_collector(
-        run_config,
-        env,
-        actor,
-        device,
-        frames_per_batch,
-        num_batches * frames_per_batch,
+    # collector (with --gradient-workers, each worker has its own)
+    collector = (
+        None
+        if run_config.learns_on_workers
+        else make_collector(
+            run_config,
+            env,
+            actor,
+            device,
+            frames_per_batch,
+            num_batches * frames_per_batch,
+        )
     )
 
     # buffer: the current batch, sampled without replacement into minibatches
@@ -290,17 +305,63 @@ def main(config: PPOConfig, loss_addons: Sequence[LossAddon] = ()) -> dict:
 
     # optimizer: one Adam, the actor's and the critic's parameters in groups of their own learning rates
     actor_parameters, critic_parameters = split_parameters([actor, addons], [loss_module])
-    parameters = actor_parameters + critic_parameters
-    learning_rates = [optim_config.lr, optim_config.critic_lr or optim_config.lr]
     optimizer = torch.optim.Adam(
-        [
-            {"params": actor_parameters, "lr": learning_rates[0]},
-            {"params": critic_parameters, "lr": learning_rates[1]},
-        ],
+        [{"params": actor_parameters}, {"params": critic_parameters}],
+        lr=optim_config.lr,
         eps=optim_config.adam_eps,
         fused=device.type in ("cpu", "cuda"),
     )
     total_updates = num_batches * optim_config.num_epochs * minibatches_per_epoch
+
+    loss_keys = ["loss_objective", "loss_critic"] + (["loss_entropy"] if loss_config.entropy_coef > 0 else [])
+    loss_fn = compiled(loss_module, run_config.compile)  # --compile: forward and backward
+
+    def update(minibatch):
+        loss = loss_fn(minibatch)
+        addon_total, addon_metrics = addon_losses(addons, minibatch)
+        total = sum(loss[key] for key in loss_keys) + addon_total
+        metrics = loss.select(*loss_keys, "entropy", "clip_fraction", "kl_approx", strict=False).detach()
+        return total, metrics.update(addon_metrics)
+
+    def schedule(learner):  # learning rates and clip range, annealed linearly over the budget when asked
+        progress = learner.steps / total_updates
+        values = learner.hyperparameters
+        lr_scale = 1.0 - progress if optim_config.anneal_lr else 1.0
+        set_learning_rates(optimizer, [values["lr"], values["critic_lr"]], lr_scale)
+        clip_scale = 1.0 - progress if loss_config.anneal_clip else 1.0
+        loss_module.clip_epsilon.fill_(values["clip_epsilon"] * clip_scale)
+        if "entropy_coef" in values:
+            loss_module.entropy_coeff.fill_(values["entropy_coef"])
+
+    learner = Learner(
+        update,
+        optimizer,
+        {"loss": loss_module, "addons": addons},
+        max_grad_norm=optim_config.max_grad_norm,
+        hyperparameters={
+            "lr": optim_config.lr,
+            "critic_lr": optim_config.critic_lr or optim_config.lr,
+            "clip_epsilon": loss_config.clip_epsilon,
+        }
+        | ({"entropy_coef": loss_config.entropy_coef} if loss_config.entropy_coef > 0 else {}),
+        schedule=schedule,
+    )
+
+    def minibatches(batch):  # a collected batch -> the minibatches of its gradient steps
+        if reward_normalizer is not None:  # the batch's rewards only: logged returns keep the env's
+            reward_normalizer.normalize(batch)
+        with torch.no_grad():
+            advantage_module(batch)
+        replay_buffer.extend(batch.reshape(-1))
+        for _ in range(optim_config.num_epochs * minibatches_per_epoch):
+            yield replay_buffer.sample()
+
+    def after_batch(batch):  # observation statistics, once the batch's updates are done
+        if normalizer is not None:
+            normalizer.update(batch.get("observation"))
+
+    if run_config.gradient_worker is not None:  # this process is a gradient worker: the learner drives it
+        return WorkerSession(learner, collector, minibatches)
 
     # logger, evaluation, checkpoints, resume
     training = TrainingState(
@@ -310,50 +371,20 @@ def main(config: PPOConfig, loss_addons: Sequence[LossAddon] = ()) -> dict:
         | ({"reward_normalizer": reward_normalizer} if reward_normalizer is not None else {}),
         optimizers={"adam": optimizer},
         replay_buffer=replay_buffer,
+        extras={"learner": learner},
     )
     run = Run("ppo", config, run_config, agent, training)
-
-    loss_keys = ["loss_objective", "loss_critic"] + (["loss_entropy"] if loss_config.entropy_coef > 0 else [])
-    max_grad_norm = optim_config.max_grad_norm
-
-    loss_fn = compiled(loss_module, run_config.compile)  # --compile: forward and backward
-
-    def update(minibatch):
-        loss = loss_fn(minibatch)
-        addon_total, addon_metrics = addon_losses(addons, minibatch)
-        total = sum(loss[key] for key in loss_keys) + addon_total
-        optimizer.zero_grad(set_to_none=True)
-        total.backward()
-        grad_norm = torch.nn.utils.clip_grad_norm_(parameters, max_grad_norm)
-        optimizer.step()
-        metrics = loss.select(*loss_keys, "entropy", "clip_fraction", "kl_approx", strict=False).detach()
-        return metrics.update(addon_metrics), grad_norm
+    if run_config.learns_on_workers:
+        return train_on_gradient_workers(run, config, learner, after_batch)
 
     # loop
-    updates_done = (
-        run.frames // frames_per_batch * optim_config.num_epochs * minibatches_per_epoch
-    )  # resumed: > 0
     for batch in collector:
-        if reward_normalizer is not None:  # the batch's rewards only: logged returns keep the env's
-            reward_normalizer.normalize(batch)
-        with torch.no_grad():
-            advantage_module(batch)
-        replay_buffer.extend(batch.reshape(-1))
         metrics_list = []
-        for _ in range(optim_config.num_epochs):
-            for _ in range(minibatches_per_epoch):
-                progress = updates_done / total_updates
-                if optim_config.anneal_lr:
-                    for group, lr in zip(optimizer.param_groups, learning_rates, strict=True):
-                        group["lr"] = lr * (1.0 - progress)
-                if loss_config.anneal_clip:
-                    loss_module.clip_epsilon.fill_(loss_config.clip_epsilon * (1.0 - progress))
-                losses, grad_norm = update(replay_buffer.sample())
-                metrics_list.append(losses.set("grad_norm", grad_norm))
-                updates_done += 1
-        if normalizer is not None:
-            normalizer.update(batch.get("observation"))
-        metrics = {f"train/{key}": value.item() for key, value in torch.stack(metrics_list).mean().items()}
+        for minibatch in minibatches(batch):
+            losses, grad_norm = learner.step(minibatch)
+            metrics_list.append(losses.set("grad_norm", grad_norm))
+        after_batch(batch)
+        metrics = {f"train/{key}": value for key, value in stack_metrics(metrics_list).items()}
         metrics["train/lr"] = optimizer.param_groups[0]["lr"]
         metrics["train/clip_epsilon"] = loss_module.clip_epsilon.item()
         if run.record_batch(batch, metrics):

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import ClassVar, Literal
 
 import torch
 from torchrl.objectives import A2CLoss
@@ -39,9 +39,12 @@ from agents import Agent, compiled, find_normalizer, make_actor
 from agents.options import Options, defaults
 from agents.policy_gradient import ReturnBaseline, returns_to_go
 from training import (
+    Learner,
     Run,
     RunConfig,
+    WorkerSession,
     apply_preset,
+    check_gradient_workers,
     check_ranges,
     make_collector,
     make_training_env,
@@ -49,9 +52,12 @@ from training import (
     recipe_main,
     require_positive,
     run_cli,
+    set_learning_rates,
+    train_on_gradient_workers,
 )
 
 PRESETS = Path(__file__).with_name("presets") / "reinforce.toml"  # hyperparameters per env
+RETURN_TO_GO_KEY = "return_to_go"
 
 
 @dataclass
@@ -93,6 +99,8 @@ class NetworkConfig(Options):
 class ReinforceConfig(Options):
     """REINFORCE: Monte-Carlo policy gradient over complete episodes."""
 
+    GRADIENT_SPLIT: ClassVar[tuple[str, ...]] = ("collector.episodes_per_update",)  # shared out among workers
+
     run: RunConfig = field(
         default_factory=defaults(RunConfig, num_envs=8, total_frames=100_000, eval_every=5_000)
     )
@@ -112,6 +120,7 @@ class ReinforceConfig(Options):
             gamma=(self.loss.gamma, "(0, 1]"),
             entropy_coef=(self.loss.entropy_coef, ">= 0"),
         )
+        check_gradient_workers(self)
 
 
 @recipe_main
@@ -158,49 +167,75 @@ def main(config: ReinforceConfig) -> dict:
         functional=False,
     )
 
-    # collector: batches of complete episodes, concatenated along time (("next", "done") ends each one)
-    collector = make_collector(
-        run_config,
-        env,
-        actor,
-        device,
-        frames_per_poll,
-        -(-run_config.total_frames // frames_per_poll) * frames_per_poll,
-        trajs_per_batch=config.collector.episodes_per_update,
-        traj_format="cat",
+    # collector: batches of complete episodes, concatenated along time (("next", "done") ends each one); with
+    # --gradient-workers, each worker has its own
+    collector = (
+        None
+        if run_config.learns_on_workers
+        else make_collector(
+            run_config,
+            env,
+            actor,
+            device,
+            frames_per_poll,
+            -(-run_config.total_frames // frames_per_poll) * frames_per_poll,
+            trajs_per_batch=config.collector.episodes_per_update,
+            traj_format="cat",
+        )
     )
 
     # optimizer
     optimizer = torch.optim.Adam(loss_module.parameters(), lr=config.optim.lr)
 
-    # logger, evaluation, checkpoints
-    run = Run("reinforce", config, run_config, agent)
-
     loss_keys = ["loss_objective"] + (["loss_entropy"] if loss_config.entropy_coef > 0 else [])
     gamma, normalize_returns = loss_config.gamma, loss_config.normalize_returns
-
     loss_fn = compiled(loss_module, run_config.compile)  # --compile: forward and backward
 
     def update(episodes):
         loss = loss_fn(episodes)
         total = sum(loss[key] for key in loss_keys)
-        optimizer.zero_grad(set_to_none=True)
-        total.backward()
-        optimizer.step()
-        return loss.select(*loss_keys, "entropy", strict=False).detach()
+        metrics = loss.select(*loss_keys, "entropy", strict=False).detach()
+        return total, metrics.set("return_to_go", episodes.get(RETURN_TO_GO_KEY).mean())
 
-    # loop: one gradient step per batch of complete episodes
-    for episodes in collector:
+    def schedule(learner):
+        set_learning_rates(optimizer, [learner.hyperparameters["lr"]])
+        if "entropy_coef" in learner.hyperparameters:
+            loss_module.entropy_coeff.fill_(learner.hyperparameters["entropy_coef"])
+
+    learner = Learner(
+        update,
+        optimizer,
+        {"loss": loss_module},
+        hyperparameters={"lr": config.optim.lr}
+        | ({"entropy_coef": loss_config.entropy_coef} if loss_config.entropy_coef > 0 else {}),
+        schedule=schedule,
+    )
+
+    def minibatches(episodes):  # one gradient step on the batch's episodes, weighted by their returns
         returns = returns_to_go(episodes, gamma)  # to the end of each episode, truncated ones included
         advantage = returns
         if normalize_returns:
             advantage = (returns - returns.mean()) / (returns.std(correction=0) + 1e-8)
-        episodes.set("advantage", advantage)
-        losses = update(episodes)
+        yield episodes.set("advantage", advantage).set(RETURN_TO_GO_KEY, returns)
+
+    def after_batch(episodes):  # observation statistics, once the batch's update is done
         if normalizer is not None:
             normalizer.update(episodes.get("observation"))
+
+    if run_config.gradient_worker is not None:  # this process is a gradient worker: the learner drives it
+        return WorkerSession(learner, collector, minibatches)
+
+    # logger, evaluation, checkpoints
+    run = Run("reinforce", config, run_config, agent)
+    if run_config.learns_on_workers:
+        return train_on_gradient_workers(run, config, learner, after_batch)
+
+    # loop: one gradient step per batch of complete episodes
+    for episodes in collector:
+        for minibatch in minibatches(episodes):
+            losses, _ = learner.step(minibatch)
+        after_batch(episodes)
         metrics = {f"train/{key}": value.item() for key, value in losses.items()}
-        metrics["train/return_to_go"] = returns.mean().item()
         if run.record_batch(episodes, metrics):
             break
     collector.shutdown()

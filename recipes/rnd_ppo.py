@@ -26,6 +26,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import ClassVar
 
 import torch
 from torchrl.data import LazyTensorStorage, SamplerWithoutReplacement, TensorDictReplayBuffer
@@ -55,17 +56,24 @@ from agents.rnd import INTRINSIC_REWARD_KEY
 from errors import InputError
 from recipes.ppo import CollectorConfig, LossConfig, NetworkConfig, OptimConfig, check_ppo_options
 from training import (
+    Learner,
     Run,
     RunConfig,
     TrainingState,
+    WorkerSession,
     apply_preset,
+    check_gradient_workers,
     check_ranges,
     make_collector,
     make_training_env,
     prepare_process,
     recipe_main,
+    refuse_loss_addons,
     require_positive,
     run_cli,
+    set_learning_rates,
+    stack_metrics,
+    train_on_gradient_workers,
 )
 
 PRESETS = Path(__file__).with_name("presets") / "rnd_ppo.toml"  # hyperparameters per env
@@ -99,6 +107,8 @@ class IntrinsicConfig(Options):
 class RNDPPOConfig(Options):
     """PPO with a Random Network Distillation exploration bonus."""
 
+    GRADIENT_SPLIT: ClassVar[tuple[str, ...]] = ("optim.minibatch_size",)  # shared out among gradient workers
+
     run: RunConfig = field(
         default_factory=defaults(
             RunConfig, env_id="rlkit/DeepSea-v0", num_envs=16, total_frames=100_000, eval_every=2_048
@@ -115,6 +125,7 @@ class RNDPPOConfig(Options):
     def validate(self) -> None:
         """Raise :class:`InputError` for options outside their meaningful range or that do not combine."""
         check_ppo_options(self.run, self.collector, self.loss, self.optim, self.network)
+        check_gradient_workers(self)
         unsupported = {
             "--normalize-reward": self.loss.normalize_reward,
             "--clip-value": self.loss.clip_value is not None,
@@ -144,6 +155,7 @@ def main(config: RNDPPOConfig, loss_addons: Sequence[LossAddon] = ()) -> dict:
     # config: the env's preset fills in the options left at their defaults
     apply_preset(config, PRESETS)
     config.validate()
+    refuse_loss_addons(loss_addons, config.run)
     run_config, loss_config, optim_config = config.run, config.loss, config.optim
     intrinsic_config = config.intrinsic
     frames_per_batch = run_config.num_envs * config.collector.steps_per_env
@@ -248,14 +260,18 @@ def main(config: RNDPPOConfig, loss_addons: Sequence[LossAddon] = ()) -> dict:
     )
     addons = build_loss_addons(loss_addons, actor).to(device)  # extra loss terms, e.g. a KL penalty
 
-    # collector
-    collector = make_collector(
-        run_config,
-        env,
-        actor,
-        device,
-        frames_per_batch,
-        num_batches * frames_per_batch,
+    # collector (with --gradient-workers, each worker has its own)
+    collector = (
+        None
+        if run_config.learns_on_workers
+        else make_collector(
+            run_config,
+            env,
+            actor,
+            device,
+            frames_per_batch,
+            num_batches * frames_per_batch,
+        )
     )
 
     # buffer: the current batch, sampled without replacement into minibatches
@@ -272,24 +288,12 @@ def main(config: RNDPPOConfig, loss_addons: Sequence[LossAddon] = ()) -> dict:
     )
     total_updates = num_batches * optim_config.num_epochs * minibatches_per_epoch
 
-    # logger, evaluation, checkpoints, resume
-    training = TrainingState(
-        env=env,
-        collector=collector,
-        modules={"loss": loss_module, "intrinsic_critic": intrinsic_critic, "rnd": rnd, "addons": addons},
-        optimizers={"adam": optimizer},
-        replay_buffer=replay_buffer,
-    )
-    run = Run("rnd_ppo", config, run_config, agent, training)
-
     loss_keys = ["loss_objective", "loss_critic"] + (["loss_entropy"] if loss_config.entropy_coef > 0 else [])
     loss_keys += ["loss_critic_int", "loss_predictor"]
     logged_keys = [*loss_keys, "entropy", "clip_fraction", "kl_approx"]
-    max_grad_norm, critic_coef = optim_config.max_grad_norm, loss_config.critic_coef
-    critic_loss_type = loss_config.critic_loss
+    critic_coef, critic_loss_type = loss_config.critic_coef, loss_config.critic_loss
     ext_coef, int_coef = intrinsic_config.ext_coef, intrinsic_config.int_coef
     intrinsic_episodic = intrinsic_config.intrinsic_episodic
-
     loss_fn = compiled(loss_module, run_config.compile)  # --compile: forward and backward
 
     def update(minibatch):
@@ -300,18 +304,31 @@ def main(config: RNDPPOConfig, loss_addons: Sequence[LossAddon] = ()) -> dict:
         loss["loss_predictor"] = rnd(minibatch)["loss_predictor"]
         addon_total, addon_metrics = addon_losses(addons, minibatch)
         total = sum(loss[key] for key in loss_keys) + addon_total
-        optimizer.zero_grad(set_to_none=True)
-        total.backward()
-        grad_norm = torch.nn.utils.clip_grad_norm_(parameters, max_grad_norm)
-        optimizer.step()
-        metrics = loss.select(*logged_keys, strict=False).detach()
-        return metrics.update(addon_metrics), grad_norm
+        metrics = loss.select(*logged_keys, strict=False).detach().update(addon_metrics)
+        return total, metrics.set("intrinsic_reward", minibatch.get(("next", INTRINSIC_REWARD_KEY)).mean())
 
-    # loop
-    updates_done = (
-        run.frames // frames_per_batch * optim_config.num_epochs * minibatches_per_epoch
-    )  # resumed: > 0
-    for batch in collector:
+    def schedule(learner):  # learning rate and clip range, annealed linearly over the budget when asked
+        progress = learner.steps / total_updates
+        values = learner.hyperparameters
+        set_learning_rates(optimizer, [values["lr"]], 1.0 - progress if optim_config.anneal_lr else 1.0)
+        clip_scale = 1.0 - progress if loss_config.anneal_clip else 1.0
+        loss_module.clip_epsilon.fill_(values["clip_epsilon"] * clip_scale)
+        if "entropy_coef" in values:
+            loss_module.entropy_coeff.fill_(values["entropy_coef"])
+
+    learner = Learner(
+        update,
+        optimizer,
+        {"loss": loss_module, "intrinsic_critic": intrinsic_critic, "rnd": rnd, "addons": addons},
+        max_grad_norm=optim_config.max_grad_norm,
+        hyperparameters={"lr": optim_config.lr, "clip_epsilon": loss_config.clip_epsilon}
+        | ({"entropy_coef": loss_config.entropy_coef} if loss_config.entropy_coef > 0 else {}),
+        schedule=schedule,
+        # each gradient worker normalises its intrinsic rewards with statistics of its own observations
+        local_state=("rnd.obs_rms", "rnd.return_rms", "rnd.running_return"),
+    )
+
+    def minibatches(batch):  # a collected batch -> the minibatches of its gradient steps
         with torch.no_grad():
             # intrinsic rewards, after folding the batch into RND's observation and return statistics
             rnd.add_intrinsic_reward(batch)
@@ -325,22 +342,37 @@ def main(config: RNDPPOConfig, loss_addons: Sequence[LossAddon] = ()) -> dict:
                 ext_coef * batch.get(EXTRINSIC_ADVANTAGE_KEY) + int_coef * batch.get(INTRINSIC_ADVANTAGE_KEY),
             )
         replay_buffer.extend(batch.reshape(-1))
-        metrics_list = []
-        for _ in range(optim_config.num_epochs):
-            for _ in range(minibatches_per_epoch):
-                progress = updates_done / total_updates
-                if optim_config.anneal_lr:
-                    for group in optimizer.param_groups:
-                        group["lr"] = optim_config.lr * (1.0 - progress)
-                if loss_config.anneal_clip:
-                    loss_module.clip_epsilon.fill_(loss_config.clip_epsilon * (1.0 - progress))
-                losses, grad_norm = update(replay_buffer.sample())
-                metrics_list.append(losses.set("grad_norm", grad_norm))
-                updates_done += 1
+        for _ in range(optim_config.num_epochs * minibatches_per_epoch):
+            yield replay_buffer.sample()
+
+    def after_batch(batch):  # observation statistics, once the batch's updates are done
         if normalizer is not None:
             normalizer.update(batch.get("observation"))
-        metrics = {f"train/{key}": value.item() for key, value in torch.stack(metrics_list).mean().items()}
-        metrics["train/intrinsic_reward"] = batch.get(("next", INTRINSIC_REWARD_KEY)).mean().item()
+
+    if run_config.gradient_worker is not None:  # this process is a gradient worker: the learner drives it
+        return WorkerSession(learner, collector, minibatches)
+
+    # logger, evaluation, checkpoints, resume
+    training = TrainingState(
+        env=env,
+        collector=collector,
+        modules={"loss": loss_module, "intrinsic_critic": intrinsic_critic, "rnd": rnd, "addons": addons},
+        optimizers={"adam": optimizer},
+        replay_buffer=replay_buffer,
+        extras={"learner": learner},
+    )
+    run = Run("rnd_ppo", config, run_config, agent, training)
+    if run_config.learns_on_workers:
+        return train_on_gradient_workers(run, config, learner, after_batch)
+
+    # loop
+    for batch in collector:
+        metrics_list = []
+        for minibatch in minibatches(batch):
+            losses, grad_norm = learner.step(minibatch)
+            metrics_list.append(losses.set("grad_norm", grad_norm))
+        after_batch(batch)
+        metrics = {f"train/{key}": value for key, value in stack_metrics(metrics_list).items()}
         metrics["train/lr"] = optimizer.param_groups[0]["lr"]
         metrics["train/clip_epsilon"] = loss_module.clip_epsilon.item()
         if run.record_batch(batch, metrics):

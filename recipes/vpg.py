@@ -35,7 +35,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import ClassVar, Literal
 
 import torch
 from torchrl.objectives import A2CLoss
@@ -44,9 +44,12 @@ from agents import Agent, compiled, find_normalizer, input_encoder, make_actor, 
 from agents.options import Options, defaults
 from agents.policy_gradient import ReturnBaseline, returns_to_go
 from training import (
+    Learner,
     Run,
     RunConfig,
+    WorkerSession,
     apply_preset,
+    check_gradient_workers,
     check_ranges,
     make_collector,
     make_training_env,
@@ -54,6 +57,8 @@ from training import (
     recipe_main,
     require_positive,
     run_cli,
+    set_learning_rates,
+    train_on_gradient_workers,
 )
 
 PRESETS = Path(__file__).with_name("presets") / "vpg.toml"  # hyperparameters per env
@@ -105,6 +110,8 @@ class NetworkConfig(Options):
 class VPGConfig(Options):
     """VPG: REINFORCE with a baseline and an optional entropy bonus."""
 
+    GRADIENT_SPLIT: ClassVar[tuple[str, ...]] = ("collector.episodes_per_update",)  # shared out among workers
+
     run: RunConfig = field(
         default_factory=defaults(RunConfig, num_envs=8, total_frames=100_000, eval_every=5_000)
     )
@@ -127,6 +134,7 @@ class VPGConfig(Options):
             baseline_rate=(loss.baseline_rate, "(0, 1]"),
             entropy_coef=(loss.entropy_coef, ">= 0"),
         )
+        check_gradient_workers(self)
 
 
 @recipe_main
@@ -184,31 +192,28 @@ def main(config: VPGConfig) -> dict:
         functional=False,
     )
 
-    # collector: batches of complete episodes, concatenated along time (("next", "done") ends each one)
-    collector = make_collector(
-        run_config,
-        env,
-        actor,
-        device,
-        frames_per_poll,
-        -(-run_config.total_frames // frames_per_poll) * frames_per_poll,
-        trajs_per_batch=config.collector.episodes_per_update,
-        traj_format="cat",
+    # collector: batches of complete episodes, concatenated along time (("next", "done") ends each one); with
+    # --gradient-workers, each worker has its own
+    collector = (
+        None
+        if run_config.learns_on_workers
+        else make_collector(
+            run_config,
+            env,
+            actor,
+            device,
+            frames_per_poll,
+            -(-run_config.total_frames // frames_per_poll) * frames_per_poll,
+            trajs_per_batch=config.collector.episodes_per_update,
+            traj_format="cat",
+        )
     )
 
     # optimizer: one Adam, a learning rate for the policy and one for the value baseline
     actor_parameters = list(actor.parameters())
     shared = {id(parameter) for parameter in actor_parameters}  # an image encoder is shared with the critic
     critic_parameters = [parameter for parameter in baseline.parameters() if id(parameter) not in shared]
-    optimizer = torch.optim.Adam(
-        [
-            {"params": actor_parameters, "lr": optim_config.lr},
-            {"params": critic_parameters, "lr": optim_config.critic_lr},
-        ]
-    )
-
-    # logger, evaluation, checkpoints
-    run = Run("vpg", config, run_config, agent)
+    optimizer = torch.optim.Adam([{"params": actor_parameters}, {"params": critic_parameters}])
 
     loss_keys = (
         ["loss_objective"]
@@ -216,35 +221,59 @@ def main(config: VPGConfig) -> dict:
         + (["loss_entropy"] if loss_config.entropy_coef > 0 else [])
     )
     gamma, normalize_advantage = loss_config.gamma, loss_config.normalize_advantage
-
     loss_fn = compiled(loss_module, run_config.compile)  # --compile: forward and backward
 
     def update(episodes):
         loss = loss_fn(episodes)
         total = sum(loss[key] for key in loss_keys)
-        optimizer.zero_grad(set_to_none=True)
-        total.backward()
-        optimizer.step()
-        return loss.select(*loss_keys, "entropy", strict=False).detach()
+        metrics = loss.select(*loss_keys, "entropy", strict=False).detach()
+        metrics.set("return_to_go", episodes.get("value_target").mean())
+        return total, metrics.set("baseline", episodes.get("state_value").mean())
 
-    # loop: one gradient step per batch of complete episodes
-    for episodes in collector:
+    def schedule(learner):
+        values = learner.hyperparameters
+        set_learning_rates(optimizer, [values["lr"], values["critic_lr"]])
+        if "entropy_coef" in values:
+            loss_module.entropy_coeff.fill_(values["entropy_coef"])
+
+    learner = Learner(
+        update,
+        optimizer,
+        {"loss": loss_module},
+        hyperparameters={"lr": optim_config.lr, "critic_lr": optim_config.critic_lr}
+        | ({"entropy_coef": loss_config.entropy_coef} if loss_config.entropy_coef > 0 else {}),
+        schedule=schedule,
+    )
+
+    def minibatches(episodes):  # one gradient step on the batch's episodes, with their advantages
         returns = returns_to_go(episodes, gamma)  # to the end of each episode, truncated ones included
         with torch.no_grad():
             baseline(episodes)  # b(s_t) from the critic or the running mean, before this batch moves it
         advantage = returns - episodes.get("state_value")
         if normalize_advantage:
             advantage = advantage / advantage.square().mean().sqrt().clamp_min(1e-8)
-        episodes.set("advantage", advantage)
-        episodes.set("value_target", returns)
-        losses = update(episodes)
+        yield episodes.set("advantage", advantage).set("value_target", returns)
+
+    def after_batch(episodes):  # the running-mean baseline and observation statistics, after the update
         if loss_config.baseline == "running-mean":
-            baseline.update(returns)
+            baseline.update(returns_to_go(episodes, gamma))
         if normalizer is not None:
             normalizer.update(episodes.get("observation"))
+
+    if run_config.gradient_worker is not None:  # this process is a gradient worker: the learner drives it
+        return WorkerSession(learner, collector, minibatches)
+
+    # logger, evaluation, checkpoints
+    run = Run("vpg", config, run_config, agent)
+    if run_config.learns_on_workers:
+        return train_on_gradient_workers(run, config, learner, after_batch)
+
+    # loop: one gradient step per batch of complete episodes
+    for episodes in collector:
+        for minibatch in minibatches(episodes):
+            losses, _ = learner.step(minibatch)
+        after_batch(episodes)
         metrics = {f"train/{key}": value.item() for key, value in losses.items()}
-        metrics["train/return_to_go"] = returns.mean().item()
-        metrics["train/baseline"] = episodes.get("state_value").mean().item()
         if run.record_batch(episodes, metrics):
             break
     collector.shutdown()

@@ -1,7 +1,6 @@
 """Exact resume: a run stopped half-way (as by SIGINT) and continued with --resume ends with the same parameters as
 one that ran straight through; what resume refuses, and how."""
 
-import math
 import pickle
 import re
 import subprocess
@@ -11,83 +10,23 @@ from pathlib import Path
 
 import pytest
 import torch
-from run_helpers import interrupt_at
+from run_helpers import (
+    RUN,
+    interrupt_at,
+    tiny_a2c,
+    tiny_dqn,
+    tiny_es,
+    tiny_off_policy,
+    tiny_ppo,
+    tiny_qlearning,
+    tiny_rnd_ppo,
+)
 
 from agents import Agent
 from errors import InputError
 from recipes import a2c, ddpg, dqn, es, ppo, qlearning, rnd_ppo, sac, td3
 from training import Run, RunConfig
 from training.resume import RESUME_FILE, config_from_dict, explicit_options
-
-RUN = {
-    "num_envs": 4,
-    "eval_episodes": 2,
-    "logger": "none",
-    "video": False,
-    "progress": False,
-    "stop_at_return": math.inf,
-}
-
-
-def small_run(output_dir, **run):
-    """A run of 2,048 frames evaluated every 512 (options as keyword arguments)."""
-    return RunConfig(**{**RUN, "total_frames": 2_048, "eval_every": 512, "output_dir": output_dir, **run})
-
-
-def tiny_dqn(output_dir, **run):
-    return dqn.DQNConfig(
-        run=small_run(output_dir, **run),
-        collector=dqn.CollectorConfig(steps_per_env=32, updates_per_batch=8, learning_starts=256),
-        buffer=dqn.BufferConfig(batch_size=32, buffer_size=1_000),
-        loss=dqn.LossConfig(target_update_interval=16),
-    )
-
-
-def tiny_ppo(output_dir, **run):
-    return ppo.PPOConfig(
-        run=small_run(output_dir, **run),
-        collector=ppo.CollectorConfig(steps_per_env=32),
-        optim=ppo.OptimConfig(minibatch_size=64, num_epochs=2),
-    )
-
-
-def tiny_off_policy(config_type):
-    """SAC, TD3 or DDPG on Pendulum-v1 for 1,024 frames, learning from frame 256."""
-
-    def make(output_dir, **run):
-        config = config_type(
-            run=small_run(output_dir, **{"env_id": "Pendulum-v1", "total_frames": 1_024, **run})
-        )
-        config.collector.learning_starts = 256
-        config.buffer.batch_size = 32
-        return config
-
-    return make
-
-
-def tiny_a2c(output_dir, **run):
-    return a2c.A2CConfig(run=small_run(output_dir, **run))
-
-
-def tiny_qlearning(output_dir, **run):
-    run = {"env_id": "FrozenLake-v1", "total_frames": 4_096, "eval_every": 1_024, **run}
-    return qlearning.QLearningConfig(run=small_run(output_dir, **run))
-
-
-def tiny_rnd_ppo(output_dir, **run):
-    return rnd_ppo.RNDPPOConfig(
-        run=small_run(output_dir, **{"env_id": "rlkit/DeepSea-v0", **run}),
-        collector=ppo.CollectorConfig(steps_per_env=32),
-        optim=ppo.OptimConfig(minibatch_size=64, num_epochs=2),
-    )
-
-
-def tiny_es(output_dir, **run):
-    config = es.ESConfig(
-        run=small_run(output_dir, **{"num_envs": 8, "total_frames": 8_192, "eval_every": 2_048, **run})
-    )
-    config.network.hidden_sizes = (8,)
-    return config
 
 
 def parameters(output_dir):

@@ -14,6 +14,8 @@
 ``signals``        SIGINT/SIGTERM: finish the batch, save, stop; handlers restored
 ``plotting``       the learning curve
 ``run``            :class:`Run`, what a recipe's loop calls: ``record_batch`` and ``finish``
+``learner``        :class:`Learner`: a recipe's update as compute_gradients / apply_gradients / weights / parameters
+``gradient_workers`` learning on Ray gradient workers (``--gradient-workers``), synchronous or asynchronous
 ``optim``          the off-policy recipes' optimiser options, the --anneal-lr schedule
 ``frame_storage``  a replay storage that keeps each frame of stacked image observations once (Atari)
 ``presets``        hyperparameters per (recipe, env) from the recipes' preset tables
@@ -36,6 +38,13 @@ from training.collectors import (
 from training.config import RunConfig, config_to_dict, quiet
 from training.evaluation import EVAL_SEED_OFFSET, evaluation_seed
 from training.frame_storage import FrameStackStorage
+from training.gradient_workers import (
+    WorkerSession,
+    check_gradient_workers,
+    refuse_loss_addons,
+    train_on_gradient_workers,
+)
+from training.learner import Learner, average_gradients, set_learning_rates, stack_metrics
 from training.optim import OffPolicyOptimConfig, anneal_learning_rates
 from training.presets import apply_preset
 from training.run import Run
@@ -46,14 +55,18 @@ from training.state import TrainingState
 __all__ = [
     "EVAL_SEED_OFFSET",
     "FrameStackStorage",
+    "Learner",
     "OffPolicyCollectorConfig",
     "OffPolicyOptimConfig",
     "Run",
     "RunConfig",
     "TrainingState",
+    "WorkerSession",
     "anneal_learning_rates",
     "apply_preset",
+    "average_gradients",
     "check_batch_fits_buffer",
+    "check_gradient_workers",
     "check_ranges",
     "config_to_dict",
     "evaluation_seed",
@@ -63,8 +76,12 @@ __all__ = [
     "prepare_process",
     "quiet",
     "recipe_main",
+    "refuse_loss_addons",
     "require_positive",
     "run_cli",
+    "set_learning_rates",
     "single_collector_only",
+    "stack_metrics",
+    "train_on_gradient_workers",
     "warn_if_never_updated",
 ]

@@ -46,8 +46,11 @@ class Checkpoints:
 
     @property
     def resumable(self) -> bool:
-        """Whether ``resume.ckpt`` can be written: a training state with a single-process collector."""
-        return self.training is not None and isinstance(self.training.collector, Collector)
+        """Whether ``resume.ckpt`` can be written: a training state with a single-process collector, or the
+        learner's of a run on gradient workers (no collector)."""
+        return self.training is not None and (
+            self.training.collector is None or isinstance(self.training.collector, Collector)
+        )
 
     def resume_due(self, frames: int) -> bool:
         """Whether ``resume.ckpt`` can be written and does not already hold the state at ``frames``."""

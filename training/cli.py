@@ -19,6 +19,8 @@ from training.config import ConfigT
 from training.presets import apply_preset, describe, list_presets, mark_given
 from training.resume import RESUME_FILE, explicit_options, resumed_config
 
+ASYNC_ALIASES = {"--async": "--no-sync"}  # gradient workers: --sync (the default) or --async
+
 
 def run_cli(
     main: Callable[[ConfigT], dict[str, Any]],
@@ -43,8 +45,9 @@ def run_cli(
                 print(f"error: {error}", file=sys.stderr)
                 raise SystemExit(2) from None
             return
-    config = tyro.cli(config_type, description=description, config=(tyro.conf.OmitArgPrefixes,))
-    given = explicit_options(sys.argv[1:])
+    argv = [ASYNC_ALIASES.get(token, token) for token in sys.argv[1:]]
+    config = tyro.cli(config_type, args=argv, description=description, config=(tyro.conf.OmitArgPrefixes,))
+    given = explicit_options(argv)
     mark_given(config, given)  # tyro passed every field: the user's are the command line's
     if adjust is not None and config.run.resume is None:
         config = adjust(config, given)

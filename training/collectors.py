@@ -60,6 +60,8 @@ def make_collector(
         total_frames: the collection budget.
         options: further collector arguments (``init_random_frames``, ``trajs_per_batch``, ``traj_format``).
     """
+    if run.gradient_worker is not None:
+        total_frames = -1  # a gradient worker collects until the learner has had enough
     if run.collector_backend == "single":
         return Collector(
             env,

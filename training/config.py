@@ -82,6 +82,18 @@ class RunConfig(Options):
     ray_address: str | None = None
     """Address of a running Ray cluster to join (e.g. 'ray://head:10001' or 'head:6379'); default: start a local
     one."""
+    gradient_workers: int = 0
+    """Spread learning over this many Ray actors (with --collector-backend ray), each collecting on its share of
+    --num-envs and computing gradients on its share of each minibatch; this process applies them (PPO, A2C,
+    RND-PPO, REINFORCE, VPG, DQN). 0: one process computes every gradient."""
+    sync: bool = True
+    """Gradient workers: average the N workers' gradients of a step and apply them once (--sync), or apply each
+    worker's gradients as they arrive (--async, also --no-sync)."""
+    max_staleness: int | None = None
+    """--async: drop gradients computed on weights more than this many updates old; default: the number of
+    gradient workers."""
+    gradient_worker: tyro.conf.Suppress[int | None] = None
+    """Set in a gradient worker's own copy of the configuration: its index."""
     overwrite: bool = False
     """Replace the run already in --output-dir (its outputs are removed first; other files there are kept).
     Without it a new run refuses a folder that holds one."""
@@ -117,6 +129,10 @@ class RunConfig(Options):
             require_positive(checkpoint_every=self.checkpoint_every)
         if self.stop_at_return is not None and math.isnan(self.stop_at_return):
             raise InputError("--stop-at-return must be a number, got nan.")
+        if self.gradient_workers < 0:
+            raise InputError(f"--gradient-workers must be 0 or positive, got {self.gradient_workers}.")
+        if self.max_staleness is not None and self.max_staleness < 0:
+            raise InputError(f"--max-staleness must be 0 or positive, got {self.max_staleness}.")
         if self.collector_backend != "single":
             if self.device != "cpu":
                 raise InputError(
@@ -125,7 +141,7 @@ class RunConfig(Options):
                     f"cpu, or --collector-backend single to train on {self.device}."
                 )
             require_positive(num_workers=self.num_workers)
-            if self.num_envs % self.num_workers:
+            if self.num_envs % self.num_workers and not self.gradient_workers:
                 raise InputError(
                     f"--num-envs {self.num_envs} must split evenly over --num-workers {self.num_workers}."
                 )
@@ -136,6 +152,11 @@ class RunConfig(Options):
         self.env_options  # noqa: B018 - parsing raises InputError for a malformed item
         if self.env_backend == "torch":
             torch_env_class(self.env_id)  # raises if there is no torch implementation
+
+    @property
+    def learns_on_workers(self) -> bool:
+        """Whether this process is the learner of a run on gradient workers (which collect for themselves)."""
+        return self.gradient_workers > 0 and self.gradient_worker is None
 
     @property
     def env_options(self) -> dict[str, Any]:

@@ -9,7 +9,10 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from errors import InputError
+
 HANDLED_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+GRADIENT_WORKER_RECIPES = "PPO, A2C, RND-PPO, REINFORCE, VPG and DQN"
 
 
 class SignalWatcher:
@@ -42,10 +45,12 @@ class SignalWatcher:
 def recipe_main(main: Callable[..., dict[str, Any]]) -> Callable[..., dict[str, Any]]:
     """Decorate a recipe's ``main``: however it ends (a summary, an error), the SIGINT and SIGTERM handlers are
     those it started with, so a failed run never leaves its own handler behind in the caller (a notebook, a
-    test session)."""
+    test session). A recipe whose config does not name the options its gradient workers split
+    (``GRADIENT_SPLIT``) refuses ``--gradient-workers`` before any work."""
 
     @functools.wraps(main)
     def wrapper(*args: Any, **kwargs: Any) -> dict[str, Any]:
+        refuse_gradient_workers_unless_supported(args[0] if args else kwargs.get("config"))
         if threading.current_thread() is not threading.main_thread():
             return main(*args, **kwargs)
         handlers = {number: signal.getsignal(number) for number in HANDLED_SIGNALS}
@@ -56,3 +61,13 @@ def recipe_main(main: Callable[..., dict[str, Any]]) -> Callable[..., dict[str, 
                 signal.signal(number, handler)
 
     return wrapper
+
+
+def refuse_gradient_workers_unless_supported(config: Any) -> None:
+    """Raise :class:`InputError` for ``--gradient-workers`` on a recipe that does not run on them."""
+    run = getattr(config, "run", None)
+    if getattr(run, "gradient_workers", 0) and getattr(type(config), "GRADIENT_SPLIT", None) is None:
+        raise InputError(
+            f"This recipe does not spread its learning over gradient workers (those of {GRADIENT_WORKER_RECIPES} "
+            "do): drop --gradient-workers, or use --collector-backend ray --num-workers N to collect on N workers."
+        )

@@ -35,7 +35,9 @@ class TrainingState:
     Args:
         env: the training env (its sub-envs' mid-episode state is saved when it can be, see
             :mod:`envs.runtime_state`).
-        collector: the single-process TorchRL collector stepping ``env``.
+        collector: the single-process TorchRL collector stepping ``env``; None for the learner of a run on
+            gradient workers (:mod:`training.gradient_workers`), whose envs and collectors are the workers' and start
+            afresh on resume.
         modules: modules whose ``state_dict`` holds trained state (the loss module: networks, target networks,
             entropy coefficient; add-ons).
         optimizers: the optimizers, by name.
@@ -56,13 +58,24 @@ class TrainingState:
 
     def check_resumable(self) -> None:
         """Raise :class:`InputError` when this run's collector keeps state that cannot be saved."""
-        if not isinstance(self.collector, Collector):
+        if self.collector is not None and not isinstance(self.collector, Collector):
             raise InputError(
                 "Resume state is kept for --collector-backend single only (worker processes and Ray actors hold "
                 "their envs' state out of reach); drop --collector-backend or --resume."
             )
 
     def state_dict(self) -> dict[str, Any]:
+        state = {
+            "modules": {name: module.state_dict() for name, module in self.modules.items()},
+            "optimizers": {name: optimizer.state_dict() for name, optimizer in self.optimizers.items()},
+            "replay_buffer": None if self.replay_buffer is None else _replay_buffer_state(self.replay_buffer),
+            "target_updater": getattr(self.target_updater, "counter", None),
+            "extras": {name: extra.state_dict() for name, extra in self.extras.items()},
+            "counters": dict(self.counters),
+            "rng": GlobalRNGState().state_dict(),
+        }
+        if self.collector is None:  # a gradient-worker run's learner: no envs of its own
+            return state
         env_state, reason = env_runtime_state(self.env)
         collector = self.collector
         collector_state = {
@@ -72,18 +85,7 @@ class TrainingState:
         }
         if collector.track_traj_ids:
             collector_state["traj_pool"] = collector._traj_pool.state_dict()
-        return {
-            "modules": {name: module.state_dict() for name, module in self.modules.items()},
-            "optimizers": {name: optimizer.state_dict() for name, optimizer in self.optimizers.items()},
-            "replay_buffer": None if self.replay_buffer is None else _replay_buffer_state(self.replay_buffer),
-            "target_updater": getattr(self.target_updater, "counter", None),
-            "extras": {name: extra.state_dict() for name, extra in self.extras.items()},
-            "counters": dict(self.counters),
-            "collector": collector_state,
-            "env": env_state,
-            "env_not_saved_because": reason,
-            "rng": GlobalRNGState().state_dict(),
-        }
+        return state | {"collector": collector_state, "env": env_state, "env_not_saved_because": reason}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         for name, module in self.modules.items():
@@ -97,6 +99,9 @@ class TrainingState:
         for name, extra in self.extras.items():
             extra.load_state_dict(state["extras"][name])
         self.counters.update(state["counters"])
+        if self.collector is None:
+            self.restore_rng(state)
+            return
         collector, collector_state = self.collector, state["collector"]
         collector._frames, collector._iter = collector_state["frames"], collector_state["iter"]
         if "traj_pool" in collector_state:

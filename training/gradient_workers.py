@@ -1,0 +1,382 @@
+"""Learning spread over Ray actors: gradient workers that collect and compute gradients, one learner that applies
+them (``--gradient-workers N --collector-backend ray``).
+
+Each worker is a Ray actor that builds the recipe for itself (the recipe's ``main`` run with
+``run.gradient_worker`` set returns a :class:`WorkerSession` instead of training): its own ``num_envs / N`` envs,
+seeded apart, a single-process collector, and the recipe's :class:`training.learner.Learner`. Asked for
+gradients, it loads the learner's weights, takes its next minibatch (collecting a batch when the last one is used
+up) and returns :meth:`Learner.compute_gradients`' result, with the batch's episode steps once its last minibatch
+is done. The options named in the recipe's ``split`` (the minibatch size) are divided by N too, so that one
+synchronous step over N workers is the single-process step on the N minibatches together.
+
+This process, the learner, then
+
+* ``sync`` (default): asks every worker for gradients, averages them, applies them once
+  (:meth:`Learner.apply_gradients`), and sends the new weights with the next request;
+* ``async``: applies each worker's gradients as they arrive and sends that worker the newest weights with its next
+  request; gradients computed on weights more than ``max_staleness`` steps old are dropped (counted in
+  ``train/dropped_gradients``).
+
+Batches the workers report go through the recipe's ``after_batch`` (observation statistics) and
+:meth:`training.run.Run.record_batch` (frames, logging, evaluation, checkpoints, early stop), as in the
+single-process loop. A worker that dies or hangs is replaced by a fresh one with newly seeded envs, up to
+:data:`MAX_WORKER_RESTARTS` times per worker; the step goes on with the others, and the run stops with an error
+only when no worker is left.
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib
+import os
+import sys
+import warnings
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any
+
+import torch
+from tensordict import TensorDictBase
+
+from errors import InputError
+from training.distributed import EPISODE_KEYS, WORKER_SEED_STRIDE, init_ray
+from training.learner import Learner, average_gradients, stack_metrics
+from training.run import Run
+
+MAX_WORKER_RESTARTS = 3  # fresh replacements of one worker before it is given up
+WORKER_REPLY_TIMEOUT_S = (
+    600.0  # longest wait for one worker's gradients (the first includes building its envs)
+)
+
+
+class WorkerSession:
+    """A gradient worker's side of a recipe: its learner (for the weights and gradients), its collector and the
+    recipe's ``minibatches(batch)``, which turns a collected batch into the minibatches of its gradient steps
+    (advantages, epochs, replay samples) and may go on working after each (replay priorities).
+
+    :meth:`compute` is one request of the learner: load its weights, take the next minibatch (collecting a batch
+    with those weights when the last one is used up), return its gradients.
+    """
+
+    def __init__(
+        self,
+        learner: Learner,
+        collector: Any,
+        minibatches: Callable[[TensorDictBase], Iterable[TensorDictBase]],
+    ):
+        self.learner = learner
+        self.collector = collector
+        self.minibatches = minibatches
+        self._batches = iter(collector)
+        self._batch: TensorDictBase | None = None
+        self._items: Iterator[TensorDictBase] = iter(())
+        self._next: TensorDictBase | None = None
+
+    def compute(self, weights: dict[str, Any] | None) -> dict[str, Any]:
+        """Load ``weights`` (None: keep the current ones) and return the next minibatch's gradients and metrics
+        (None for a batch that gives no gradient step: random frames before learning starts), the step count of
+        the weights they were computed with, and the batch's episode steps (``"report"``) once its last minibatch
+        is done, else None."""
+        if weights is not None:
+            self.learner.set_weights(weights)
+        if self._next is None:  # a new batch, collected with these weights
+            self._batch = next(self._batches)
+            self._items = iter(self.minibatches(self._batch))
+            self._next = next(self._items, None)
+        reply = {"gradients": None, "metrics": None, "steps": self.learner.steps, "report": None}
+        if self._next is not None:
+            reply["gradients"], reply["metrics"] = self.learner.compute_gradients(self._next)
+            self._next = next(self._items, None)  # the recipe's work after the step, then the next minibatch
+        if self._next is None:
+            reply["report"] = self._batch.select(*EPISODE_KEYS, strict=False).to("cpu")
+        return reply
+
+
+class GradientWorker:
+    """The Ray actor: the recipe ``module`` built with ``config`` (a worker's configuration, see
+    :func:`worker_config`) in this process, serving :meth:`WorkerSession.compute`."""
+
+    def __init__(self, module: str, config_type: str, config: dict[str, Any]):
+        from training.resume import config_from_dict
+
+        recipe = importlib.import_module(module)
+        session = recipe.main(config_from_dict(getattr(recipe, config_type), config))
+        if not isinstance(session, WorkerSession):
+            raise TypeError(f"{module}.main did not hand a gradient worker its session.")
+        self.session = session
+
+    def compute(self, weights: dict[str, Any] | None) -> dict[str, Any]:
+        return self.session.compute(weights)
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    def node(self) -> str:
+        """The Ray node this worker runs on."""
+        import ray
+
+        return ray.get_runtime_context().get_node_id()
+
+
+def recipe_location(config: Any) -> tuple[str, str]:
+    """The importable module of a recipe's config class and the class's name (``recipes.ppo``, ``PPOConfig``),
+    also when the recipe runs as ``python -m recipes.ppo``."""
+    config_type = type(config)
+    module = config_type.__module__
+    if module == "__main__":
+        spec = getattr(sys.modules["__main__"], "__spec__", None)
+        if spec is None:
+            raise InputError(
+                "Gradient workers import the recipe by module name: run it as python -m recipes.NAME or call "
+                "recipes.NAME.main from Python."
+            )
+        module = spec.name
+    return module, config_type.__name__
+
+
+def worker_config(
+    config: dict[str, Any], index: int, num_workers: int, split: Sequence[str], generation: int = 0
+) -> dict[str, Any]:
+    """The JSON form of a worker's configuration: ``num_envs`` and the options named in ``split`` (dotted paths,
+    e.g. ``"optim.minibatch_size"``) divided by ``num_workers``, envs seeded apart (worker ``index``, its
+    ``generation``-th replacement), a single-process collector, and no outputs of its own."""
+    config = copy.deepcopy(config)
+    run = config["run"]
+    slot = index + num_workers * generation
+    run.update(
+        gradient_worker=index,
+        collector_backend="single",
+        num_envs=run["num_envs"] // num_workers,
+        seed=(run["seed"] + WORKER_SEED_STRIDE * (slot + 1)) % 2**32,
+        logger="none",
+        progress=False,
+        video=False,
+        output_dir=None,
+        resume=None,
+        checkpoint_every=None,
+        overwrite=False,
+    )
+    for path in split:
+        section, _, name = path.rpartition(".")
+        options = config[section] if section else config
+        options[name] //= num_workers
+    return config
+
+
+def check_gradient_workers(config: Any) -> None:
+    """Raise :class:`InputError` when ``--gradient-workers`` does not fit the run's other options (the recipe's
+    config names the options its workers share out in ``GRADIENT_SPLIT``)."""
+    run = config.run
+    split = type(config).GRADIENT_SPLIT
+    workers = run.gradient_workers
+    if workers == 0 or run.gradient_worker is not None:
+        return
+    if run.collector_backend != "ray":
+        raise InputError(
+            f"--gradient-workers {workers} runs its workers on Ray: add --collector-backend ray (and --ray-address "
+            "to join a running cluster)."
+        )
+    values = {"num_envs": run.num_envs}
+    for path in split:
+        section, _, name = path.rpartition(".")
+        values[name] = getattr(getattr(config, section) if section else config, name)
+    for name, value in values.items():
+        if value % workers:
+            raise InputError(
+                f"--{name.replace('_', '-')} {value} must split evenly over --gradient-workers {workers} (each "
+                "worker takes its share)."
+            )
+
+
+def refuse_loss_addons(loss_addons: Sequence[Any], run: Any) -> None:
+    """Raise :class:`InputError` for loss add-ons on a run with gradient workers (they are Python objects the
+    workers cannot rebuild from the configuration)."""
+    if loss_addons and run.gradient_workers:
+        raise InputError(
+            "Loss add-ons are Python objects that gradient workers cannot rebuild: drop --gradient-workers, or "
+            "the add-ons."
+        )
+
+
+class GradientWorkerPool:
+    """``num_workers`` :class:`GradientWorker` actors on Ray, replaced when they die.
+
+    Args:
+        config: the recipe's configuration (the learner's).
+        split: the options divided among the workers (see :func:`worker_config`).
+    """
+
+    def __init__(self, config: Any, split: Sequence[str]):
+        from training.config import config_to_dict
+
+        run = config.run
+        self.num_workers = run.gradient_workers
+        self.split = tuple(split)
+        self.ray = init_ray(run.ray_address, self.num_workers)
+        self.module, self.config_type = recipe_location(config)
+        self.config = config_to_dict(config)
+        self.actor_class = self.ray.remote(num_cpus=1, max_restarts=0)(GradientWorker)
+        self.generations = [0] * self.num_workers
+        self.restarts = 0
+        self.workers: dict[int, Any] = {index: self._start(index) for index in range(self.num_workers)}
+        self.errors: list[str] = []
+
+    def _start(self, index: int) -> Any:
+        config = worker_config(self.config, index, self.num_workers, self.split, self.generations[index])
+        return self.actor_class.remote(self.module, self.config_type, config)
+
+    def request(self, index: int, weights: Any) -> Any:
+        """Ask worker ``index`` for its next gradients (a Ray object reference)."""
+        return self.workers[index].compute.remote(weights)
+
+    def replace(self, index: int, error: BaseException | str) -> bool:
+        """Stop worker ``index`` after ``error`` and start a fresh one in its place (new env seeds); False when it
+        has been replaced :data:`MAX_WORKER_RESTARTS` times already (it is then given up)."""
+        detail = str(error).strip().splitlines()
+        self.errors.append(f"worker {index}: {detail[-1] if detail else type(error).__name__}")
+        self.ray.kill(self.workers.pop(index), no_restart=True)
+        if self.generations[index] >= MAX_WORKER_RESTARTS:
+            warnings.warn(
+                f"Gradient worker {index} failed {MAX_WORKER_RESTARTS + 1} times and is given up: {self.errors[-1]}",
+                stacklevel=2,
+            )
+            if not self.workers:
+                raise RuntimeError(
+                    "Every gradient worker failed; the last errors: " + "; ".join(self.errors[-3:])
+                )
+            return False
+        self.generations[index] += 1
+        self.restarts += 1
+        self.workers[index] = self._start(index)
+        return True
+
+    def gather(self, requests: dict[int, Any]) -> dict[int, dict[str, Any]]:
+        """The replies to ``requests`` (worker index -> reference) of the workers that answered; a worker that
+        died or did not answer within :data:`WORKER_REPLY_TIMEOUT_S` is replaced and left out."""
+        references = list(requests.values())
+        ready, _ = self.ray.wait(references, num_returns=len(references), timeout=WORKER_REPLY_TIMEOUT_S)
+        ready = set(ready)
+        replies = {}
+        for index, reference in requests.items():
+            if reference not in ready:
+                self.replace(index, f"no reply within {WORKER_REPLY_TIMEOUT_S:.0f} s")
+                continue
+            try:
+                replies[index] = self.ray.get(reference)
+            except self.ray.exceptions.RayError as error:
+                self.replace(index, error)
+        return replies
+
+    def shutdown(self) -> None:
+        for worker in self.workers.values():
+            self.ray.kill(worker, no_restart=True)
+        self.workers = {}
+
+
+def train_on_gradient_workers(
+    run: Run, config: Any, learner: Learner, after_batch: Callable[[TensorDictBase], None] | None
+) -> dict[str, Any]:
+    """Train with ``config.run.gradient_workers`` Ray gradient workers and this process as the learner; returns
+    the run summary (:meth:`Run.finish`).
+
+    Args:
+        run: this run's :class:`Run` (logging, evaluation, checkpoints, resume).
+        config: the recipe's configuration.
+        learner: the recipe's learner (its weights are what the workers compute with).
+        after_batch: the learner's work on each batch a worker reports (e.g. updating the observation
+            normaliser with its observations); None: nothing.
+    """
+    run_config = config.run
+    pool = GradientWorkerPool(config, type(config).GRADIENT_SPLIT)
+    max_staleness = (
+        run_config.gradient_workers if run_config.max_staleness is None else run_config.max_staleness
+    )
+    step_metrics: list[TensorDictBase] = []
+    counters = {"dropped": 0, "staleness": 0, "applied": 0}
+
+    def apply(replies: Sequence[dict[str, Any]]) -> None:
+        gradient_lists = [reply["gradients"] for reply in replies if reply["gradients"] is not None]
+        if not gradient_lists:
+            return
+        grad_norm = learner.apply_gradients(average_gradients(gradient_lists))
+        metrics = torch.stack([reply["metrics"] for reply in replies if reply["metrics"] is not None]).mean()
+        step_metrics.append(metrics.set("grad_norm", grad_norm.detach().cpu()))
+
+    def record(reports: Sequence[TensorDictBase]) -> bool:
+        """Account for the workers' finished batches; True when the run should stop."""
+        stop = False
+        for report in reports:
+            learner.set_frames(run.frames + report.numel())  # this batch included, as the workers will see
+            if after_batch is not None:
+                after_batch(report)
+            metrics = stack_metrics(step_metrics) if step_metrics else {}
+            step_metrics.clear()
+            metrics = {f"train/{key}": value for key, value in metrics.items()}
+            metrics |= {
+                "train/lr": learner.optimizer.param_groups[0]["lr"],
+                "train/gradient_workers": len(pool.workers),
+                "train/worker_restarts": pool.restarts,
+                "train/dropped_gradients": counters["dropped"],
+                "train/gradient_staleness": counters["staleness"] / max(1, counters["applied"]),
+            }
+            stop = run.record_batch(report, metrics) or stop
+        return stop
+
+    try:
+        learner.set_frames(run.frames)  # a resumed run's
+        weights = pool.ray.put(learner.get_weights())
+        if run_config.sync:
+            while True:
+                replies = pool.gather({index: pool.request(index, weights) for index in pool.workers})
+                replies = [replies[index] for index in sorted(replies)]  # a fixed order: a reproducible mean
+                apply(replies)
+                stop = record([reply["report"] for reply in replies if reply["report"] is not None])
+                weights = pool.ray.put(learner.get_weights())
+                if stop:
+                    break
+        else:
+            pending = {pool.request(index, weights): index for index in pool.workers}
+            while pending:
+                ready, _ = pool.ray.wait(list(pending), num_returns=1, timeout=WORKER_REPLY_TIMEOUT_S)
+                if not ready:  # none answered in time: replace them all
+                    for reference, index in list(pending.items()):
+                        del pending[reference]
+                        if pool.replace(index, f"no reply within {WORKER_REPLY_TIMEOUT_S:.0f} s"):
+                            pending[pool.request(index, weights)] = index
+                    continue
+                reference = ready[0]
+                index = pending.pop(reference)
+                try:
+                    reply = pool.ray.get(reference)
+                except pool.ray.exceptions.RayError as error:
+                    if pool.replace(index, error):
+                        pending[pool.request(index, weights)] = index
+                    continue
+                if reply["gradients"] is not None:
+                    staleness = learner.steps - reply["steps"]
+                    if staleness > max_staleness:
+                        counters["dropped"] += 1
+                    else:
+                        apply([reply])
+                        counters["applied"] += 1
+                        counters["staleness"] += staleness
+                stop = record([reply["report"]] if reply["report"] is not None else [])
+                if stop:
+                    break
+                weights = pool.ray.put(learner.get_weights())
+                pending[pool.request(index, weights)] = index
+    finally:
+        pool.shutdown()
+    return run.finish()
+
+
+__all__ = [
+    "MAX_WORKER_RESTARTS",
+    "GradientWorker",
+    "GradientWorkerPool",
+    "WorkerSession",
+    "check_gradient_workers",
+    "recipe_location",
+    "refuse_loss_addons",
+    "train_on_gradient_workers",
+    "worker_config",
+]

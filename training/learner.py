@@ -1,0 +1,258 @@
+"""The update side of a recipe as one object: :class:`Learner`.
+
+A recipe states its loss (``minibatch -> (total loss, metrics)``), its optimizer, gradient clipping, the modules
+that hold its weights, and its named hyperparameters with the schedule that turns them (and the number of steps
+taken) into the values the optimizer and the loss use. The single-process loop calls :meth:`Learner.step`; a
+distributed one (:mod:`training.gradient_workers`) splits that step in two, :meth:`Learner.compute_gradients`
+where the data is and :meth:`Learner.apply_gradients` where the optimizer is, with :meth:`Learner.get_weights` /
+:meth:`Learner.set_weights` carrying the result back::
+
+    grads, metrics = worker_learner.compute_gradients(minibatch)     # on each worker, returned on the CPU
+    learner.apply_gradients(average(all_grads))                      # on the learner: clip, optimizer step
+    worker_learner.set_weights(learner.get_weights())                # weights, steps, hyperparameters
+
+Both halves together do exactly what :meth:`Learner.step` does on one minibatch.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
+
+import torch
+from tensordict import TensorDictBase
+from torch import nn
+
+from errors import InputError
+
+LossFunction = Callable[[TensorDictBase], tuple[torch.Tensor, TensorDictBase]]
+"""``minibatch -> (total loss to minimise, detached metrics to log)``."""
+Schedule = Callable[["Learner"], None]
+"""Sets the values the next step uses (learning rates, clip range, ...) from ``learner.hyperparameters`` and
+``learner.steps``."""
+
+
+class Learner:
+    """Gradients, their application, weights and hyperparameters of one recipe's update.
+
+    Args:
+        loss: ``minibatch -> (total loss, metrics)``: the recipe's objective; the metrics are detached scalars.
+        optimizer: the optimizer stepping the trained parameters (its parameter groups, in order, are the
+            parameters whose gradients :meth:`compute_gradients` returns).
+        modules: the modules whose state is the learner's weights, by name (the loss module holds the actor,
+            critic, target networks, observation normaliser and loss coefficients).
+        max_grad_norm: clip the global gradient norm to this before each step; None: no clipping.
+        hyperparameters: the values :meth:`update_algorithm_parameter` may change while training, by name (e.g.
+            ``{"lr": 3e-4, "entropy_coef": 0.01}``); ``schedule`` turns them into what the optimizer and the loss use.
+        schedule: called with the learner after every step, after a change of a hyperparameter or of the frame
+            count and after its state is loaded, to set the values of the next step (e.g. learning rates annealed with
+            ``learner.steps``); None: the hyperparameters go to no schedule (then there should be none).
+        after_step: called after every optimizer step (e.g. a target network update); its effects travel with
+            the weights.
+        local_state: state-dict keys, as ``"module name.key prefix"`` (e.g. ``"rnd.obs_rms"``), that stay with
+            each process and are not part of the weights (statistics a worker keeps of its own data).
+
+    Examples:
+        >>> learner = Learner(loss, optimizer, {"loss": loss_module}, max_grad_norm=0.5,
+        ...                   hyperparameters={"lr": 3e-4}, schedule=set_learning_rate)
+        >>> metrics, grad_norm = learner.step(minibatch)
+        >>> learner.update_algorithm_parameter("lr", 1e-4)    # the next step uses it
+    """
+
+    def __init__(
+        self,
+        loss: LossFunction,
+        optimizer: torch.optim.Optimizer,
+        modules: Mapping[str, nn.Module],
+        *,
+        max_grad_norm: float | None = None,
+        hyperparameters: Mapping[str, float] | None = None,
+        schedule: Schedule | None = None,
+        after_step: Callable[[], None] | None = None,
+        local_state: Sequence[str] = (),
+    ):
+        self.loss = loss
+        self.optimizer = optimizer
+        self.modules = dict(modules)
+        self.max_grad_norm = max_grad_norm
+        self.hyperparameters = dict(hyperparameters or {})
+        if self.hyperparameters and schedule is None:
+            raise ValueError("Learner: hyperparameters need a schedule that applies them.")
+        self.schedule = schedule
+        self.after_step = after_step
+        self.local_state = tuple(local_state)
+        self.parameters = [parameter for group in optimizer.param_groups for parameter in group["params"]]
+        self.steps = 0
+        """Optimizer steps taken (counted across a resumed run)."""
+        self.frames = 0
+        """Frames collected so far, for schedules that follow the budget (epsilon, learning starts): set by the
+        loop with :meth:`set_frames`; on a gradient worker, those of all workers as the learner last counted."""
+        self._apply_schedule()
+
+    # ------------------------------------------------------------------ one process
+    def step(self, minibatch: TensorDictBase) -> tuple[TensorDictBase, torch.Tensor]:
+        """One gradient step on ``minibatch``: loss, backward pass, clipping, optimizer step; returns the loss's
+        metrics and the gradient norm before clipping."""
+        total, metrics = self.loss(minibatch)
+        self.optimizer.zero_grad(set_to_none=True)
+        total.backward()
+        return metrics, self._finish_step()
+
+    def set_frames(self, frames: int) -> None:
+        """Record that ``frames`` frames have been collected in all (the schedule sees the new count)."""
+        self.frames = int(frames)
+        self._apply_schedule()
+
+    # ------------------------------------------------------------------ split over processes
+    def compute_gradients(
+        self, minibatch: TensorDictBase
+    ) -> tuple[list[torch.Tensor | None], TensorDictBase]:
+        """The gradients of the loss on ``minibatch``, one per trained parameter (in the optimizer's order; None
+        where the loss does not reach it), on the CPU, with the loss's metrics; nothing is applied."""
+        total, metrics = self.loss(minibatch)
+        self.optimizer.zero_grad(set_to_none=True)
+        total.backward()
+        gradients = [
+            None if parameter.grad is None else parameter.grad.detach().to("cpu", copy=True)
+            for parameter in self.parameters
+        ]
+        self.optimizer.zero_grad(set_to_none=True)
+        return gradients, metrics.detach().to("cpu")
+
+    def apply_gradients(self, gradients: Sequence[torch.Tensor | None]) -> torch.Tensor:
+        """Clip ``gradients`` (from :meth:`compute_gradients`, or an average of several) as :meth:`step` would and
+        take the optimizer step; returns the gradient norm before clipping.
+
+        Raises:
+            ValueError: a gradient list that does not match the trained parameters.
+        """
+        if len(gradients) != len(self.parameters):
+            raise ValueError(
+                f"apply_gradients: {len(gradients)} gradients for {len(self.parameters)} trained parameters."
+            )
+        for parameter, gradient in zip(self.parameters, gradients, strict=True):
+            if gradient is not None and gradient.shape != parameter.shape:
+                raise ValueError(
+                    f"apply_gradients: a gradient of shape {tuple(gradient.shape)} for a parameter of shape "
+                    f"{tuple(parameter.shape)}."
+                )
+            parameter.grad = None if gradient is None else gradient.to(parameter.device, parameter.dtype)
+        return self._finish_step()
+
+    def _finish_step(self) -> torch.Tensor:
+        if self.max_grad_norm is None:
+            grad_norm = torch.nn.utils.get_total_norm(
+                [parameter.grad for parameter in self.parameters if parameter.grad is not None]
+            )
+        else:
+            grad_norm = torch.nn.utils.clip_grad_norm_(self.parameters, self.max_grad_norm)
+        self.optimizer.step()
+        self.steps += 1
+        if self.after_step is not None:
+            self.after_step()
+        self._apply_schedule()
+        return grad_norm
+
+    # ------------------------------------------------------------------ weights
+    def get_weights(self) -> dict[str, Any]:
+        """What a worker needs to compute the next gradients as this learner would: the modules' state (on the
+        CPU, copied; without ``local_state``), the step and frame counts and the hyperparameters."""
+        return {
+            "modules": {
+                name: {
+                    key: value.detach().to("cpu", copy=True)
+                    for key, value in module.state_dict().items()
+                    if not self._is_local(name, key)
+                }
+                for name, module in self.modules.items()
+            },
+            "steps": self.steps,
+            "frames": self.frames,
+            "hyperparameters": dict(self.hyperparameters),
+        }
+
+    def set_weights(self, weights: Mapping[str, Any]) -> None:
+        """Load what :meth:`get_weights` returned (in place: collectors and policies holding these modules act
+        with the new weights)."""
+        for name, module in self.modules.items():
+            missing, unexpected = module.load_state_dict(weights["modules"][name], strict=False)
+            missing = [key for key in missing if not self._is_local(name, key)]
+            if missing or unexpected:
+                raise ValueError(f"set_weights: {name} is missing {missing} and does not have {unexpected}.")
+        self.steps, self.frames = int(weights["steps"]), int(weights["frames"])
+        # the values the learner's schedule set and the loss reads (clip range, entropy weight) came with the
+        # modules' state; learning rates matter only where gradients are applied
+        self.hyperparameters.update(weights["hyperparameters"])
+
+    def _is_local(self, name: str, key: str) -> bool:
+        return any(f"{name}.{key}".startswith(prefix) for prefix in self.local_state)
+
+    # ------------------------------------------------------------------ hyperparameters
+    def update_algorithm_parameter(self, name: str, value: float) -> None:
+        """Change the hyperparameter ``name`` (e.g. ``"lr"``, ``"entropy_coef"``, ``"clip_epsilon"``); the next
+        gradient step uses it (through the schedule: an annealed learning rate anneals from the new value).
+
+        Raises:
+            InputError: a name this learner does not have, or a value that is not a finite number >= 0.
+        """
+        if name not in self.hyperparameters:
+            known = ", ".join(sorted(self.hyperparameters)) or "none"
+            raise InputError(f"This learner has no algorithm parameter {name!r}; it has: {known}.")
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, (int, float))
+            or not math.isfinite(value)
+            or value < 0
+        ):
+            raise InputError(f"Algorithm parameter {name} must be a finite number >= 0, got {value!r}.")
+        self.hyperparameters[name] = float(value)
+        self._apply_schedule()
+
+    def _apply_schedule(self) -> None:
+        if self.schedule is not None:
+            self.schedule(self)
+
+    # ------------------------------------------------------------------ resume
+    def state_dict(self) -> dict[str, Any]:
+        """The step and frame counts and the hyperparameters (the weights and optimizer are saved with the
+        modules)."""
+        return {"steps": self.steps, "frames": self.frames, "hyperparameters": dict(self.hyperparameters)}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.steps, self.frames = int(state["steps"]), int(state["frames"])
+        self.hyperparameters.update(
+            {
+                name: float(value)
+                for name, value in state["hyperparameters"].items()
+                if name in self.hyperparameters
+            }
+        )
+        self._apply_schedule()
+
+
+def average_gradients(gradient_lists: Iterable[Sequence[torch.Tensor | None]]) -> list[torch.Tensor | None]:
+    """The element-wise mean of several workers' gradient lists; a parameter no worker reached stays None, one
+    that some reached averages over those."""
+    gradient_lists = list(gradient_lists)
+    if not gradient_lists:
+        raise ValueError("average_gradients: no gradients.")
+    averaged: list[torch.Tensor | None] = []
+    for gradients in zip(*gradient_lists, strict=True):
+        present = [gradient for gradient in gradients if gradient is not None]
+        averaged.append(torch.stack(present).mean(0) if present else None)
+    return averaged
+
+
+def set_learning_rates(optimizer: torch.optim.Optimizer, rates: Sequence[float], scale: float = 1.0) -> None:
+    """Set each parameter group's learning rate, in order, to ``rate * scale``."""
+    for group, rate in zip(optimizer.param_groups, rates, strict=True):
+        group["lr"] = rate * scale
+
+
+def stack_metrics(metrics: Sequence[TensorDictBase]) -> dict[str, float]:
+    """The mean of each metric over steps, as floats."""
+    return {key: value.item() for key, value in torch.stack(list(metrics)).mean().items()}
+
+
+__all__ = ["Learner", "LossFunction", "Schedule", "average_gradients", "set_learning_rates", "stack_metrics"]
