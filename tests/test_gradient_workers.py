@@ -281,11 +281,11 @@ def test_a_distributed_run_resumes_from_the_learners_saved_state(ray_cluster, ou
     seen = {}
     original = GradientWorkerPool.__init__
 
-    def start(pool, pool_config, split):  # the learner's state when the workers start
+    def start(pool, pool_config):  # the learner's state when the workers start
         learner = pool_learner["learner"]
         seen["steps"] = learner.steps
         seen["loss"] = {key: value.clone() for key, value in learner.modules["loss"].state_dict().items()}
-        original(pool, pool_config, split)
+        original(pool, pool_config)
 
     pool_learner = {}
     original_train = gradient_workers_module.train_on_gradient_workers
@@ -333,6 +333,17 @@ def test_each_recipe_learns_on_two_gradient_workers(ray_cluster, output_dir, mai
     assert summary["frames"] >= config.run.total_frames
     assert read_metric(output_dir, "gradient_workers")[-1] == 2
     assert len(read_metric(output_dir, "grad_norm")) > 0  # gradients came back and were applied
+
+
+@ray_group
+def test_readme_gradient_workers_of_your_own_learn(ray_cluster, tmp_path, monkeypatch, capsys):
+    from test_readme import readme_example
+
+    monkeypatch.chdir(tmp_path)
+    namespace: dict = {}
+    exec(compile(readme_example("own-gradient-workers"), "README.md", "exec"), namespace)  # noqa: S102
+    assert "return" in capsys.readouterr().out
+    assert namespace["result"].mean > 60  # a random policy scores about 20
 
 
 MULTI_NODE = textwrap.dedent(

@@ -1,27 +1,14 @@
-"""Learning spread over Ray actors: gradient workers that collect and compute gradients, one learner that applies
-them (``--gradient-workers N --collector-backend ray``).
+"""Learning spread over Ray actors (``--gradient-workers N --collector-backend ray``): N gradient workers collect
+and compute gradients, this process (the learner) applies them, synchronously (the N gradients of a step
+averaged and applied once) or asynchronously (each applied as it arrives, unless more than ``max_staleness``
+updates old).
 
-Each worker is a Ray actor that builds the recipe for itself (the recipe's ``main`` run with
-``run.gradient_worker`` set returns a :class:`WorkerSession` instead of training): its own ``num_envs / N`` envs,
-seeded apart, a single-process collector, and the recipe's :class:`training.learner.Learner`. Asked for
-gradients, it loads the learner's weights, takes its next minibatch (collecting a batch when the last one is used
-up) and returns :meth:`Learner.compute_gradients`' result, with the batch's episode steps once its last minibatch
-is done. The options named in the recipe's ``split`` (the minibatch size) are divided by N too, so that one
-synchronous step over N workers is the single-process step on the N minibatches together.
-
-This process, the learner, then
-
-* ``sync`` (default): asks every worker for gradients, averages them, applies them once
-  (:meth:`Learner.apply_gradients`), and sends the new weights with the next request;
-* ``async``: applies each worker's gradients as they arrive and sends that worker the newest weights with its next
-  request; gradients computed on weights more than ``max_staleness`` steps old are dropped (counted in
-  ``train/dropped_gradients``).
-
-Batches the workers report go through the recipe's ``after_batch`` (observation statistics) and
-:meth:`training.run.Run.record_batch` (frames, logging, evaluation, checkpoints, early stop), as in the
-single-process loop. A worker that dies or hangs is replaced by a fresh one with newly seeded envs, up to
-:data:`MAX_WORKER_RESTARTS` times per worker; the step goes on with the others, and the run stops with an error
-only when no worker is left.
+A worker builds the recipe for itself: the recipe's ``main``, run with ``run.gradient_worker`` set, returns a
+:class:`WorkerSession` (its share of the envs and of the options the recipe's ``GRADIENT_SPLIT`` names, its
+collector, its :class:`training.learner.Learner`) instead of training. The batches workers report go through
+the recipe's ``after_batch`` and :meth:`training.run.Run.record_batch` as in the single-process loop. A worker
+that dies or hangs is replaced with newly seeded envs, up to :data:`MAX_WORKER_RESTARTS` times; the run stops with
+an error only when no worker is left.
 """
 
 from __future__ import annotations
@@ -30,6 +17,7 @@ import copy
 import importlib
 import os
 import sys
+import time
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
@@ -38,6 +26,7 @@ import torch
 from tensordict import TensorDictBase
 
 from errors import InputError
+from training.config import config_to_dict
 from training.distributed import EPISODE_KEYS, WORKER_SEED_STRIDE, init_ray
 from training.learner import Learner, average_gradients, stack_metrics
 from training.run import Run
@@ -58,36 +47,36 @@ class WorkerSession:
     """
 
     def __init__(
-        self,
-        learner: Learner,
-        collector: Any,
-        minibatches: Callable[[TensorDictBase], Iterable[TensorDictBase]],
+        self, learner: Learner, collector: Any, minibatches: Callable[[TensorDictBase], Iterable[Any]]
     ):
-        self.learner = learner
-        self.collector = collector
-        self.minibatches = minibatches
+        self.learner, self.collector, self.minibatches = learner, collector, minibatches
         self._batches = iter(collector)
         self._batch: TensorDictBase | None = None
         self._items: Iterator[TensorDictBase] = iter(())
-        self._next: TensorDictBase | None = None
+        self._next: TensorDictBase | None = None  # the next minibatch of the current batch
 
     def compute(self, weights: dict[str, Any] | None) -> dict[str, Any]:
         """Load ``weights`` (None: keep the current ones) and return the next minibatch's gradients and metrics
         (None for a batch that gives no gradient step: random frames before learning starts), the step count of
         the weights they were computed with, and the batch's episode steps (``"report"``) once its last minibatch
-        is done, else None."""
+        is done, else None; ``"collect_s"`` and ``"gradient_s"`` time this process's share of the work."""
+        start = time.perf_counter()
         if weights is not None:
             self.learner.set_weights(weights)
+        collect_s = 0.0
         if self._next is None:  # a new batch, collected with these weights
             self._batch = next(self._batches)
             self._items = iter(self.minibatches(self._batch))
             self._next = next(self._items, None)
+            collect_s = time.perf_counter() - start  # collection and the recipe's batch work (advantages)
         reply = {"gradients": None, "metrics": None, "steps": self.learner.steps, "report": None}
         if self._next is not None:
             reply["gradients"], reply["metrics"] = self.learner.compute_gradients(self._next)
             self._next = next(self._items, None)  # the recipe's work after the step, then the next minibatch
         if self._next is None:
             reply["report"] = self._batch.select(*EPISODE_KEYS, strict=False).to("cpu")
+        reply["collect_s"] = collect_s
+        reply["gradient_s"] = time.perf_counter() - start - collect_s
         return reply
 
 
@@ -112,9 +101,7 @@ class GradientWorker:
 
     def node(self) -> str:
         """The Ray node this worker runs on."""
-        import ray
-
-        return ray.get_runtime_context().get_node_id()
+        return importlib.import_module("ray").get_runtime_context().get_node_id()
 
 
 def recipe_location(config: Any) -> tuple[str, str]:
@@ -198,19 +185,14 @@ def refuse_loss_addons(loss_addons: Sequence[Any], run: Any) -> None:
 
 
 class GradientWorkerPool:
-    """``num_workers`` :class:`GradientWorker` actors on Ray, replaced when they die.
+    """``config.run.gradient_workers`` :class:`GradientWorker` actors on Ray for the recipe ``config`` configures
+    (the learner's configuration; each worker's is :func:`worker_config`'s), replaced when they die."""
 
-    Args:
-        config: the recipe's configuration (the learner's).
-        split: the options divided among the workers (see :func:`worker_config`).
-    """
-
-    def __init__(self, config: Any, split: Sequence[str]):
-        from training.config import config_to_dict
-
+    def __init__(self, config: Any):
         run = config.run
         self.num_workers = run.gradient_workers
-        self.split = tuple(split)
+        self.split = type(config).GRADIENT_SPLIT
+        self.errors: list[str] = []
         self.ray = init_ray(run.ray_address, self.num_workers)
         self.module, self.config_type = recipe_location(config)
         self.config = config_to_dict(config)
@@ -218,7 +200,6 @@ class GradientWorkerPool:
         self.generations = [0] * self.num_workers
         self.restarts = 0
         self.workers: dict[int, Any] = {index: self._start(index) for index in range(self.num_workers)}
-        self.errors: list[str] = []
 
     def _start(self, index: int) -> Any:
         config = worker_config(self.config, index, self.num_workers, self.split, self.generations[index])
@@ -286,20 +267,50 @@ def train_on_gradient_workers(
             normaliser with its observations); None: nothing.
     """
     run_config = config.run
-    pool = GradientWorkerPool(config, type(config).GRADIENT_SPLIT)
+    pool = GradientWorkerPool(config)
     max_staleness = (
         run_config.gradient_workers if run_config.max_staleness is None else run_config.max_staleness
     )
     step_metrics: list[TensorDictBase] = []
     counters = {"dropped": 0, "staleness": 0, "applied": 0}
+    # where a step's time goes, summed since the last logged batch: the workers' collection and gradients (per
+    # reply), the learner's update and weights (per step), and each step's wall-clock time
+    timings = dict.fromkeys(("replies", "steps", "collect", "gradient", "apply", "weights", "wait"), 0.0)
 
     def apply(replies: Sequence[dict[str, Any]]) -> None:
+        start = time.perf_counter()
+        timings["replies"] += len(replies)
+        timings["collect"] += sum(reply["collect_s"] for reply in replies)
+        timings["gradient"] += sum(reply["gradient_s"] for reply in replies)
         gradient_lists = [reply["gradients"] for reply in replies if reply["gradients"] is not None]
-        if not gradient_lists:
-            return
-        grad_norm = learner.apply_gradients(average_gradients(gradient_lists))
-        metrics = torch.stack([reply["metrics"] for reply in replies if reply["metrics"] is not None]).mean()
-        step_metrics.append(metrics.set("grad_norm", grad_norm.detach().cpu()))
+        if gradient_lists:
+            grad_norm = learner.apply_gradients(average_gradients(gradient_lists))
+            metrics = torch.stack(
+                [reply["metrics"] for reply in replies if reply["metrics"] is not None]
+            ).mean()
+            step_metrics.append(metrics.set("grad_norm", grad_norm.detach().cpu()))
+        timings["apply"] += time.perf_counter() - start
+
+    def publish() -> Any:
+        """The learner's weights in Ray's object store, for the next requests."""
+        start = time.perf_counter()
+        weights = pool.ray.put(learner.get_weights())
+        timings["weights"] += time.perf_counter() - start
+        timings["steps"] += 1
+        return weights
+
+    def timing_metrics() -> dict[str, float]:
+        replies, steps = max(1.0, timings["replies"]), max(1.0, timings["steps"])
+        metrics = {
+            "time/worker_collect_s": timings["collect"] / replies,
+            "time/worker_gradient_s": timings["gradient"] / replies,
+            "time/learner_apply_s": timings["apply"] / steps,
+            "time/learner_weights_s": timings["weights"] / steps,
+            "time/learner_wait_s": timings["wait"] / steps,
+        }
+        for key in timings:
+            timings[key] = 0.0
+        return metrics
 
     def record(reports: Sequence[TensorDictBase]) -> bool:
         """Account for the workers' finished batches; True when the run should stop."""
@@ -317,26 +328,32 @@ def train_on_gradient_workers(
                 "train/worker_restarts": pool.restarts,
                 "train/dropped_gradients": counters["dropped"],
                 "train/gradient_staleness": counters["staleness"] / max(1, counters["applied"]),
-            }
+                "train/weights_mb": weights_mb,
+            } | timing_metrics()
             stop = run.record_batch(report, metrics) or stop
         return stop
 
     try:
         learner.set_frames(run.frames)  # a resumed run's
-        weights = pool.ray.put(learner.get_weights())
+        weights_mb = sum(tensor.numel() * tensor.element_size() for tensor in learner.parameters) / 2**20
+        weights = publish()
         if run_config.sync:
             while True:
+                start = time.perf_counter()
                 replies = pool.gather({index: pool.request(index, weights) for index in pool.workers})
+                timings["wait"] += time.perf_counter() - start
                 replies = [replies[index] for index in sorted(replies)]  # a fixed order: a reproducible mean
                 apply(replies)
                 stop = record([reply["report"] for reply in replies if reply["report"] is not None])
-                weights = pool.ray.put(learner.get_weights())
+                weights = publish()
                 if stop:
                     break
         else:
             pending = {pool.request(index, weights): index for index in pool.workers}
             while pending:
+                start = time.perf_counter()
                 ready, _ = pool.ray.wait(list(pending), num_returns=1, timeout=WORKER_REPLY_TIMEOUT_S)
+                timings["wait"] += time.perf_counter() - start
                 if not ready:  # none answered in time: replace them all
                     for reference, index in list(pending.items()):
                         del pending[reference]
@@ -351,18 +368,18 @@ def train_on_gradient_workers(
                     if pool.replace(index, error):
                         pending[pool.request(index, weights)] = index
                     continue
-                if reply["gradients"] is not None:
-                    staleness = learner.steps - reply["steps"]
-                    if staleness > max_staleness:
-                        counters["dropped"] += 1
-                    else:
-                        apply([reply])
-                        counters["applied"] += 1
-                        counters["staleness"] += staleness
+                staleness = learner.steps - reply["steps"]
+                if reply["gradients"] is not None and staleness > max_staleness:
+                    counters["dropped"] += 1
+                    reply["gradients"] = None
+                elif reply["gradients"] is not None:
+                    counters["applied"] += 1
+                    counters["staleness"] += staleness
+                apply([reply])
                 stop = record([reply["report"]] if reply["report"] is not None else [])
                 if stop:
                     break
-                weights = pool.ray.put(learner.get_weights())
+                weights = publish()
                 pending[pool.request(index, weights)] = index
     finally:
         pool.shutdown()
