@@ -313,7 +313,8 @@ def main(config: A2CConfig, loss_addons: Sequence[LossAddon] = ()) -> dict:
 
     def schedule(learner):  # learning rates, annealed linearly over the budget with --anneal-lr
         values = learner.hyperparameters
-        scale = 1.0 - learner.steps / num_batches if optim_config.anneal_lr else 1.0
+        progress = min(1.0, learner.frames / (num_batches * frames_per_batch))  # before this batch
+        scale = 1.0 - progress if optim_config.anneal_lr else 1.0
         set_learning_rates(optimizer, [values["lr"], values["critic_lr"]], scale)
         if "entropy_coef" in values:
             loss_module.entropy_coeff.fill_(values["entropy_coef"])
@@ -359,6 +360,7 @@ def main(config: A2CConfig, loss_addons: Sequence[LossAddon] = ()) -> dict:
 
     # loop: one gradient step per collected batch
     for batch in collector:
+        learner.set_frames(run.frames)  # collected before this batch: its updates anneal from there
         for minibatch in minibatches(batch):
             losses, grad_norm = learner.step(minibatch)
         after_batch(batch)

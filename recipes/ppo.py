@@ -311,7 +311,7 @@ def main(config: PPOConfig, loss_addons: Sequence[LossAddon] = ()) -> dict:
         eps=optim_config.adam_eps,
         fused=device.type in ("cpu", "cuda"),
     )
-    total_updates = num_batches * optim_config.num_epochs * minibatches_per_epoch
+    budget = num_batches * frames_per_batch  # the schedules' frames
 
     loss_keys = ["loss_objective", "loss_critic"] + (["loss_entropy"] if loss_config.entropy_coef > 0 else [])
     loss_fn = compiled(loss_module, run_config.compile)  # --compile: forward and backward
@@ -324,7 +324,7 @@ def main(config: PPOConfig, loss_addons: Sequence[LossAddon] = ()) -> dict:
         return total, metrics.update(addon_metrics)
 
     def schedule(learner):  # learning rates and clip range, annealed linearly over the budget when asked
-        progress = learner.steps / total_updates
+        progress = min(1.0, learner.frames / budget)  # of the frames before this batch, as CleanRL
         values = learner.hyperparameters
         lr_scale = 1.0 - progress if optim_config.anneal_lr else 1.0
         set_learning_rates(optimizer, [values["lr"], values["critic_lr"]], lr_scale)
@@ -379,6 +379,7 @@ def main(config: PPOConfig, loss_addons: Sequence[LossAddon] = ()) -> dict:
 
     # loop
     for batch in collector:
+        learner.set_frames(run.frames)  # collected before this batch: its updates anneal from there
         metrics_list = []
         for minibatch in minibatches(batch):
             losses, grad_norm = learner.step(minibatch)

@@ -286,7 +286,7 @@ def main(config: RNDPPOConfig, loss_addons: Sequence[LossAddon] = ()) -> dict:
     optimizer = torch.optim.Adam(
         parameters, lr=optim_config.lr, eps=optim_config.adam_eps, fused=device.type in ("cpu", "cuda")
     )
-    total_updates = num_batches * optim_config.num_epochs * minibatches_per_epoch
+    budget = num_batches * frames_per_batch  # the schedules' frames
 
     loss_keys = ["loss_objective", "loss_critic"] + (["loss_entropy"] if loss_config.entropy_coef > 0 else [])
     loss_keys += ["loss_critic_int", "loss_predictor"]
@@ -308,7 +308,7 @@ def main(config: RNDPPOConfig, loss_addons: Sequence[LossAddon] = ()) -> dict:
         return total, metrics.set("intrinsic_reward", minibatch.get(("next", INTRINSIC_REWARD_KEY)).mean())
 
     def schedule(learner):  # learning rate and clip range, annealed linearly over the budget when asked
-        progress = learner.steps / total_updates
+        progress = min(1.0, learner.frames / budget)  # of the frames before this batch, as CleanRL
         values = learner.hyperparameters
         set_learning_rates(optimizer, [values["lr"]], 1.0 - progress if optim_config.anneal_lr else 1.0)
         clip_scale = 1.0 - progress if loss_config.anneal_clip else 1.0
@@ -367,6 +367,7 @@ def main(config: RNDPPOConfig, loss_addons: Sequence[LossAddon] = ()) -> dict:
 
     # loop
     for batch in collector:
+        learner.set_frames(run.frames)  # collected before this batch: its updates anneal from there
         metrics_list = []
         for minibatch in minibatches(batch):
             losses, grad_norm = learner.step(minibatch)

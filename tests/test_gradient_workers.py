@@ -158,8 +158,10 @@ def test_ppo_sync_step_over_two_workers_equals_one_step_on_their_minibatches_tog
     torch.testing.assert_close(sync_norm, whole_norm)
     for one, other in zip(first.learner.parameters, whole.learner.parameters, strict=True):
         torch.testing.assert_close(one, other, rtol=1e-5, atol=1e-6)
-    # the clip range the next step uses is the learner's, annealed with its step count
+    # the clip range the next step uses is the learner's, annealed over the frames it counted
+    first.learner.set_frames(1024)
     second.learner.set_weights(first.learner.get_weights())
+    assert second.learner.frames == 1024
     clip = first.learner.modules["loss"].clip_epsilon
     assert clip < config.loss.clip_epsilon
     torch.testing.assert_close(second.learner.modules["loss"].clip_epsilon, clip)
