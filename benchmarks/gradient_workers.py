@@ -70,9 +70,17 @@ def run_side(side: str, seed: int, output_root: Path) -> dict:
     if result.returncode != 0:
         raise RuntimeError(f"{side} seed {seed} failed:\n{result.stderr[-3000:]}")
     summary = json.loads((output_dir / "summary.json").read_text())
+    with open(output_dir / "evaluations.csv") as file:
+        evaluations = list(csv.DictReader(file))
+    first, last = (
+        evaluations[0],
+        evaluations[-1],
+    )  # between them: no start-up (Ray, the workers' imports and envs)
     row = {
         "wall_time_s": summary["wall_time_s"],
         "fps": summary["fps"],
+        "steady_fps": (int(last["frames"]) - int(first["frames"]))
+        / (float(last["wall_time_s"]) - float(first["wall_time_s"])),
         "eval_return_mean": summary["eval_return_mean"],
         "time_to_target_s": time_to_return(str(output_dir), TARGET),
     }
@@ -117,14 +125,15 @@ def main() -> None:
             row = run_side(side, seed, args.output_root)
             results[side].append(row)
             print(
-                f"seed {seed} {side:8s} wall {row['wall_time_s']:6.1f} s  fps {row['fps']:7.0f}  "
+                f"seed {seed} {side:8s} wall {row['wall_time_s']:6.1f} s  fps {row['fps']:7.0f} "
+                f"(after the first evaluation {row['steady_fps']:7.0f})  "
                 f"return {row['eval_return_mean']:6.1f}  time to {TARGET:.0f}: {row['time_to_target_s']}",
                 flush=True,
             )
 
-    print(f"\n| run | wall-clock s | frames/s | final return | time to {TARGET:.0f} s | step time (ms): "
-          "worker collect + gradient, learner wait, apply, weights |")  # fmt: skip
-    print("|---|---|---|---|---|---|")
+    print(f"\n| run | wall-clock s | frames/s | frames/s after the first evaluation | final return | time to "
+          f"{TARGET:.0f} s | step time (ms): worker collect + gradient, learner wait, apply, weights |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|")
     for side, rows in results.items():
         solved = [r["time_to_target_s"] for r in rows if r["time_to_target_s"] is not None]
         times = ""
@@ -136,7 +145,7 @@ def main() -> None:
             )
         print(
             f"| {side} | {statistics.mean(r['wall_time_s'] for r in rows):.1f} | "
-            f"{statistics.mean(r['fps'] for r in rows):.0f} | "
+            f"{statistics.mean(r['fps'] for r in rows):.0f} | {statistics.mean(r['steady_fps'] for r in rows):.0f} | "
             f"{statistics.mean(r['eval_return_mean'] for r in rows):.1f} | "
             f"{f'{statistics.mean(solved):.1f} ({len(solved)}/{len(rows)} seeds)' if solved else 'n/a'} | {times} |"
         )

@@ -16,3 +16,18 @@ def test_a_benchmark_side_runs_again_in_the_same_folder(module, tmp_path, monkey
     for _ in range(2):
         row = module.run_ours(0, zoo=True)
     assert row["frames"] >= 256 and row["wall_time_s"] > 0
+
+
+def test_the_gradient_worker_scaling_model_splits_compute_not_the_learners_costs():
+    from benchmarks.gradient_workers import predict_sync
+
+    one_worker = {
+        "worker_collect_s": 0.01,
+        "worker_gradient_s": 0.09,
+        "learner_wait_s": 0.11,  # 10 ms of round trip
+        "learner_apply_s": 0.002,
+        "learner_weights_s": 0.003,
+    }
+    assert predict_sync(one_worker, 1, cores=2) == pytest.approx(0.115)
+    assert predict_sync(one_worker, 2, cores=2) == pytest.approx(0.065)
+    assert predict_sync(one_worker, 4, cores=2) == pytest.approx(0.065)  # no more cores: no more speed

@@ -268,9 +268,8 @@ def train_on_gradient_workers(
     """
     run_config = config.run
     pool = GradientWorkerPool(config)
-    max_staleness = (
-        run_config.gradient_workers if run_config.max_staleness is None else run_config.max_staleness
-    )
+    max_staleness = run_config.max_staleness
+    max_staleness = run_config.gradient_workers if max_staleness is None else max_staleness
     step_metrics: list[TensorDictBase] = []
     counters = {"dropped": 0, "staleness": 0, "applied": 0}
     # where a step's time goes, summed since the last logged batch: the workers' collection and gradients (per
@@ -285,10 +284,8 @@ def train_on_gradient_workers(
         gradient_lists = [reply["gradients"] for reply in replies if reply["gradients"] is not None]
         if gradient_lists:
             grad_norm = learner.apply_gradients(average_gradients(gradient_lists))
-            metrics = torch.stack(
-                [reply["metrics"] for reply in replies if reply["metrics"] is not None]
-            ).mean()
-            step_metrics.append(metrics.set("grad_norm", grad_norm.detach().cpu()))
+            metrics = torch.stack([reply["metrics"] for reply in replies if reply["metrics"] is not None])
+            step_metrics.append(metrics.mean().set("grad_norm", grad_norm.detach().cpu()))
         timings["apply"] += time.perf_counter() - start
 
     def publish() -> Any:
@@ -301,35 +298,33 @@ def train_on_gradient_workers(
 
     def timing_metrics() -> dict[str, float]:
         replies, steps = max(1.0, timings["replies"]), max(1.0, timings["steps"])
-        metrics = {
-            "time/worker_collect_s": timings["collect"] / replies,
-            "time/worker_gradient_s": timings["gradient"] / replies,
-            "time/learner_apply_s": timings["apply"] / steps,
-            "time/learner_weights_s": timings["weights"] / steps,
-            "time/learner_wait_s": timings["wait"] / steps,
-        }
-        for key in timings:
-            timings[key] = 0.0
+        metrics = {f"time/worker_{key}_s": timings[key] / replies for key in ("collect", "gradient")}
+        metrics |= {f"time/learner_{key}_s": timings[key] / steps for key in ("apply", "weights", "wait")}
+        timings.update(dict.fromkeys(timings, 0.0))
         return metrics
 
     def record(reports: Sequence[TensorDictBase]) -> bool:
-        """Account for the workers' finished batches; True when the run should stop."""
+        """Account for the workers' finished batches (the metrics since the last ones go with the first); True
+        when the run should stop."""
         stop = False
-        for report in reports:
+        for number, report in enumerate(reports):
             learner.set_frames(run.frames + report.numel())  # this batch included, as the workers will see
             if after_batch is not None:
                 after_batch(report)
-            metrics = stack_metrics(step_metrics) if step_metrics else {}
-            step_metrics.clear()
-            metrics = {f"train/{key}": value for key, value in metrics.items()}
-            metrics |= {
-                "train/lr": learner.optimizer.param_groups[0]["lr"],
+            metrics = {
                 "train/gradient_workers": len(pool.workers),
                 "train/worker_restarts": pool.restarts,
                 "train/dropped_gradients": counters["dropped"],
-                "train/gradient_staleness": counters["staleness"] / max(1, counters["applied"]),
-                "train/weights_mb": weights_mb,
-            } | timing_metrics()
+            }
+            if number == 0:
+                losses = stack_metrics(step_metrics) if step_metrics else {}
+                step_metrics.clear()
+                metrics |= {f"train/{key}": value for key, value in losses.items()} | timing_metrics()
+                metrics |= {
+                    "train/lr": learner.optimizer.param_groups[0]["lr"],
+                    "train/gradient_staleness": counters["staleness"] / max(1, counters["applied"]),
+                    "train/weights_mb": weights_mb,
+                }
             stop = run.record_batch(report, metrics) or stop
         return stop
 
