@@ -80,7 +80,7 @@ def space_to_json(space: gym.Space) -> dict[str, Any]:
     if isinstance(space, gym.spaces.Discrete):
         return {"type": "Discrete", "n": int(space.n), "start": int(space.start)}
     if isinstance(space, gym.spaces.MultiDiscrete):
-        return {"type": "MultiDiscrete", "nvec": space.nvec.tolist()}
+        return {"type": "MultiDiscrete", "nvec": space.nvec.tolist(), "start": space.start.tolist()}
     if isinstance(space, gym.spaces.MultiBinary):
         return {"type": "MultiBinary", "n": space.n}
     raise InputError(f"Space {space} cannot be saved: use Box, Discrete, MultiDiscrete or MultiBinary.")
@@ -108,7 +108,9 @@ def space_from_json(data: dict[str, Any], max_elements: int | None = None) -> gy
     if kind == "Discrete":
         return gym.spaces.Discrete(data["n"], start=data["start"])
     if kind == "MultiDiscrete":
-        return gym.spaces.MultiDiscrete(data["nvec"])
+        return gym.spaces.MultiDiscrete(
+            data["nvec"], start=data.get("start")
+        )  # saved since MultiDiscrete policies
     if kind == "MultiBinary":
         return gym.spaces.MultiBinary(data["n"])
     raise InputError(f"Unknown space description {data!r} in checkpoint.")
@@ -251,7 +253,7 @@ class Agent(nn.Module):
     def _to_env_action(self, action: torch.Tensor) -> np.ndarray:
         array = action.detach().cpu().numpy()
         space = self.action_space
-        if isinstance(space, gym.spaces.Discrete):
+        if isinstance(space, gym.spaces.Discrete | gym.spaces.MultiDiscrete):
             return (array + space.start).astype(space.dtype)
         if isinstance(space, gym.spaces.Box):
             return np.clip(array, space.low, space.high).astype(space.dtype)

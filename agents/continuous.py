@@ -40,7 +40,7 @@ def check_box_actions(action_spec: TensorSpec, algorithm: str) -> Bounded:
     if isinstance(action_spec, Categorical):
         raise InputError(
             f"{algorithm} needs a Box (continuous) action space; for Discrete actions use recipes.sac --discrete, "
-            "recipes.dqn or recipes.ppo."
+            "recipes.dqn or recipes.ppo, for MultiDiscrete or MultiBinary actions recipes.ppo or recipes.a2c."
         )
     raise InputError(
         f"{algorithm} needs a one-dimensional Box action space, got a {type(action_spec).__name__} spec of shape "
@@ -104,7 +104,7 @@ def make_qvalue_critic(
     encoder, in_features = observation_encoder(observation_spec, False)
     if normalizer is not None:
         encoder = nn.Sequential(SharedNormalizer(normalizer), encoder)
-    if isinstance(action_spec, Categorical):
+    if type(action_spec) is Categorical:  # Discrete actions: a value per action (discrete SAC)
         net = nn.Sequential(encoder, make_mlp(in_features, action_spec.space.n, hidden_sizes, activation))
         return ValueOperator(net, in_keys=["observation"], out_keys=["action_value"])
     action_dim = action_spec.shape[-1]

@@ -83,7 +83,8 @@ def make_es_policy(
             TanhModule(in_keys=["action_preactivation"], out_keys=["action"], spec=action_spec[0]),
         )
     raise InputError(
-        f"Evolution Strategies handle Discrete and one-dimensional Box actions, got the spec {action_spec}."
+        f"Evolution Strategies handle Discrete and one-dimensional Box actions, got {type(action_spec).__name__} "
+        "actions; for MultiDiscrete or MultiBinary actions use recipes.ppo or recipes.a2c."
     )
 
 

@@ -9,9 +9,10 @@ from collections.abc import Sequence
 import torch
 from tensordict.nn import AddStateIndependentNormalScale, NormalParamExtractor, TensorDictModule
 from torch import nn
-from torchrl.data import Bounded, Categorical, TensorSpec
+from torchrl.data import Binary, Bounded, Categorical, MultiCategorical, TensorSpec
 from torchrl.modules import MLP, IndependentNormal, ProbabilisticActor, TanhNormal, ValueOperator
 
+from agents.distributions import FactorisedBernoulli, FactorisedCategorical
 from agents.normalization import ObservationNormalizer
 from errors import InputError
 
@@ -297,7 +298,9 @@ def make_actor(
 ) -> ProbabilisticActor:
     """Build a stochastic MLP policy for the env's action spec.
 
-    A ``Categorical`` action spec (Gymnasium ``Discrete``) gets a categorical distribution over logits; a
+    A ``Categorical`` action spec (Gymnasium ``Discrete``) gets a categorical distribution over logits,
+    ``MultiDiscrete`` one categorical per component and ``MultiBinary`` one Bernoulli per component
+    (:mod:`agents.distributions`, from one vector of logits); a
     ``Bounded`` spec (Gymnasium ``Box``) gets a tanh-normal distribution scaled to the action bounds, with a
     learned state-independent scale (PPO's usual choice) or a state-dependent one. With ``squash=False`` a Box
     policy is a plain diagonal Gaussian instead (Stable-Baselines3's PPO and A2C): its samples are unbounded,
@@ -335,6 +338,28 @@ def make_actor(
         encoder, in_features = observation_encoder(observation_spec, normalize_obs)
     else:
         in_features = encoder_width(observation_spec)
+    if isinstance(
+        action_spec, MultiCategorical | Binary
+    ):  # before Categorical: both are Categorical subclasses
+        if action_spec.ndim != 2:
+            raise InputError(
+                f"{'MultiDiscrete' if isinstance(action_spec, MultiCategorical) else 'MultiBinary'} actions must be "
+                f"one-dimensional per env, got shape {tuple(action_spec.shape[1:])}: flatten the action space."
+            )
+        if isinstance(action_spec, MultiCategorical):
+            nvec = [int(n) for n in action_spec.nvec.reshape(-1, action_spec.shape[-1])[0]]
+            width, distribution_class, distribution_kwargs = sum(nvec), FactorisedCategorical, {"nvec": nvec}
+        else:
+            width, distribution_class, distribution_kwargs = action_spec.shape[-1], FactorisedBernoulli, {}
+        net = nn.Sequential(encoder, make_mlp(in_features, width, hidden_sizes, activation))
+        return ProbabilisticActor(
+            TensorDictModule(net, in_keys=["observation"], out_keys=["logits"]),
+            in_keys=["logits"],
+            spec=action_spec,
+            distribution_class=distribution_class,
+            distribution_kwargs=distribution_kwargs,
+            return_log_prob=True,
+        )
     if isinstance(action_spec, Categorical):
         net = nn.Sequential(encoder, make_mlp(in_features, action_spec.space.n, hidden_sizes, activation))
         module = TensorDictModule(net, in_keys=["observation"], out_keys=["logits"])
@@ -379,7 +404,7 @@ def make_actor(
         )
     raise InputError(
         f"Action spec {type(action_spec).__name__} is not supported by make_actor: "
-        "it builds policies for Discrete and bounded Box action spaces."
+        "it builds policies for Discrete, MultiDiscrete, MultiBinary and bounded Box action spaces."
     )
 
 

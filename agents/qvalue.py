@@ -195,10 +195,10 @@ def make_q_actor(
         >>> policy(env.reset())["action_value"].shape
         torch.Size([2, 2])
     """
-    if not isinstance(action_spec, Categorical):
+    if type(action_spec) is not Categorical:  # not its subclasses MultiCategorical and Binary
         raise InputError(
             f"DQN needs a Discrete action space, got a {type(action_spec).__name__} action spec; "
-            "for Box (continuous) actions use recipes.ppo."
+            "for Box (continuous), MultiDiscrete or MultiBinary actions use recipes.ppo or recipes.a2c."
         )
     num_actions = action_spec.space.n
     network = make_q_network(

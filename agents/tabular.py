@@ -161,10 +161,10 @@ def make_q_table(
         >>> policy(env.reset())["action_value"].shape
         torch.Size([2, 6])
     """
-    if not isinstance(action_spec, Categorical):
+    if type(action_spec) is not Categorical:  # not its subclasses MultiCategorical and Binary
         raise InputError(
             f"Tabular Q-learning needs a Discrete action space, got {type(action_spec).__name__} actions; "
-            "use recipes.ppo for Box action spaces."
+            "use recipes.ppo for Box, MultiDiscrete or MultiBinary action spaces."
         )
     if isinstance(observation_spec, Categorical):
         if grid_size is not None:

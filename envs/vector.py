@@ -39,9 +39,14 @@ def _nonfinite_rows(*arrays: np.ndarray) -> set[int]:
     return rows
 
 
-def _start(space: gym.Space) -> int:
-    """The first value of a Discrete space (0 for other spaces)."""
-    return int(space.start) if isinstance(space, gym.spaces.Discrete) else 0
+def _start(space: gym.Space) -> int | np.ndarray:
+    """The first value of a Discrete space, or of each component of a MultiDiscrete one (0 for other spaces and
+    for MultiDiscrete spaces that start at 0)."""
+    if isinstance(space, gym.spaces.Discrete):
+        return int(space.start)
+    if isinstance(space, gym.spaces.MultiDiscrete) and np.any(space.start != 0):
+        return space.start
+    return 0
 
 
 class GymnasiumVectorEnv(EnvBase):
@@ -124,7 +129,7 @@ class GymnasiumVectorEnv(EnvBase):
     def _observation_array(self, observation: np.ndarray) -> np.ndarray:
         """Gymnasium observations as the spec's dtype, Discrete ones shifted to start at 0."""
         array = np.asarray(observation, dtype=self._observation_np_dtype)
-        return array - self._observation_offset if self._observation_offset else array
+        return array - self._observation_offset if np.any(self._observation_offset) else array
 
     def _reset(self, tensordict: TensorDictBase | None = None, **kwargs) -> TensorDictBase:
         reset_mask = None if tensordict is None else tensordict.get("_reset", None)
@@ -162,7 +167,7 @@ class GymnasiumVectorEnv(EnvBase):
         action = tensordict.get("action").detach().cpu().numpy()
         if self._clip_bounds is not None:
             action = np.clip(action, *self._clip_bounds)  # a copy: the tensordict keeps the policy's action
-        if self._action_offset:
+        if np.any(self._action_offset):
             action = action + self._action_offset
         observation, reward, terminated, truncated, info = self.vector_env.step(
             action.astype(self._action_dtype)

@@ -230,7 +230,7 @@ def main(config: DQNConfig) -> dict:
         env.close()
         raise InputError(
             f"DQN needs a Discrete action space; {run_config.env_id} has {env.single_action_space}. "
-            "For Box (continuous) actions use recipes.ppo."
+            "For Box (continuous), MultiDiscrete or MultiBinary actions use recipes.ppo or recipes.a2c."
         )
 
     # modules: the agent owns the epsilon-greedy Q policy; the loss trains its Q-value actor

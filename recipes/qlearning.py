@@ -113,7 +113,7 @@ def check_spaces(
     if not isinstance(action_space, gym.spaces.Discrete):
         raise InputError(
             f"Tabular Q-learning needs a Discrete action space, but {env_id} has {action_space}: "
-            "use recipes.ppo for Box action spaces."
+            "use recipes.ppo for Box, MultiDiscrete or MultiBinary action spaces."
         )
     if isinstance(observation_space, gym.spaces.Box):
         check_finite_bounds(observation_space.low, observation_space.high)

@@ -110,7 +110,7 @@ def tiny_qlearning(output_dir, env_id="Taxi-v4", grid_size=None, **run_overrides
 @pytest.mark.parametrize(
     "env_id, grid_size, message",
     [
-        ("Pendulum-v1", 8, "use recipes.ppo for Box action spaces"),
+        ("Pendulum-v1", 8, "use recipes.ppo for Box, MultiDiscrete or MultiBinary action spaces"),
         ("CartPole-v1", 8, r"unbounded in dimension\(s\) \[1, 3\]"),
         ("MountainCar-v0", None, "pass --grid-size N"),
         ("Taxi-v4", 8, "drop it for Discrete observations"),
