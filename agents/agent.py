@@ -29,7 +29,7 @@ from agents.qvalue import make_q_actor
 from agents.tabular import make_q_table
 from envs.atari import is_atari, make_atari_env
 from envs.rendering import headless_rendering
-from envs.specs import space_to_spec
+from envs.specs import ACTION_MASK_KEY, space_to_spec
 from envs.vector import check_device, env_spec
 from errors import InputError
 
@@ -259,13 +259,17 @@ class Agent(nn.Module):
             return np.clip(array, space.low, space.high).astype(space.dtype)
         return array.astype(space.dtype)
 
-    def predict(self, observation: Any, deterministic: bool = True) -> np.ndarray | Any:
+    def predict(
+        self, observation: Any, deterministic: bool = True, action_mask: Any = None
+    ) -> np.ndarray | Any:
         """Return the action for one observation, or a batch of actions for a batch of observations.
 
         Args:
             observation: a Gymnasium observation (NumPy array, torch tensor, list or int), or a batch of them
                 stacked along a new first dimension.
             deterministic: take the policy's mode instead of sampling.
+            action_mask: for an agent trained with action masks, the allowed actions (``info["action_mask"]``
+                of the env, booleans or 0/1, one row per observation); None allows every action.
 
         Returns:
             An action valid in the Gymnasium env (an ``int``-like NumPy scalar for Discrete spaces), or a
@@ -279,14 +283,25 @@ class Agent(nn.Module):
                 "predict(obs, deterministic=False) cannot apply it. Use deterministic=True."
             )
         tensor, single = self._observation_tensor(observation)
+        masks = None if action_mask is None else np.asarray(action_mask).reshape(tensor.shape[0], -1)
         with torch.no_grad(), set_exploration_type(_exploration(deterministic)):
-            actions = self._act(tensor)
+            actions = self._act(tensor, masks)
         return actions[0] if single else actions
 
-    def _act(self, observations: torch.Tensor) -> np.ndarray:
-        """Env actions for a batch of observation tensors (call under no_grad and an exploration type)."""
-        output = self.policy(TensorDict({"observation": observations}, batch_size=observations.shape[:1]))
-        return self._to_env_action(output.get("action"))
+    def _act(self, observations: torch.Tensor, action_masks: np.ndarray | None = None) -> np.ndarray:
+        """Env actions for a batch of observation tensors (call under no_grad and an exploration type); a masked
+        policy gets ``action_masks`` (every action allowed where None)."""
+        inputs = TensorDict({"observation": observations}, batch_size=observations.shape[:1])
+        if self.policy_kwargs.get("action_mask"):
+            size = (observations.shape[0], int(self.action_space.n))
+            masks = (
+                np.ones(size, dtype=bool) if action_masks is None else np.asarray(action_masks, dtype=bool)
+            )
+            if masks.shape != size:
+                raise InputError(f"action_mask has shape {masks.shape}; this agent needs {size}.")
+            masks[~masks.any(axis=1)] = True  # a row that allows nothing allows everything, as in training
+            inputs.set(ACTION_MASK_KEY, torch.as_tensor(masks, device=observations.device))
+        return self._to_env_action(self.policy(inputs).get("action"))
 
     # -------------------------------------------------------------- evaluating
     def check_spaces(self, env: gym.Env | gym.vector.VectorEnv) -> None:
@@ -391,13 +406,17 @@ class Agent(nn.Module):
         lengths = np.zeros(episodes, dtype=np.int64)
         episode_of: dict[int, int] = {}  # env index -> the episode it is running
         observations: dict[int, Any] = {}
+        masks: dict[
+            int, Any
+        ] = {}  # env index -> the allowed actions its env gave (info["action_mask"]), if any
         frames: list[np.ndarray] = []
         next_episode = 0
 
         def start(index: int) -> None:
             nonlocal next_episode
             episode_seed = None if seed is None else seed + next_episode
-            observations[index], _ = envs[index].reset(seed=episode_seed)
+            observations[index], info = envs[index].reset(seed=episode_seed)
+            masks[index] = info.get("action_mask")
             episode_of[index] = next_episode
             if video_path is not None and next_episode == 0:
                 frames.append(envs[index].render())
@@ -409,8 +428,13 @@ class Agent(nn.Module):
             while episode_of:
                 active = list(episode_of)
                 batch, _ = self._observation_tensor(np.stack([observations[i] for i in active]))
-                for index, action in zip(active, self._act(batch)):
-                    observation, reward, terminated, truncated, _ = envs[index].step(action)
+                batch_masks = None
+                if any(masks[i] is not None for i in active):
+                    size = int(getattr(self.action_space, "n", 0))
+                    batch_masks = np.stack([np.ones(size) if masks[i] is None else masks[i] for i in active])
+                for index, action in zip(active, self._act(batch, batch_masks)):
+                    observation, reward, terminated, truncated, info = envs[index].step(action)
+                    masks[index] = info.get("action_mask")
                     episode = episode_of[index]
                     returns[episode] += float(reward)
                     lengths[episode] += 1

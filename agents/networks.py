@@ -10,10 +10,19 @@ import torch
 from tensordict.nn import AddStateIndependentNormalScale, NormalParamExtractor, TensorDictModule
 from torch import nn
 from torchrl.data import Binary, Bounded, Categorical, MultiCategorical, TensorSpec
-from torchrl.modules import MLP, IndependentNormal, ProbabilisticActor, TanhNormal, ValueOperator
+from torchrl.envs import EnvBase
+from torchrl.modules import (
+    MLP,
+    IndependentNormal,
+    MaskedCategorical,
+    ProbabilisticActor,
+    TanhNormal,
+    ValueOperator,
+)
 
 from agents.distributions import FactorisedBernoulli, FactorisedCategorical
 from agents.normalization import ObservationNormalizer
+from envs.specs import ACTION_MASK_KEY
 from errors import InputError
 
 ACTIVATIONS: dict[str, type[nn.Module]] = {"tanh": nn.Tanh, "relu": nn.ReLU, "elu": nn.ELU, "silu": nn.SiLU}
@@ -273,6 +282,12 @@ def find_normalizer(module: nn.Module) -> ObservationNormalizer | None:
     return next((m for m in module.modules() if isinstance(m, ObservationNormalizer)), None)
 
 
+def action_mask_kwargs(env: EnvBase) -> dict[str, bool]:
+    """``{"action_mask": True}`` for an env that gives the allowed actions (``"action_mask"``), else ``{}``: what
+    a recipe adds to its policy's keyword arguments (and the agent saves)."""
+    return {"action_mask": True} if ACTION_MASK_KEY in env.observation_spec.keys() else {}  # noqa: SIM118 - a Composite spec
+
+
 def make_mlp(in_features: int, out_features: int, hidden_sizes: Sequence[int], activation: str) -> MLP:
     """A TorchRL ``MLP`` with the named activation between layers and none on the output."""
     if activation not in ACTIVATIONS:
@@ -295,6 +310,7 @@ def make_actor(
     encoder: nn.Module | None = None,
     log_std_init: float = 0.0,
     squash: bool = True,
+    action_mask: bool = False,
 ) -> ProbabilisticActor:
     """Build a stochastic MLP policy for the env's action spec.
 
@@ -322,6 +338,8 @@ def make_actor(
             ``log_std_init``).
         squash: Box actions: squash the Gaussian by ``tanh`` into the bounds (True), or leave it unbounded for
             the env to clip (False). Its deterministic action is then the Gaussian's mean.
+        action_mask: Discrete actions: the env gives the allowed actions (``"action_mask"``, see
+            :func:`envs.make_env`): a ``MaskedCategorical`` samples, scores and takes the mode among those.
 
     Returns:
         A ``ProbabilisticActor`` reading ``"observation"`` and writing ``"action"`` and its log-probability.
@@ -363,13 +381,22 @@ def make_actor(
     if isinstance(action_spec, Categorical):
         net = nn.Sequential(encoder, make_mlp(in_features, action_spec.space.n, hidden_sizes, activation))
         module = TensorDictModule(net, in_keys=["observation"], out_keys=["logits"])
+        masked = {
+            "in_keys": {"logits": "logits", "mask": ACTION_MASK_KEY},
+            "distribution_class": MaskedCategorical,
+        }
         return ProbabilisticActor(
             module,
-            in_keys=["logits"],
+            **(
+                masked
+                if action_mask
+                else {"in_keys": ["logits"], "distribution_class": torch.distributions.Categorical}
+            ),
             spec=action_spec,
-            distribution_class=torch.distributions.Categorical,
             return_log_prob=True,
         )
+    if action_mask:
+        raise InputError("Action masks are for Discrete actions; this env's are not Discrete.")
     if isinstance(action_spec, Bounded) and action_spec.dtype.is_floating_point:
         if action_spec.ndim != 2:
             raise InputError(

@@ -23,6 +23,7 @@ from torchrl.objectives.value.functional import td0_return_estimate
 
 from agents.networks import ACTIVATIONS, observation_encoder
 from agents.options import Options
+from envs.specs import ACTION_MASK_KEY
 from errors import InputError, check_ranges
 
 DONE_KEYS = ("done", "terminated", "truncated")
@@ -169,6 +170,7 @@ def make_q_actor(
     noisy: bool = False,
     normalize_obs: bool = False,
     epsilon: float = 0.0,
+    action_mask: bool = False,
 ) -> TensorDictSequential:
     """Build an epsilon-greedy Q-value policy for a discrete action spec.
 
@@ -183,6 +185,8 @@ def make_q_actor(
         action_spec: the env's action spec (batched); must be ``Categorical`` (Gymnasium ``Discrete``).
         hidden_sizes, activation, dueling, noisy, normalize_obs: see :func:`make_q_network`.
         epsilon: initial exploration rate of the epsilon-greedy module.
+        action_mask: the env gives the allowed actions (``"action_mask"``): greedy and random actions are drawn
+            from those.
 
     Returns:
         ``TensorDictSequential(QValueActor, EGreedyModule[, NoiseResampler])``; ``policy[0]`` is the Q-value
@@ -205,8 +209,11 @@ def make_q_actor(
         observation_spec, num_actions, hidden_sizes, activation, dueling, noisy, normalize_obs
     )
     single_action_spec = action_spec[0] if action_spec.ndim else action_spec
-    q_actor = QValueActor(network, in_keys=["observation"], spec=single_action_spec)
-    exploration = EGreedyModule(single_action_spec, eps_init=epsilon, eps_end=epsilon)
+    mask_key = ACTION_MASK_KEY if action_mask else None
+    q_actor = QValueActor(network, in_keys=["observation"], spec=single_action_spec, action_mask_key=mask_key)
+    exploration = EGreedyModule(
+        single_action_spec, eps_init=epsilon, eps_end=epsilon, action_mask_key=mask_key
+    )
     if noisy:
         return TensorDictSequential(q_actor, exploration, NoiseResampler(network))
     return TensorDictSequential(q_actor, exploration)
@@ -308,13 +315,19 @@ class TensorDQNLoss(DQNLoss):
         chosen_value_B = self._chosen(self._q_network(*observations), tensordict.get(keys.action))
 
         with torch.no_grad():
+            # the next state's allowed actions, when the env gives them: the bootstrap takes the best of those
+            next_mask_BA = tensordict.get(("next", ACTION_MASK_KEY), None)
+
+            def allowed(values_BA: torch.Tensor) -> torch.Tensor:
+                return values_BA if next_mask_BA is None else values_BA.masked_fill(~next_mask_BA, -torch.inf)
+
             if self.double_dqn:  # the online network picks the next action, the target network values it
-                next_action_B1 = self._q_network(*next_observations).argmax(-1, keepdim=True)
+                next_action_B1 = allowed(self._q_network(*next_observations)).argmax(-1, keepdim=True)
             next_values_BA = target_network(*next_observations)
             if self.double_dqn:
                 next_value_B1 = next_values_BA.gather(-1, next_action_B1)
             else:
-                next_value_B1 = next_values_BA.max(-1, keepdim=True).values
+                next_value_B1 = allowed(next_values_BA).max(-1, keepdim=True).values
             reward_B1 = tensordict.get(("next", keys.reward))
             estimator = self.value_estimator
             gamma = estimator.gamma.to(reward_B1.device)
@@ -393,12 +406,12 @@ class NStepReturns(MultiStepTransform):
 
     def extend(self, replay_buffer: ReplayBuffer, batch: TensorDictBase) -> int:
         """Store the n-step transitions of a collected ``[num_envs, time]`` batch in ``replay_buffer`` (only the
-        keys the losses read: :data:`TRANSITION_KEYS` and ``steps_to_next_obs``).
+        keys the losses read: :data:`TRANSITION_KEYS`, the next action mask if any, ``steps_to_next_obs``).
 
         Returns:
             The number of transitions stored (0 while the first window is incomplete).
         """
-        transitions = self.inv(batch.select(*TRANSITION_KEYS))
+        transitions = self.inv(batch.select(*TRANSITION_KEYS, ("next", ACTION_MASK_KEY), strict=False))
         if transitions is None:
             return 0
         transitions = transitions.exclude(*N_STEP_WORKING_KEYS).reshape(-1)

@@ -145,6 +145,7 @@ def env_runtime_state(env: EnvBase) -> tuple[dict[str, Any] | None, str | None]:
             "observation": env._observation,
             "episode_return": env._episode_return,
             "episode_length": env._episode_length,
+            "action_mask": env._action_mask,
             "seed": env._seed,
             **vector,
         }, None
@@ -180,6 +181,8 @@ def load_env_runtime_state(env: EnvBase, state: dict[str, Any]) -> None:
         env._observation = state["observation"].to(env.device)
         env._episode_return = state["episode_return"].to(env.device)
         env._episode_length = state["episode_length"].to(env.device)
+        mask = state.get("action_mask")  # absent from checkpoints of before masks
+        env._action_mask = None if mask is None else mask.to(env.device)
         env._seed = state["seed"]
         return
     raise InputError(

@@ -14,6 +14,7 @@ from errors import InputError
 
 EPISODE_RETURN_KEY = "episode_return"
 EPISODE_LENGTH_KEY = "episode_length"
+ACTION_MASK_KEY = "action_mask"  # the allowed Discrete actions of the observation beside it (True: allowed)
 
 
 def space_to_spec(space: gym.Space, batch_size: int, device: torch.device | str = "cpu"):
@@ -66,20 +67,28 @@ def unchecked_tensordict(
     return TensorDict._new_unsafe(source, batch_size=batch_size, device=device)
 
 
-def set_specs(env: EnvBase, observation_space: gym.Space, action_space: gym.Space) -> None:
+def set_specs(
+    env: EnvBase, observation_space: gym.Space, action_space: gym.Space, action_mask: bool = False
+) -> None:
     """Give a batched env the specs shared by every env of this toolkit.
 
     ``"observation"`` and ``"action"`` follow the single-env Gymnasium spaces; ``"episode_return"`` and
     ``"episode_length"`` track each sub-env's episode; ``"reward"`` is float32 and ``"done"``,
-    ``"terminated"`` and ``"truncated"`` are separate flags, all with a trailing dim of 1.
+    ``"terminated"`` and ``"truncated"`` are separate flags, all with a trailing dim of 1. With ``action_mask``
+    (a Discrete action space), ``"action_mask"`` holds the allowed actions of each observation as booleans.
     """
     num_envs, device = env.batch_size[0], env.device
+    entries = {
+        EPISODE_RETURN_KEY: Unbounded(shape=(num_envs, 1), device=device),
+        EPISODE_LENGTH_KEY: Unbounded(shape=(num_envs, 1), dtype=torch.int64, device=device),
+    }
+    if action_mask:
+        entries[ACTION_MASK_KEY] = Binary(
+            n=int(action_space.n), shape=(num_envs, int(action_space.n)), dtype=torch.bool, device=device
+        )
     env.observation_spec = Composite(
         observation=space_to_spec(observation_space, num_envs, device),
-        **{
-            EPISODE_RETURN_KEY: Unbounded(shape=(num_envs, 1), device=device),
-            EPISODE_LENGTH_KEY: Unbounded(shape=(num_envs, 1), dtype=torch.int64, device=device),
-        },
+        **entries,
         shape=(num_envs,),
         device=device,
     )

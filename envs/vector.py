@@ -25,7 +25,14 @@ from torchrl.envs import EnvBase
 
 from envs.atari import is_atari, make_atari_env, register_atari_envs
 from envs.classic import torch_env_class
-from envs.specs import EPISODE_LENGTH_KEY, EPISODE_RETURN_KEY, set_specs, space_to_spec, unchecked_tensordict
+from envs.specs import (
+    ACTION_MASK_KEY,
+    EPISODE_LENGTH_KEY,
+    EPISODE_RETURN_KEY,
+    set_specs,
+    space_to_spec,
+    unchecked_tensordict,
+)
 from errors import InputError
 
 Vectorization = Literal["sync", "async"]
@@ -98,7 +105,13 @@ class GymnasiumVectorEnv(EnvBase):
         observation_dtype = space_to_spec(self.single_observation_space, num_envs).dtype
         self._observation_np_dtype = torch.empty((), dtype=observation_dtype).numpy().dtype
         self._on_cpu = self.device.type == "cpu"
-        set_specs(self, self.single_observation_space, self.single_action_space)
+        # an env that says which actions are allowed (Gymnasium's info["action_mask"], Discrete actions): the mask
+        # travels as "action_mask" beside each observation; found by one reset here
+        self.has_action_mask = isinstance(self.single_action_space, gym.spaces.Discrete) and (
+            "action_mask" in vector_env.reset()[1]
+        )
+        set_specs(self, self.single_observation_space, self.single_action_space, self.has_action_mask)
+        self._action_mask: torch.Tensor | None = None
         self._seed: int | None = None
         self._observation: torch.Tensor | None = None  # the current observation, after any autoreset
         self._episode_return = torch.zeros(num_envs, 1, device=self.device)
@@ -131,14 +144,25 @@ class GymnasiumVectorEnv(EnvBase):
         array = np.asarray(observation, dtype=self._observation_np_dtype)
         return array - self._observation_offset if np.any(self._observation_offset) else array
 
+    def _mask_array(self, info: dict[str, Any]) -> np.ndarray:
+        """The allowed actions of each sub-env as booleans; a sub-env that gave no mask, or allowed nothing (a
+        terminal state), allows every action."""
+        size = (self.batch_size[0], int(self.single_action_space.n))
+        mask = np.asarray(info.get("action_mask", np.ones(size)), dtype=bool).reshape(size)
+        given = np.asarray(info.get("_action_mask", np.ones(size[0])), dtype=bool)
+        mask[~given | ~mask.any(axis=1)] = True
+        return mask
+
     def _reset(self, tensordict: TensorDictBase | None = None, **kwargs) -> TensorDictBase:
         reset_mask = None if tensordict is None else tensordict.get("_reset", None)
         if reset_mask is None or self._observation is None:
-            observation, _ = self.vector_env.reset(seed=self._seed)
+            observation, info = self.vector_env.reset(seed=self._seed)
             self._seed = None  # seed once; later resets continue the seeded generators
             self._observation = self._to_tensor(
                 self._observation_array(observation), self._observation_np_dtype
             )
+            if self.has_action_mask:
+                self._action_mask = self._to_tensor(self._mask_array(info), np.bool_)
             self._episode_return = torch.zeros_like(self._episode_return)
             self._episode_length = torch.zeros_like(self._episode_length)
         else:
@@ -150,18 +174,17 @@ class GymnasiumVectorEnv(EnvBase):
 
     def _root(self) -> TensorDictBase:
         not_done = torch.zeros(self.batch_size + (1,), dtype=torch.bool, device=self.device)
-        return unchecked_tensordict(
-            {
-                "observation": self._observation,
-                EPISODE_RETURN_KEY: self._episode_return,
-                EPISODE_LENGTH_KEY: self._episode_length,
-                "done": not_done,
-                "terminated": not_done.clone(),
-                "truncated": not_done.clone(),
-            },
-            self.batch_size,
-            self.device,
-        )
+        root = {
+            "observation": self._observation,
+            EPISODE_RETURN_KEY: self._episode_return,
+            EPISODE_LENGTH_KEY: self._episode_length,
+            "done": not_done,
+            "terminated": not_done.clone(),
+            "truncated": not_done.clone(),
+        }
+        if self.has_action_mask:
+            root[ACTION_MASK_KEY] = self._action_mask
+        return unchecked_tensordict(root, self.batch_size, self.device)
 
     def _step(self, tensordict: TensorDictBase) -> TensorDictBase:
         action = tensordict.get("action").detach().cpu().numpy()
@@ -190,19 +213,27 @@ class GymnasiumVectorEnv(EnvBase):
         self._episode_return = self._episode_return + reward
         self._episode_length = self._episode_length + 1
         flags = self._to_tensor(np.stack([done, terminated, truncated], axis=1)[..., None], np.bool_)
-        return unchecked_tensordict(
-            {
-                "observation": self._to_tensor(final, self._observation_np_dtype),
-                "reward": reward,
-                "done": flags[:, 0],
-                "terminated": flags[:, 1],
-                "truncated": flags[:, 2],
-                EPISODE_RETURN_KEY: self._episode_return,
-                EPISODE_LENGTH_KEY: self._episode_length,
-            },
-            self.batch_size,
-            self.device,
-        )
+        next_step = {
+            "observation": self._to_tensor(final, self._observation_np_dtype),
+            "reward": reward,
+            "done": flags[:, 0],
+            "terminated": flags[:, 1],
+            "truncated": flags[:, 2],
+            EPISODE_RETURN_KEY: self._episode_return,
+            EPISODE_LENGTH_KEY: self._episode_length,
+        }
+        if (
+            self.has_action_mask
+        ):  # the next state's mask: a finished episode's final one, the reset one carried on
+            mask = self._mask_array(info)
+            final_mask = mask
+            if done.any() and "final_info" in info:
+                final_mask = mask.copy()
+                finished = np.flatnonzero(info["_final_info"])
+                final_mask[finished] = self._mask_array(info["final_info"])[finished]
+            self._action_mask = self._to_tensor(mask, np.bool_)
+            next_step[ACTION_MASK_KEY] = self._to_tensor(final_mask, np.bool_)
+        return unchecked_tensordict(next_step, self.batch_size, self.device)
 
     def _step_and_maybe_reset(self, tensordict: TensorDictBase) -> tuple[TensorDictBase, TensorDictBase]:
         """Step, then reset finished sub-envs from the observations Gymnasium already reset (no extra call)."""

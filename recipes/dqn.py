@@ -48,6 +48,7 @@ from agents import (
     make_q_actor,
     make_target_updater,
 )
+from agents.networks import action_mask_kwargs
 from agents.options import Options, defaults
 from errors import InputError
 from training import (
@@ -241,6 +242,9 @@ def main(config: DQNConfig) -> dict:
         "noisy": noisy,
         "normalize_obs": config.network.normalize_obs,
         "epsilon": exploration.initial_epsilon,
+        **action_mask_kwargs(
+            env
+        ),  # an env that gives the allowed actions: greedy and random actions among them
     }
     policy = make_q_actor(env.observation_spec["observation"], env.action_spec, **policy_kwargs).to(device)
     agent = Agent(

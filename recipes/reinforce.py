@@ -36,6 +36,7 @@ import torch
 from torchrl.objectives import A2CLoss
 
 from agents import Agent, compiled, find_normalizer, make_actor
+from agents.networks import action_mask_kwargs
 from agents.options import Options, defaults
 from agents.policy_gradient import ReturnBaseline, returns_to_go
 from training import (
@@ -142,6 +143,7 @@ def main(config: ReinforceConfig) -> dict:
         "hidden_sizes": list(config.network.hidden_sizes),
         "activation": config.network.activation,
         "normalize_obs": config.network.normalize_obs,
+        **action_mask_kwargs(env),  # an env that gives the allowed actions gets a masked policy
     }
     policy = make_actor(env.observation_spec["observation"], env.action_spec, **policy_kwargs).to(device)
     agent = Agent(

@@ -50,7 +50,7 @@ from agents import (
 )
 from agents.gsde import clip_env_actions
 from agents.loss_addons import LossAddon, addon_losses, build_loss_addons, trainable_parameters
-from agents.networks import box_policy_kwargs
+from agents.networks import action_mask_kwargs, box_policy_kwargs
 from agents.options import Options, defaults
 from agents.rnd import INTRINSIC_REWARD_KEY
 from errors import InputError
@@ -173,6 +173,7 @@ def main(config: RNDPPOConfig, loss_addons: Sequence[LossAddon] = ()) -> dict:
         "hidden_sizes": list(config.network.hidden_sizes),
         "activation": config.network.activation,
         "normalize_obs": config.network.normalize_obs,
+        **action_mask_kwargs(env),  # an env that gives the allowed actions gets a masked policy
     }
     try:
         policy_kwargs |= box_policy_kwargs(

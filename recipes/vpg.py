@@ -41,6 +41,7 @@ import torch
 from torchrl.objectives import A2CLoss
 
 from agents import Agent, compiled, find_normalizer, input_encoder, make_actor, make_critic
+from agents.networks import action_mask_kwargs
 from agents.options import Options, defaults
 from agents.policy_gradient import ReturnBaseline, returns_to_go
 from training import (
@@ -158,6 +159,7 @@ def main(config: VPGConfig) -> dict:
         "hidden_sizes": list(config.network.hidden_sizes),
         "activation": config.network.activation,
         "normalize_obs": config.network.normalize_obs,
+        **action_mask_kwargs(env),  # an env that gives the allowed actions gets a masked policy
     }
     policy = make_actor(observation_spec, env.action_spec, **policy_kwargs).to(device)
     agent = Agent(
