@@ -65,8 +65,17 @@ def builder_name(builder: str | Callable[..., nn.Module]) -> str:
     return builder
 
 
+def _stack(observations: list[Any]) -> Any:
+    """A batch of Gymnasium observations: one array, or for Dict observations a dict of arrays."""
+    if isinstance(observations[0], dict):
+        return {key: np.stack([observation[key] for observation in observations]) for key in observations[0]}
+    return np.stack(observations)
+
+
 def space_to_json(space: gym.Space) -> dict[str, Any]:
-    """Describe a Box, Discrete, MultiDiscrete or MultiBinary space as JSON-compatible data."""
+    """Describe a Box, Discrete, MultiDiscrete or MultiBinary space, or a Dict of them, as JSON-compatible data."""
+    if isinstance(space, gym.spaces.Dict):
+        return {"type": "Dict", "spaces": {key: space_to_json(entry) for key, entry in space.spaces.items()}}
     if isinstance(space, gym.spaces.Box):
         uniform = np.unique(space.low).size == 1 and np.unique(space.high).size == 1
         return {
@@ -92,6 +101,13 @@ def space_from_json(data: dict[str, Any], max_elements: int | None = None) -> gy
     if not isinstance(data, dict):
         raise InputError(f"Unknown space description {data!r} in checkpoint.")
     kind = data.get("type")
+    if kind == "Dict" and isinstance(data.get("spaces"), dict):
+        entries = {}
+        for key, entry in data["spaces"].items():
+            if not isinstance(entry, dict) or entry.get("type") == "Dict":
+                raise InputError(f"Unknown space description {entry!r} in checkpoint.")
+            entries[key] = space_from_json(entry, max_elements)
+        return gym.spaces.Dict(entries)
     if kind == "Box":
         dtype, shape = np.dtype(data["dtype"]), tuple(data["shape"])
         if dtype.shape != () or dtype.kind not in "biuf":
@@ -225,24 +241,43 @@ class Agent(nn.Module):
         return find_normalizer(self.policy)
 
     # ------------------------------------------------------------------ acting
-    def _observation_tensor(self, observation: Any) -> tuple[torch.Tensor, bool]:
+    def _observation_tensor(self, observation: Any) -> tuple[torch.Tensor | TensorDict, bool]:
+        space = self.observation_space
+        if isinstance(space, gym.spaces.Dict):  # one tensor per entry, each checked as its own space's
+            if not isinstance(observation, dict) or set(observation) != set(space.spaces):
+                raise InputError(
+                    f"This agent takes Dict observations with the entries {sorted(space.spaces)}; got "
+                    f"{sorted(observation) if isinstance(observation, dict) else type(observation).__name__}."
+                )
+            tensors, singles = {}, set()
+            for key, entry in space.spaces.items():
+                tensors[key], single = self._entry_tensor(observation[key], entry)
+                singles.add(single)
+            if len(singles) != 1:
+                raise InputError("Dict observation entries must all be single observations or all batches.")
+            single = singles.pop()
+            batch = next(iter(tensors.values())).shape[:1]
+            return TensorDict(tensors, batch_size=batch, device=self.device), single
+        return self._entry_tensor(observation, space)
+
+    def _entry_tensor(self, observation: Any, space: gym.Space) -> tuple[torch.Tensor, bool]:
         array = (
             observation.detach().cpu().numpy()
             if isinstance(observation, torch.Tensor)
             else np.asarray(observation)
         )
-        shape = self.observation_space.shape
+        shape = space.shape
         single = array.shape == shape
         if not single and array.shape[1:] != shape:
             raise InputError(
-                f"Observation of shape {array.shape} does not match the agent's observation space {self.observation_space} "
+                f"Observation of shape {array.shape} does not match the agent's observation space {space} "
                 f"(expected {shape} or a batch of them)."
             )
-        if isinstance(self.observation_space, gym.spaces.Discrete):
-            tensor = torch.as_tensor(array - self.observation_space.start, dtype=torch.int64)
+        if isinstance(space, gym.spaces.Discrete):
+            tensor = torch.as_tensor(array - space.start, dtype=torch.int64)
         else:
             # uint8 images stay uint8 (the CNN scales them); other Box observations become float32
-            dtype = torch.uint8 if self.observation_space.dtype == np.uint8 else torch.float32
+            dtype = torch.uint8 if space.dtype == np.uint8 else torch.float32
             tensor = torch.as_tensor(array, dtype=dtype)
             if not torch.isfinite(tensor).all():
                 raise InputError("Observation contains NaN or Inf; check the env or its wrappers.")
@@ -427,7 +462,7 @@ class Agent(nn.Module):
         with torch.no_grad(), set_exploration_type(_exploration(deterministic)):
             while episode_of:
                 active = list(episode_of)
-                batch, _ = self._observation_tensor(np.stack([observations[i] for i in active]))
+                batch, _ = self._observation_tensor(_stack([observations[i] for i in active]))
                 batch_masks = None
                 if any(masks[i] is not None for i in active):
                     size = int(getattr(self.action_space, "n", 0))

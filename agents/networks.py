@@ -7,9 +7,10 @@ import weakref
 from collections.abc import Sequence
 
 import torch
+from tensordict import TensorDictBase
 from tensordict.nn import AddStateIndependentNormalScale, NormalParamExtractor, TensorDictModule
 from torch import nn
-from torchrl.data import Binary, Bounded, Categorical, MultiCategorical, TensorSpec
+from torchrl.data import Binary, Bounded, Categorical, Composite, MultiCategorical, TensorSpec
 from torchrl.envs import EnvBase
 from torchrl.modules import (
     MLP,
@@ -145,7 +146,53 @@ def _drop_memo(owner: weakref.ref, key: tuple) -> None:
 
 def is_image_spec(observation_spec: TensorSpec) -> bool:
     """Whether observations of ``observation_spec`` (batched: ``[N, ...]``) are ``uint8`` images ``(C, H, W)``."""
+    if isinstance(
+        observation_spec, Composite
+    ):  # a Dict observation: its image entries are encoded one by one
+        return False
     return observation_spec.dtype == torch.uint8 and len(observation_spec.shape) == 4
+
+
+class DictEncoder(nn.Module):
+    """The encoder of a Dict observation: :func:`observation_encoder`'s encoder for each entry (vectors flattened
+    and, with ``normalize``, normalised each with statistics of its own; Discrete entries one-hot; ``uint8`` images
+    through a :class:`NatureCNN` each), their features concatenated in the spec's order.
+
+    Args:
+        observation_spec: the ``Composite`` spec of ``"observation"`` (batched).
+        normalize: normalise the float vector entries.
+
+    Raises:
+        InputError: ``normalize`` without a float vector entry to normalise.
+    """
+
+    def __init__(self, observation_spec: Composite, normalize: bool):
+        super().__init__()
+        self.encoders = nn.ModuleDict()
+        self.out_features = 0
+        normalized = []
+        for key, entry in observation_spec.items():
+            vector = not isinstance(entry, Categorical) and not is_image_spec(entry)
+            encoder, width = observation_encoder(
+                entry, normalize and vector and entry.dtype.is_floating_point
+            )
+            self.encoders[key] = encoder
+            self.out_features += width
+            normalized += [key] if normalize and vector else []
+        if normalize and not normalized:
+            raise InputError(
+                "Observation normalisation needs a float vector entry in the Dict; drop --normalize-obs."
+            )
+        self.normalized_keys = normalized
+
+    def forward(self, observation: TensorDictBase) -> torch.Tensor:
+        return torch.cat([encoder(observation.get(key)) for key, encoder in self.encoders.items()], dim=-1)
+
+    @torch.no_grad()
+    def update(self, observations: TensorDictBase) -> None:
+        """Fold a batch of observations into each normalised entry's statistics."""
+        for key in self.normalized_keys:
+            find_normalizer(self.encoders[key]).update(observations.get(key))
 
 
 def observation_encoder(observation_spec: TensorSpec, normalize: bool) -> tuple[nn.Module, int]:
@@ -166,6 +213,9 @@ def observation_encoder(observation_spec: TensorSpec, normalize: bool) -> tuple[
         InputError: normalisation asked for observations that are not float vectors, or observations of another
             integer dtype or shape.
     """
+    if isinstance(observation_spec, Composite):
+        encoder = DictEncoder(observation_spec, normalize)
+        return encoder, encoder.out_features
     if isinstance(observation_spec, Categorical):
         if normalize:
             raise InputError("Observation normalisation needs Box observations; drop --normalize-obs.")
@@ -194,6 +244,8 @@ def observation_encoder(observation_spec: TensorSpec, normalize: bool) -> tuple[
 def encoder_width(observation_spec: TensorSpec) -> int:
     """The number of features :func:`observation_encoder` outputs for ``observation_spec``, without building it
     (for heads put on an encoder shared with another network)."""
+    if isinstance(observation_spec, Composite):
+        return sum(encoder_width(entry) for entry in observation_spec.values())
     if isinstance(observation_spec, Categorical):
         return observation_spec.space.n
     if is_image_spec(observation_spec):
@@ -218,6 +270,11 @@ class SharedNormalizer(nn.Module):
 
     def __init__(self, normalizer: ObservationNormalizer):
         super().__init__()
+        if not isinstance(normalizer, ObservationNormalizer):
+            raise InputError(
+                "--normalize-obs with Dict observations is for PPO, A2C, RND-PPO, REINFORCE, VPG and DQN; SAC, TD3 "
+                "and DDPG take Dict observations without it."
+            )
         self.__dict__["normalizer"] = normalizer  # not a submodule: no state of its own
 
     def forward(self, observation: torch.Tensor) -> torch.Tensor:
@@ -277,9 +334,15 @@ def orthogonal_init(actor: nn.Module, *critics: nn.Module) -> None:
         nn.init.orthogonal_(output.weight, gain=gain)
 
 
-def find_normalizer(module: nn.Module) -> ObservationNormalizer | None:
-    """Return the first :class:`ObservationNormalizer` inside ``module``, if any."""
-    return next((m for m in module.modules() if isinstance(m, ObservationNormalizer)), None)
+def find_normalizer(module: nn.Module) -> ObservationNormalizer | DictEncoder | None:
+    """Return the first :class:`ObservationNormalizer` inside ``module``, if any; for a Dict observation the
+    :class:`DictEncoder` that normalises some of its entries (its ``update`` takes the whole observation)."""
+    for candidate in module.modules():
+        if isinstance(candidate, DictEncoder) and candidate.normalized_keys:
+            return candidate
+        if isinstance(candidate, ObservationNormalizer):
+            return candidate
+    return None
 
 
 def action_mask_kwargs(env: EnvBase) -> dict[str, bool]:

@@ -19,6 +19,8 @@ from typing import Any
 
 import gymnasium as gym
 import numpy as np
+import torch
+from tensordict import TensorDict
 from torchrl.envs import EnvBase, TransformedEnv
 
 from envs.classic import ClassicControlEnv
@@ -142,7 +144,10 @@ def env_runtime_state(env: EnvBase) -> tuple[dict[str, Any] | None, str | None]:
             return None, str(reason)
         return {
             "kind": "gymnasium",
-            "observation": env._observation,
+            # a Dict space's observations as a dict of tensors
+            "observation": env._observation
+            if isinstance(env._observation, torch.Tensor)
+            else env._observation.to_dict(),
             "episode_return": env._episode_return,
             "episode_length": env._episode_length,
             "action_mask": env._action_mask,
@@ -178,7 +183,12 @@ def load_env_runtime_state(env: EnvBase, state: dict[str, Any]) -> None:
                 raise InputError("The checkpoint's env wrappers do not match this run's.")
             for layer, layer_state in zip(layers, layer_states, strict=True):
                 _load_object_state(layer, layer_state)
-        env._observation = state["observation"].to(env.device)
+        observation = state["observation"]
+        env._observation = (
+            observation.to(env.device)
+            if isinstance(observation, torch.Tensor)
+            else TensorDict(observation, batch_size=env.batch_size).to(env.device)
+        )
         env._episode_return = state["episode_return"].to(env.device)
         env._episode_length = state["episode_length"].to(env.device)
         mask = state.get("action_mask")  # absent from checkpoints of before masks

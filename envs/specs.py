@@ -30,15 +30,28 @@ def space_to_spec(space: gym.Space, batch_size: int, device: torch.device | str 
         spaces become integer ``Categorical`` specs with values in ``[0, n)`` (a ``start`` offset is
         applied by :class:`GymnasiumVectorEnv`).
 
+    A ``Dict`` space (observations only) becomes a ``Composite`` spec of its entries' specs, each a ``Box``,
+    ``Discrete``, ``MultiDiscrete`` or ``MultiBinary`` space.
+
     Raises:
-        InputError: for other spaces (``Dict``, ``Tuple``, ``Text``, ...).
+        InputError: for other spaces (``Tuple``, ``Text``, a ``Dict`` inside a ``Dict``, ...).
     """
+    if isinstance(space, gym.spaces.Dict):
+        entries = {}
+        for key, entry in space.spaces.items():
+            if isinstance(entry, gym.spaces.Dict) or not str(key).isidentifier():
+                raise InputError(
+                    f"Dict observations need entries named like Python identifiers, none of them a Dict: got {key!r}: "
+                    f"{entry} (flatten the inner Dict with gymnasium.wrappers.FlattenObservation)."
+                )
+            entries[key] = space_to_spec(entry, batch_size, device)
+        return Composite(entries, shape=(batch_size,), device=device)
     if not isinstance(
         space, (gym.spaces.Box, gym.spaces.Discrete, gym.spaces.MultiDiscrete, gym.spaces.MultiBinary)
     ):
         raise InputError(
-            f"Gymnasium space {space} is not supported: use a Box, Discrete, MultiDiscrete or MultiBinary space "
-            "(wrap Dict or Tuple observations with gymnasium.wrappers.FlattenObservation)."
+            f"Gymnasium space {space} is not supported: use a Box, Discrete, MultiDiscrete or MultiBinary space, or a "
+            "Dict of them for observations (wrap Tuple observations with gymnasium.wrappers.FlattenObservation)."
         )
     shape = (batch_size, *space.shape)
     if isinstance(space, gym.spaces.Box):

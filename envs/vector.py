@@ -99,11 +99,15 @@ class GymnasiumVectorEnv(EnvBase):
         self.single_observation_space = vector_env.single_observation_space
         self.single_action_space = vector_env.single_action_space
         self._action_offset = _start(self.single_action_space)
-        self._observation_offset = _start(self.single_observation_space)
         self._action_dtype = self.single_action_space.dtype
         self.clip_actions = clip_actions
-        observation_dtype = space_to_spec(self.single_observation_space, num_envs).dtype
-        self._observation_np_dtype = torch.empty((), dtype=observation_dtype).numpy().dtype
+        # each observation entry (one, None, for a space that is not a Dict): its NumPy dtype and start offset
+        space = self.single_observation_space
+        entries = space.spaces if isinstance(space, gym.spaces.Dict) else {None: space}
+        self._observation_entries = {
+            key: (torch.empty((), dtype=space_to_spec(entry, 1).dtype).numpy().dtype, _start(entry))
+            for key, entry in entries.items()
+        }
         self._on_cpu = self.device.type == "cpu"
         # an env that says which actions are allowed (Gymnasium's info["action_mask"], Discrete actions): the mask
         # travels as "action_mask" beside each observation; found by one reset here
@@ -139,10 +143,20 @@ class GymnasiumVectorEnv(EnvBase):
         tensor = torch.from_numpy(np.array(array, dtype=dtype, copy=True))
         return tensor if self._on_cpu else tensor.to(self.device, non_blocking=True)
 
-    def _observation_array(self, observation: np.ndarray) -> np.ndarray:
-        """Gymnasium observations as the spec's dtype, Discrete ones shifted to start at 0."""
-        array = np.asarray(observation, dtype=self._observation_np_dtype)
-        return array - self._observation_offset if np.any(self._observation_offset) else array
+    def _observation_arrays(self, observation: Any) -> dict[str | None, np.ndarray]:
+        """Gymnasium observations as the spec's dtypes, Discrete ones shifted to start at 0: one array (key None),
+        or one per entry of a Dict space."""
+        arrays = {}
+        for key, (dtype, offset) in self._observation_entries.items():
+            array = np.asarray(observation if key is None else observation[key], dtype=dtype)
+            arrays[key] = array - offset if np.any(offset) else array
+        return arrays
+
+    def _observation_tensor(self, arrays: dict[str | None, np.ndarray]) -> torch.Tensor | TensorDictBase:
+        tensors = {key: self._to_tensor(array, array.dtype) for key, array in arrays.items()}
+        return (
+            tensors[None] if None in tensors else unchecked_tensordict(tensors, self.batch_size, self.device)
+        )
 
     def _mask_array(self, info: dict[str, Any]) -> np.ndarray:
         """The allowed actions of each sub-env as booleans; a sub-env that gave no mask, or allowed nothing (a
@@ -158,9 +172,7 @@ class GymnasiumVectorEnv(EnvBase):
         if reset_mask is None or self._observation is None:
             observation, info = self.vector_env.reset(seed=self._seed)
             self._seed = None  # seed once; later resets continue the seeded generators
-            self._observation = self._to_tensor(
-                self._observation_array(observation), self._observation_np_dtype
-            )
+            self._observation = self._observation_tensor(self._observation_arrays(observation))
             if self.has_action_mask:
                 self._action_mask = self._to_tensor(self._mask_array(info), np.bool_)
             self._episode_return = torch.zeros_like(self._episode_return)
@@ -196,25 +208,32 @@ class GymnasiumVectorEnv(EnvBase):
             action.astype(self._action_dtype)
         )
         done = np.logical_or(terminated, truncated)
-        current = self._observation_array(observation)
+        current = self._observation_arrays(observation)
         final = current
         if done.any():
-            final = current.copy()
             finished = np.flatnonzero(info["_final_obs"])
-            final[finished] = self._observation_array(np.stack(info["final_obs"][finished]))
-        if not (np.isfinite(final).all() and np.isfinite(current).all() and np.isfinite(reward).all()):
+            last = self._observation_arrays(  # the finished episodes' final observations, stacked per entry
+                {key: np.stack([entries[key] for entries in info["final_obs"][finished]]) for key in current}
+                if None not in current
+                else np.stack(info["final_obs"][finished])
+            )
+            final = {key: array.copy() for key, array in current.items()}
+            for key, array in final.items():
+                array[finished] = last[key]
+        arrays = [*final.values(), *current.values(), reward]
+        if not all(np.isfinite(array).all() for array in arrays):
             raise InputError(
                 f"{self._name} returned NaN or Inf in an observation or reward (sub-envs "
-                f"{sorted(_nonfinite_rows(final, current, reward))}); "
+                f"{sorted(_nonfinite_rows(*arrays))}); "
                 "check the env and its wrappers. Checkpoints written so far are kept."
             )
-        self._observation = self._to_tensor(current, self._observation_np_dtype)
+        self._observation = self._observation_tensor(current)
         reward = self._to_tensor(reward[:, None], np.float32)
         self._episode_return = self._episode_return + reward
         self._episode_length = self._episode_length + 1
         flags = self._to_tensor(np.stack([done, terminated, truncated], axis=1)[..., None], np.bool_)
         next_step = {
-            "observation": self._to_tensor(final, self._observation_np_dtype),
+            "observation": self._observation_tensor(final),
             "reward": reward,
             "done": flags[:, 0],
             "terminated": flags[:, 1],

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar
 
+import gymnasium as gym
 import torch
 from torchrl.data import LazyTensorStorage, SamplerWithoutReplacement, TensorDictReplayBuffer
 from torchrl.modules import ValueOperator
@@ -167,6 +168,12 @@ def main(config: RNDPPOConfig, loss_addons: Sequence[LossAddon] = ()) -> dict:
     # env
     env = make_training_env(run_config, device)
     observation_spec = env.observation_spec["observation"]
+    if isinstance(env.single_observation_space, gym.spaces.Dict):
+        env.close()
+        raise InputError(
+            "RND's networks read one observation array; Dict observations are for recipes.ppo and the other "
+            "recipes (or flatten them with gymnasium.wrappers.FlattenObservation)."
+        )
 
     # modules: the agent owns the actor; both critics share its input encoder; RND has its own networks
     policy_kwargs = {
