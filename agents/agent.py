@@ -304,7 +304,8 @@ class Agent(nn.Module):
                 stacked along a new first dimension.
             deterministic: take the policy's mode instead of sampling.
             action_mask: for an agent trained with action masks, the allowed actions (``info["action_mask"]``
-                of the env, booleans or 0/1, one row per observation); None allows every action.
+                of the env, booleans or 0/1, one row per observation); None: a Dict observation's own
+                ``"action_mask"`` entry if it has one, else every action.
 
         Returns:
             An action valid in the Gymnasium env (an ``int``-like NumPy scalar for Discrete spaces), or a
@@ -328,6 +329,11 @@ class Agent(nn.Module):
         policy gets ``action_masks`` (every action allowed where None)."""
         inputs = TensorDict({"observation": observations}, batch_size=observations.shape[:1])
         if self.policy_kwargs.get("action_mask"):
+            own_mask = (
+                observations.get(ACTION_MASK_KEY, None) if isinstance(observations, TensorDict) else None
+            )
+            if action_masks is None and own_mask is not None:  # a Dict observation's own "action_mask" entry
+                action_masks = own_mask.cpu().numpy()
             size = (observations.shape[0], int(self.action_space.n))
             masks = (
                 np.ones(size, dtype=bool) if action_masks is None else np.asarray(action_masks, dtype=bool)

@@ -40,6 +40,28 @@ class OneHot(nn.Module):
         return nn.functional.one_hot(observation.long(), self.n).float()
 
 
+class MultiOneHot(nn.Module):
+    """Encodes observations of a ``MultiDiscrete(nvec)`` space as the one-hot vectors of their components, one
+    after the other (``MultiBinary`` observations, ``nvec`` all 2, are read as their 0/1 values instead)."""
+
+    def __init__(self, nvec: Sequence[int]):
+        super().__init__()
+        self.nvec = [int(n) for n in nvec]
+
+    def forward(self, observation: torch.Tensor) -> torch.Tensor:
+        parts = observation.long().unbind(-1)
+        return torch.cat(
+            [nn.functional.one_hot(part, n) for part, n in zip(parts, self.nvec, strict=True)], -1
+        ).float()
+
+
+class ToFloat(nn.Module):
+    """Integer observations (``MultiBinary``'s 0/1) as floats."""
+
+    def forward(self, observation: torch.Tensor) -> torch.Tensor:
+        return observation.float()
+
+
 class NatureCNN(nn.Module):
     """The convolutional torso of DQN (Mnih et al. 2015, "Human-level control through deep reinforcement learning").
 
@@ -216,9 +238,16 @@ def observation_encoder(observation_spec: TensorSpec, normalize: bool) -> tuple[
     if isinstance(observation_spec, Composite):
         encoder = DictEncoder(observation_spec, normalize)
         return encoder, encoder.out_features
-    if isinstance(observation_spec, Categorical):
+    if isinstance(
+        observation_spec, Categorical
+    ):  # Discrete, MultiDiscrete (its subclass) or MultiBinary (too)
         if normalize:
             raise InputError("Observation normalisation needs Box observations; drop --normalize-obs.")
+        if isinstance(observation_spec, Binary):
+            return ToFloat(), observation_spec.shape[-1]
+        if isinstance(observation_spec, MultiCategorical):
+            nvec = [int(n) for n in observation_spec.nvec.reshape(-1, observation_spec.shape[-1])[0]]
+            return MultiOneHot(nvec), sum(nvec)
         n = observation_spec.space.n
         return OneHot(n), n
     if is_image_spec(observation_spec):
@@ -246,6 +275,10 @@ def encoder_width(observation_spec: TensorSpec) -> int:
     (for heads put on an encoder shared with another network)."""
     if isinstance(observation_spec, Composite):
         return sum(encoder_width(entry) for entry in observation_spec.values())
+    if isinstance(observation_spec, Binary):
+        return observation_spec.shape[-1]
+    if isinstance(observation_spec, MultiCategorical):
+        return int(observation_spec.nvec.reshape(-1, observation_spec.shape[-1])[0].sum())
     if isinstance(observation_spec, Categorical):
         return observation_spec.space.n
     if is_image_spec(observation_spec):

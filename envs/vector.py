@@ -109,10 +109,16 @@ class GymnasiumVectorEnv(EnvBase):
             for key, entry in entries.items()
         }
         self._on_cpu = self.device.type == "cpu"
-        # an env that says which actions are allowed (Gymnasium's info["action_mask"], Discrete actions): the mask
-        # travels as "action_mask" beside each observation; found by one reset here
-        self.has_action_mask = isinstance(self.single_action_space, gym.spaces.Discrete) and (
-            "action_mask" in vector_env.reset()[1]
+        # an env that says which actions are allowed (Discrete actions; Gymnasium's info["action_mask"], found by
+        # one reset here, or a Dict observation's "action_mask" entry of one value per action): the mask travels
+        # as "action_mask" beside each observation
+        discrete = isinstance(self.single_action_space, gym.spaces.Discrete)
+        entry = entries.get(ACTION_MASK_KEY)
+        self._mask_in_observation = (
+            discrete and entry is not None and tuple(entry.shape) == (int(self.single_action_space.n),)
+        )
+        self.has_action_mask = discrete and (
+            self._mask_in_observation or ACTION_MASK_KEY in vector_env.reset()[1]
         )
         set_specs(self, self.single_observation_space, self.single_action_space, self.has_action_mask)
         self._action_mask: torch.Tensor | None = None
@@ -158,9 +164,11 @@ class GymnasiumVectorEnv(EnvBase):
             tensors[None] if None in tensors else unchecked_tensordict(tensors, self.batch_size, self.device)
         )
 
-    def _mask_array(self, info: dict[str, Any]) -> np.ndarray:
-        """The allowed actions of each sub-env as booleans; a sub-env that gave no mask, or allowed nothing (a
-        terminal state), allows every action."""
+    def _mask_array(self, info: dict[str, Any], observations: dict[str | None, np.ndarray]) -> np.ndarray:
+        """The allowed actions of each sub-env as booleans, from ``info`` or the observations' ``"action_mask"``
+        entry; a sub-env that gave no mask, or allowed nothing (a terminal state), allows every action."""
+        if self._mask_in_observation:
+            info = {ACTION_MASK_KEY: observations[ACTION_MASK_KEY]}
         size = (self.batch_size[0], int(self.single_action_space.n))
         mask = np.asarray(info.get("action_mask", np.ones(size)), dtype=bool).reshape(size)
         given = np.asarray(info.get("_action_mask", np.ones(size[0])), dtype=bool)
@@ -172,9 +180,10 @@ class GymnasiumVectorEnv(EnvBase):
         if reset_mask is None or self._observation is None:
             observation, info = self.vector_env.reset(seed=self._seed)
             self._seed = None  # seed once; later resets continue the seeded generators
-            self._observation = self._observation_tensor(self._observation_arrays(observation))
+            arrays = self._observation_arrays(observation)
+            self._observation = self._observation_tensor(arrays)
             if self.has_action_mask:
-                self._action_mask = self._to_tensor(self._mask_array(info), np.bool_)
+                self._action_mask = self._to_tensor(self._mask_array(info, arrays), np.bool_)
             self._episode_return = torch.zeros_like(self._episode_return)
             self._episode_length = torch.zeros_like(self._episode_length)
         else:
@@ -244,12 +253,14 @@ class GymnasiumVectorEnv(EnvBase):
         if (
             self.has_action_mask
         ):  # the next state's mask: a finished episode's final one, the reset one carried on
-            mask = self._mask_array(info)
+            mask = self._mask_array(info, current)
             final_mask = mask
-            if done.any() and "final_info" in info:
+            if done.any() and self._mask_in_observation:
+                final_mask = self._mask_array(info, final)
+            elif done.any() and "final_info" in info:
                 final_mask = mask.copy()
                 finished = np.flatnonzero(info["_final_info"])
-                final_mask[finished] = self._mask_array(info["final_info"])[finished]
+                final_mask[finished] = self._mask_array(info["final_info"], final)[finished]
             self._action_mask = self._to_tensor(mask, np.bool_)
             next_step[ACTION_MASK_KEY] = self._to_tensor(final_mask, np.bool_)
         return unchecked_tensordict(next_step, self.batch_size, self.device)

@@ -35,3 +35,22 @@ class PickAllowed(gym.Env):
 
 
 gym.register("PickAllowed-v0", entry_point=PickAllowed, max_episode_steps=10)
+
+
+class PickAllowedDict(PickAllowed):
+    """The same, with the mask given as the ``"action_mask"`` entry of a Dict observation (PettingZoo's
+    convention) instead of in ``info``."""
+
+    observation_space = gym.spaces.Dict(
+        {
+            "observation": gym.spaces.Box(0.0, 1.0, (ACTIONS,), np.float32),
+            "action_mask": gym.spaces.MultiBinary(ACTIONS),
+        }
+    )
+
+    def _draw(self) -> tuple[dict, dict]:
+        observation, info = super()._draw()
+        return {"observation": observation, "action_mask": info["action_mask"]}, {}
+
+
+gym.register("PickAllowedDict-v0", entry_point=PickAllowedDict, max_episode_steps=10)

@@ -133,3 +133,26 @@ def test_n_step_transitions_keep_the_mask_of_their_bootstrap_observation():
     # the observation here is the mask: the next mask is that of the observation the n-step return bootstraps from
     assert torch.equal(stored["next", "action_mask"], stored["next", "observation"].bool())
     env.close()
+
+
+def test_a_dict_observations_action_mask_entry_masks_the_policy(output_dir):
+    env = make_env("masked_env:PickAllowedDict-v0", 2, seed=0)
+    rollout = env.rollout(20, break_when_any_done=False)
+    assert torch.equal(rollout["action_mask"], rollout["observation", "action_mask"].bool())
+    assert torch.equal(rollout["next", "action_mask"], rollout["next", "observation", "action_mask"].bool())
+    env.close()
+    config = ppo.PPOConfig()
+    quiet(
+        config,
+        output_dir,
+        env_id="masked_env:PickAllowedDict-v0",
+        total_frames=256,
+        num_envs=4,
+        preset="none",
+    )
+    config.collector.steps_per_env, config.optim.minibatch_size = 64, 64
+    ppo.main(config)
+    agent = Agent.load(output_dir / "agent.ckpt")
+    assert agent.evaluate(episodes=10, seed=0, deterministic=False).lengths.tolist() == [10] * 10
+    observation = {"observation": np.zeros(4, np.float32), "action_mask": np.array([0, 0, 1, 0], np.int8)}
+    assert agent.predict(observation, deterministic=False) == 2  # the observation's own mask

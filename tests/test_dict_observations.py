@@ -128,3 +128,16 @@ def test_recipes_whose_networks_read_one_array_refuse_dict_observations(output_d
     quiet(config, output_dir, env_id=ENV_ID, total_frames=256)
     with pytest.raises(InputError, match="Tabular Q-learning reads Discrete observations"):
         qlearning.main(config)
+
+
+def test_multidiscrete_and_multibinary_observations_are_encoded_per_component():
+    from agents.networks import encoder_width, observation_encoder
+
+    multi = space_to_spec(gym.spaces.MultiDiscrete([2, 3]), 2)
+    encoder, width = observation_encoder(multi, normalize=False)
+    assert width == encoder_width(multi) == 5
+    assert encoder(torch.tensor([[1, 2], [0, 0]])).tolist() == [[0, 1, 0, 0, 1], [1, 0, 1, 0, 0]]
+    binary = space_to_spec(gym.spaces.MultiBinary(3), 2)
+    encoder, width = observation_encoder(binary, normalize=False)
+    assert width == encoder_width(binary) == 3
+    assert encoder(torch.tensor([[1, 0, 1], [0, 0, 0]], dtype=torch.int8)).tolist() == [[1, 0, 1], [0, 0, 0]]
