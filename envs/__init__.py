@@ -10,6 +10,7 @@ from envs.atari import is_atari, make_atari_env
 from envs.classic import TORCH_ENVS, ClassicControlEnv
 from envs.classic_gym import TorchClassicEnv, TorchClassicVectorEnv, register_envs
 from envs.deepsea import DeepSeaEnv, register_deepsea_envs
+from envs.partial import PositionsOnly, register_partial_envs
 from envs.specs import EPISODE_LENGTH_KEY, EPISODE_RETURN_KEY, space_to_spec
 from envs.vector import GymnasiumVectorEnv, make_env
 from errors import InputError, NonFiniteError
@@ -25,6 +26,7 @@ __all__ = [
     "GymnasiumVectorEnv",
     "InputError",
     "NonFiniteError",
+    "PositionsOnly",
     "TorchClassicEnv",
     "TorchClassicVectorEnv",
     "is_atari",
@@ -32,5 +34,6 @@ __all__ = [
     "make_env",
     "register_deepsea_envs",
     "register_envs",
+    "register_partial_envs",
     "space_to_spec",
 ]
