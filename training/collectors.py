@@ -23,11 +23,11 @@ from training.config import RunConfig
 
 
 def make_training_env(run: RunConfig, device: torch.device, num_envs: int | None = None):
-    """The batched training env of ``run`` (``num_envs`` envs, default ``run.num_envs``): Gymnasium envs on the
-    CPU, or torch envs on ``device``."""
+    """The batched training env of ``run`` (``num_envs`` envs, default ``run.num_envs``; one for the learner of a
+    run on gradient workers, which reads only its specs): Gymnasium envs on the CPU, or torch envs on ``device``."""
     return make_env(
         run.env_id,
-        num_envs or run.num_envs,
+        num_envs or (1 if run.learns_on_workers else run.num_envs),
         device=device if run.env_backend == "torch" else "cpu",
         seed=run.seed,
         vectorization=run.vectorization,
