@@ -29,6 +29,7 @@ from agents.qvalue import (
     make_q_actor,
     make_q_network,
     make_target_updater,
+    prioritized_sampler,
 )
 from agents.rnd import INTRINSIC_REWARD_KEY, RandomNetworkDistillation, make_rnd_networks
 from agents.tabular import ObservationGrid, QTable, make_q_table
@@ -78,6 +79,7 @@ __all__ = [
     "make_rnd_networks",
     "make_target_updater",
     "orthogonal_init",
+    "prioritized_sampler",
     "trainable_parameters",
     "write_video",
 ]

@@ -11,8 +11,9 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 from tensordict.nn import TensorDictModuleBase, TensorDictSequential
 from torch import nn
-from torchrl.data import Categorical, ReplayBuffer, TensorSpec
+from torchrl.data import Categorical, PrioritizedSampler, ReplayBuffer, TensorSpec
 from torchrl.data.postprocs.postprocs import _multi_step_func
+from torchrl.data.replay_buffers.samplers import prioritized as prioritized_module
 from torchrl.envs.transforms import MultiStepTransform
 from torchrl.envs.utils import ExplorationType, exploration_type
 from torchrl.modules import MLP, EGreedyModule, NoisyLinear, QValueActor
@@ -451,3 +452,15 @@ class NStepReturns(MultiStepTransform):
         last_step = torch.arange(length, device=steps.device) + transitions.get("steps_to_next_obs") - 1
         transitions.get("next").update(steps.get("next").select(*DONE_KEYS).gather(-1, last_step))
         return transitions[..., : -self.n_steps]
+
+
+def prioritized_sampler(capacity: int, alpha: float, beta: float) -> PrioritizedSampler:
+    """TorchRL's :class:`~torchrl.data.PrioritizedSampler` (Schaul et al. 2016), or an :class:`InputError` saying
+    why not when TorchRL's compiled segment trees did not load (a torch other than the one it was built for)."""
+    if prioritized_module.SumSegmentTreeFp32 is None or prioritized_module.MinSegmentTreeFp32 is None:
+        raise InputError(
+            f"Prioritized replay needs TorchRL's compiled extension (torchrl._torchrl), which did not load with "
+            f"torch {torch.__version__}: install the torch this project pins (torch>=2.14,<2.15 with "
+            "torchrl==0.14.1), or train without --prioritized (and without --variant rainbow)."
+        )
+    return PrioritizedSampler(capacity, alpha=alpha, beta=beta)

@@ -33,7 +33,7 @@ from typing import ClassVar, Literal
 import gymnasium as gym
 import torch
 from tensordict import TensorDict
-from torchrl.data import LazyTensorStorage, PrioritizedSampler, RandomSampler, TensorDictReplayBuffer
+from torchrl.data import LazyTensorStorage, RandomSampler, TensorDictReplayBuffer
 from torchrl.envs.utils import ExplorationType
 from torchrl.modules import reset_noise
 
@@ -47,6 +47,7 @@ from agents import (
     is_image_spec,
     make_q_actor,
     make_target_updater,
+    prioritized_sampler,
 )
 from agents.networks import action_mask_kwargs
 from agents.options import Options, defaults
@@ -289,9 +290,7 @@ def main(config: DQNConfig) -> dict:
     # buffer: uniform or prioritized sampling; n-step returns are computed as batches come in; stacked frames
     # (Atari) are stored one frame each, not eight times over
     if prioritized:
-        sampler = PrioritizedSampler(
-            buffer_config.buffer_size, alpha=buffer_config.alpha, beta=buffer_config.beta
-        )
+        sampler = prioritized_sampler(buffer_config.buffer_size, buffer_config.alpha, buffer_config.beta)
     else:
         sampler = RandomSampler()
     if is_image_spec(env.observation_spec["observation"]):

@@ -228,6 +228,17 @@ def test_prioritized_replay_priorities_change_after_an_update():
     assert not torch.allclose(after, before)
 
 
+def test_prioritized_replay_without_torchrls_extension_is_one_clear_error(tmp_path, monkeypatch):
+    from torchrl.data.replay_buffers.samplers import prioritized
+
+    monkeypatch.setattr(prioritized, "SumSegmentTreeFp32", None)  # as when torchrl._torchrl fails to load
+    with pytest.raises(
+        InputError, match=r"Prioritized replay needs TorchRL's compiled extension.*--prioritized"
+    ):
+        dqn.main(tiny_dqn(tmp_path / "run", buffer__prioritized=True))
+    assert not (tmp_path / "run" / "agent.ckpt").exists()
+
+
 def test_n_step_targets_match_hand_computed_at_termination_and_truncation():
     gamma, n = 0.9, 3
     # one env, 7 steps: an episode terminates at step 2, the next is truncated at step 5 (final obs 50)

@@ -29,7 +29,8 @@ class FramePool:
 
     :meth:`add` returns a slot per frame (an existing slot for a frame already held), :meth:`retain` and
     :meth:`release` count the users of slots; a slot whose count drops to zero is free for another frame.
-    Frames live in chunks allocated as the pool fills (memory not yet written is not resident).
+    Frames live in chunks allocated as the pool fills (memory not yet written is not resident); the bookkeeping
+    (counts, hashes, slot numbers given to :meth:`retain` and :meth:`release`) stays on the CPU.
 
     Args:
         device: where the frames live.
@@ -48,8 +49,8 @@ class FramePool:
         self.frame_shape: tuple[int, ...] | None = None
         self.dtype: torch.dtype | None = None
         self.chunks: list[torch.Tensor] = []
-        self.counts = torch.zeros(0, dtype=torch.int64, device=self.device)
-        self.hashes = torch.zeros(0, dtype=torch.int64, device=self.device)
+        self.counts = torch.zeros(0, dtype=torch.int64)
+        self.hashes = torch.zeros(0, dtype=torch.int64)
         self.fresh = 0  # slots below this have held a frame; above it, never
         self.free: list[int] = []
         self.index: dict[int, int] = {}  # frame hash -> a live slot holding a frame with that hash
@@ -90,17 +91,18 @@ class FramePool:
             new_slots = self._allocate(len(missing))
             self._write(new_slots, representatives[missing])
             slots[missing] = new_slots
-            self.hashes[new_slots] = unique_hashes[missing]
+            self.hashes[new_slots.cpu()] = unique_hashes[missing].cpu()
             self.index.update(zip(unique_hashes[missing].tolist(), new_slots.tolist(), strict=True))
         return slots[inverse]
 
     def retain(self, slots: torch.Tensor) -> None:
         """Count one more user of each of ``slots`` (repeats count repeatedly)."""
-        self.counts.index_add_(0, slots.reshape(-1), torch.ones_like(slots.reshape(-1)))
+        slots = slots.reshape(-1).cpu()
+        self.counts.index_add_(0, slots, torch.ones_like(slots))
 
     def release(self, slots: torch.Tensor) -> None:
         """Count one user less of each of ``slots``; slots nobody uses any more are freed."""
-        slots = slots.reshape(-1)
+        slots = slots.reshape(-1).cpu()
         if not len(slots):
             return
         self.counts.index_add_(0, slots, -torch.ones_like(slots))
@@ -168,7 +170,7 @@ class FramePool:
         size = min(self.first_chunk if not self.chunks else CHUNK_FRAMES, self.max_frames - capacity)
         self.chunks.append(torch.empty((size, *self.frame_shape), dtype=self.dtype, device=self.device))
         self.starts.append(capacity)
-        padding = torch.zeros(size, dtype=torch.int64, device=self.device)
+        padding = torch.zeros(size, dtype=torch.int64)
         self.counts = torch.cat([self.counts, padding])
         self.hashes = torch.cat([self.hashes, padding])
 
@@ -303,6 +305,8 @@ class FrameStackStorage(LazyTensorStorage):
     # ------------------------------------------------------------------ read
     def get(self, index: int | Sequence[int] | slice) -> TensorDictBase:
         data = super().get(index)
+        if isinstance(index, torch.Tensor):
+            index = index.cpu()  # the slot table lives on the CPU, the rest of the storage on its device
         slots = self._slots[: len(self)][index] if not self._is_full else self._slots[index]
         for position, (key, shape) in enumerate(zip(self.frame_keys, self._stack_shapes, strict=True)):
             stacks = self.pool.get(slots[..., position, :])

@@ -180,3 +180,10 @@ def _load_replay_buffer_state(buffer: ReplayBuffer, state: dict[str, Any]) -> No
         )
     else:
         sampler.load_state_dict(sampler_state)
+        sample_list = getattr(
+            sampler, "_sample_list", None
+        )  # SamplerWithoutReplacement's pending permutation
+        if isinstance(sample_list, torch.Tensor) and device not in (None, "auto"):
+            # on the storage's device, as it was drawn: the next permutations are drawn where it lives, and a
+            # CUDA run resumed with it on the CPU would draw them from the CPU generator
+            sampler._sample_list = sample_list.to(device)
