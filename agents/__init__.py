@@ -16,6 +16,7 @@ from agents.networks import (
     make_actor,
     make_critic,
     make_mlp,
+    make_recurrent_critic,
     orthogonal_init,
 )
 from agents.normalization import ObservationNormalizer, RewardNormalizer
@@ -31,6 +32,7 @@ from agents.qvalue import (
     make_target_updater,
     prioritized_sampler,
 )
+from agents.recurrent import make_recurrent_env
 from agents.rnd import INTRINSIC_REWARD_KEY, RandomNetworkDistillation, make_rnd_networks
 from agents.tabular import ObservationGrid, QTable, make_q_table
 
@@ -76,6 +78,8 @@ __all__ = [
     "make_q_network",
     "make_q_table",
     "make_qvalue_critic",
+    "make_recurrent_critic",
+    "make_recurrent_env",
     "make_rnd_networks",
     "make_target_updater",
     "orthogonal_init",

@@ -10,8 +10,12 @@ next value from the following step: the same values, the same advantages and tar
 to the last bits of float arithmetic), for about half the critic's work. On Atari with PPO's 8 x 128 batches this
 is a third of the time between two collections.
 
-Anything the shortcut does not cover takes the parent's path unchanged: functional parameters or target parameters,
-recurrent inputs (``is_init``), value chunking, ``shifted=True``, and inputs the ``"next"`` entry lacks.
+A recurrent critic (:mod:`agents.recurrent`) is covered in its sequential mode: each step's value comes from the
+state stored with that step, and a step's next state is the following step's stored state unless the episode
+ended, so the shortcut holds as it does for observations (TorchRL's own path would restart the state of the next
+observation of every episode's first step). Anything else the shortcut does not cover takes the parent's path
+unchanged: functional parameters or target parameters, a recurrent critic in recurrent mode, value chunking,
+``shifted=True``, and inputs the ``"next"`` entry lacks.
 """
 
 from __future__ import annotations
@@ -21,6 +25,8 @@ from tensordict import TensorDictBase
 from tensordict.nn import TensorDictModuleBase
 from tensordict.utils import NestedKey
 from torchrl.objectives.value import GAE, TD1Estimator
+
+from agents.recurrent import recurrent_layers
 
 
 class _OneCriticCall:
@@ -48,7 +54,7 @@ class _OneCriticCall:
             and self.value_chunk_size is None
             and self.num_chunks is None
             and next_data is not None
-            and "is_init" not in data.keys()  # noqa: SIM118 (a TensorDict: keys, not entries)
+            and not any(layer.recurrent_mode for layer in recurrent_layers(network))
             and all(next_data.get(key, default=None) is not None for key in in_keys)
         )
         if not covered:

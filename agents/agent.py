@@ -26,6 +26,8 @@ from agents.gsde import make_gsde_actor
 from agents.networks import find_normalizer, make_actor
 from agents.policy_size import check_description_fits
 from agents.qvalue import make_q_actor
+from agents.recurrent import IS_INIT_KEY, initial_state, is_recurrent
+from agents.recurrent import state_shapes as recurrent_state_shapes
 from agents.tabular import make_q_table
 from envs.atari import is_atari, make_atari_env
 from envs.rendering import headless_rendering
@@ -198,6 +200,7 @@ class Agent(nn.Module):
         self.policy_kwargs = dict(policy_kwargs or {})
         self.config = dict(config or {})
         self.env_kwargs = dict(env_kwargs or {})
+        self._state: TensorDict | None = None  # a recurrent policy's state after the last predict call
 
     @classmethod
     def build(
@@ -294,10 +297,43 @@ class Agent(nn.Module):
             return np.clip(array, space.low, space.high).astype(space.dtype)
         return array.astype(space.dtype)
 
+    @property
+    def recurrent(self) -> bool:
+        """Whether the policy has memory (an LSTM or GRU layer, ``--recurrent``)."""
+        return is_recurrent(self.policy)
+
+    @property
+    def state(self) -> TensorDict | None:
+        """A recurrent agent's state after its last :meth:`predict` call (one row per observation; the
+        ``state`` argument of a later call takes it back), or None before the first call, after
+        :meth:`reset_state` and for an agent without memory."""
+        return self._state
+
+    def reset_state(self) -> None:
+        """Forget a recurrent agent's state: the next :meth:`predict` call starts new episodes."""
+        self._state = None
+
     def predict(
-        self, observation: Any, deterministic: bool = True, action_mask: Any = None
+        self,
+        observation: Any,
+        deterministic: bool = True,
+        action_mask: Any = None,
+        state: Any = None,
+        episode_start: Any = None,
     ) -> np.ndarray | Any:
         """Return the action for one observation, or a batch of actions for a batch of observations.
+
+        A recurrent agent (trained with ``--recurrent``) remembers: each call continues from the state the last
+        call left (:attr:`state`), so call it once per env step, in order, and mark the first step of each new
+        episode with ``episode_start`` (or call :meth:`reset_state` between episodes), as with
+        Stable-Baselines3's ``predict(obs, state, episode_start)``::
+
+            observation, _ = env.reset()
+            agent.reset_state()
+            while True:
+                observation, reward, terminated, truncated, _ = env.step(agent.predict(observation))
+                if terminated or truncated:
+                    break
 
         Args:
             observation: a Gymnasium observation (NumPy array, torch tensor, list or int), or a batch of them
@@ -306,6 +342,10 @@ class Agent(nn.Module):
             action_mask: for an agent trained with action masks, the allowed actions (``info["action_mask"]``
                 of the env, booleans or 0/1, one row per observation); None: a Dict observation's own
                 ``"action_mask"`` entry if it has one, else every action.
+            state: a recurrent agent's state to act from (an earlier :attr:`state`, or a mapping of its keys to
+                arrays of one row per observation); None: the state the last call left, or a new episode's.
+            episode_start: a recurrent agent: whether each observation is the first of an episode (a bool, or one
+                per observation); their state starts afresh.
 
         Returns:
             An action valid in the Gymnasium env (an ``int``-like NumPy scalar for Discrete spaces), or a
@@ -320,14 +360,63 @@ class Agent(nn.Module):
             )
         tensor, single = self._observation_tensor(observation)
         masks = None if action_mask is None else np.asarray(action_mask).reshape(tensor.shape[0], -1)
+        recurrent_state = self._recurrent_input(tensor.shape[0], state, episode_start)
         with torch.no_grad(), set_exploration_type(_exploration(deterministic)):
-            actions = self._act(tensor, masks)
+            actions, next_state = self._act(tensor, masks, recurrent_state)
+        if next_state is not None:
+            self._state = next_state
         return actions[0] if single else actions
 
-    def _act(self, observations: torch.Tensor, action_masks: np.ndarray | None = None) -> np.ndarray:
-        """Env actions for a batch of observation tensors (call under no_grad and an exploration type); a masked
-        policy gets ``action_masks`` (every action allowed where None)."""
+    def _recurrent_input(self, rows: int, state: Any, episode_start: Any) -> TensorDict | None:
+        """The recurrent state (with ``"is_init"``) for ``rows`` observations, or None without memory."""
+        if not self.recurrent:
+            if state is not None or episode_start is not None:
+                raise InputError(
+                    "state and episode_start are for recurrent agents (trained with --recurrent); this agent "
+                    "has no memory."
+                )
+            return None
+        fresh = initial_state(self.policy, rows, self.device)
+        state = self._state if state is None else state
+        if state is None:
+            return fresh
+        shapes = recurrent_state_shapes(self.policy)
+        if not hasattr(state, "keys") or not set(shapes) <= set(state.keys()):
+            raise InputError(
+                f"A recurrent state is a mapping with the entries {sorted(shapes)}; got {state!r}."
+            )
+        restored = fresh.clone()
+        for key, shape in shapes.items():
+            value = torch.as_tensor(
+                np.asarray(state[key].cpu() if torch.is_tensor(state[key]) else state[key])
+            )
+            if tuple(value.shape) != (rows, *shape):
+                raise InputError(
+                    f"The recurrent state's {key!r} has shape {tuple(value.shape)}; {rows} observations need "
+                    f"{(rows, *shape)} (after a batch of another size, call reset_state())."
+                )
+            restored.set(key, value.to(device=self.device, dtype=torch.float32))
+        starts = (
+            np.zeros(rows, dtype=bool) if episode_start is None else np.asarray(episode_start, dtype=bool)
+        )
+        if starts.size not in (1, rows):
+            raise InputError(f"episode_start needs one flag per observation ({rows}), got {starts.size}.")
+        is_init = torch.as_tensor(np.broadcast_to(starts.reshape(-1), (rows,)).copy(), device=self.device)
+        restored.set(IS_INIT_KEY, is_init.reshape(rows, 1))
+        return restored
+
+    def _act(
+        self,
+        observations: torch.Tensor,
+        action_masks: np.ndarray | None = None,
+        recurrent_state: TensorDict | None = None,
+    ) -> tuple[np.ndarray, TensorDict | None]:
+        """Env actions for a batch of observation tensors (call under no_grad and an exploration type), and a
+        recurrent policy's next state (None without one); a masked policy gets ``action_masks`` (every action
+        allowed where None)."""
         inputs = TensorDict({"observation": observations}, batch_size=observations.shape[:1])
+        if recurrent_state is not None:
+            inputs.update(recurrent_state)
         if self.policy_kwargs.get("action_mask"):
             own_mask = (
                 observations.get(ACTION_MASK_KEY, None) if isinstance(observations, TensorDict) else None
@@ -342,7 +431,15 @@ class Agent(nn.Module):
                 raise InputError(f"action_mask has shape {masks.shape}; this agent needs {size}.")
             masks[~masks.any(axis=1)] = True  # a row that allows nothing allows everything, as in training
             inputs.set(ACTION_MASK_KEY, torch.as_tensor(masks, device=observations.device))
-        return self._to_env_action(self.policy(inputs).get("action"))
+        outputs = self.policy(inputs)
+        next_state = None
+        if recurrent_state is not None:  # what the layer left: the state of each row's next step
+            next_state = TensorDict(
+                {key: outputs.get(("next", key)) for key in recurrent_state_shapes(self.policy)},
+                batch_size=outputs.batch_size,
+            )
+            next_state.set(IS_INIT_KEY, torch.zeros_like(recurrent_state.get(IS_INIT_KEY)))
+        return self._to_env_action(outputs.get("action")), next_state
 
     # -------------------------------------------------------------- evaluating
     def check_spaces(self, env: gym.Env | gym.vector.VectorEnv) -> None:
@@ -451,6 +548,8 @@ class Agent(nn.Module):
             int, Any
         ] = {}  # env index -> the allowed actions its env gave (info["action_mask"]), if any
         frames: list[np.ndarray] = []
+        states: dict[int, TensorDict] = {}  # env index -> a recurrent policy's state for its next step
+        recurrent = self.recurrent
         next_episode = 0
 
         def start(index: int) -> None:
@@ -459,6 +558,8 @@ class Agent(nn.Module):
             observations[index], info = envs[index].reset(seed=episode_seed)
             masks[index] = info.get("action_mask")
             episode_of[index] = next_episode
+            if recurrent:
+                states[index] = initial_state(self.policy, 1, self.device)[0]
             if video_path is not None and next_episode == 0:
                 frames.append(envs[index].render())
             next_episode += 1
@@ -473,7 +574,11 @@ class Agent(nn.Module):
                 if any(masks[i] is not None for i in active):
                     size = int(getattr(self.action_space, "n", 0))
                     batch_masks = np.stack([np.ones(size) if masks[i] is None else masks[i] for i in active])
-                for index, action in zip(active, self._act(batch, batch_masks)):
+                state = torch.stack([states[i] for i in active]) if recurrent else None
+                actions, next_state = self._act(batch, batch_masks, state)
+                for row, (index, action) in enumerate(zip(active, actions, strict=True)):
+                    if recurrent:
+                        states[index] = next_state[row]
                     observation, reward, terminated, truncated, info = envs[index].step(action)
                     masks[index] = info.get("action_mask")
                     episode = episode_of[index]

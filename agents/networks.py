@@ -8,7 +8,13 @@ from collections.abc import Sequence
 
 import torch
 from tensordict import TensorDictBase
-from tensordict.nn import AddStateIndependentNormalScale, NormalParamExtractor, TensorDictModule
+from tensordict.nn import (
+    AddStateIndependentNormalScale,
+    NormalParamExtractor,
+    TensorDictModule,
+    TensorDictModuleBase,
+    TensorDictSequential,
+)
 from torch import nn
 from torchrl.data import Binary, Bounded, Categorical, Composite, MultiCategorical, TensorSpec
 from torchrl.envs import EnvBase
@@ -23,6 +29,14 @@ from torchrl.modules import (
 
 from agents.distributions import FactorisedBernoulli, FactorisedCategorical
 from agents.normalization import ObservationNormalizer
+from agents.recurrent import (
+    FEATURES_KEY,
+    MEMORY_KEY,
+    check_recurrent_options,
+    make_recurrent_layer,
+    recurrent_trunk,
+    state_shapes,
+)
 from envs.specs import ACTION_MASK_KEY
 from errors import InputError
 
@@ -288,7 +302,10 @@ def encoder_width(observation_spec: TensorSpec) -> int:
 
 def input_encoder(actor: ProbabilisticActor) -> nn.Module:
     """Return the observation encoder of an actor from :func:`make_actor`, to share it with a critic."""
-    return actor.module[0].module[0]
+    body = actor.module[0]
+    if isinstance(body, TensorDictSequential):  # a recurrent actor: encoder, recurrent layer, heads
+        return body.module[0].module
+    return body.module[0]
 
 
 class SharedNormalizer(nn.Module):
@@ -407,6 +424,8 @@ def make_actor(
     log_std_init: float = 0.0,
     squash: bool = True,
     action_mask: bool = False,
+    recurrent: str | None = None,
+    recurrent_size: int = 64,
 ) -> ProbabilisticActor:
     """Build a stochastic MLP policy for the env's action spec.
 
@@ -436,6 +455,10 @@ def make_actor(
             the env to clip (False). Its deterministic action is then the Gaussian's mean.
         action_mask: Discrete actions: the env gives the allowed actions (``"action_mask"``, see
             :func:`envs.make_env`): a ``MaskedCategorical`` samples, scores and takes the mode among those.
+        recurrent: ``"lstm"`` or ``"gru"``: a recurrent layer of ``recurrent_size`` units between the encoder
+            and the MLP (:mod:`agents.recurrent`); its state is carried by the env
+            (:func:`agents.recurrent.make_recurrent_env`). None: no memory.
+        recurrent_size: units of the recurrent layer.
 
     Returns:
         A ``ProbabilisticActor`` reading ``"observation"`` and writing ``"action"`` and its log-probability.
@@ -452,6 +475,22 @@ def make_actor(
         encoder, in_features = observation_encoder(observation_spec, normalize_obs)
     else:
         in_features = encoder_width(observation_spec)
+    if recurrent is not None:
+        check_recurrent_options(recurrent, recurrent_size)
+        trunk = [
+            TensorDictModule(encoder, in_keys=["observation"], out_keys=[FEATURES_KEY]),
+            make_recurrent_layer(recurrent, in_features, recurrent_size),
+        ]
+        in_features = recurrent_size  # the MLP reads the recurrent layer's output
+
+    def body(head: list[nn.Module], out_keys: list[str]) -> TensorDictModuleBase:
+        """The network from observations to the distribution's parameters, through the recurrent layer if any."""
+        if recurrent is None:
+            return TensorDictModule(nn.Sequential(encoder, *head), in_keys=["observation"], out_keys=out_keys)
+        return TensorDictSequential(
+            *trunk, TensorDictModule(nn.Sequential(*head), in_keys=[MEMORY_KEY], out_keys=out_keys)
+        )
+
     if isinstance(
         action_spec, MultiCategorical | Binary
     ):  # before Categorical: both are Categorical subclasses
@@ -465,9 +504,8 @@ def make_actor(
             width, distribution_class, distribution_kwargs = sum(nvec), FactorisedCategorical, {"nvec": nvec}
         else:
             width, distribution_class, distribution_kwargs = action_spec.shape[-1], FactorisedBernoulli, {}
-        net = nn.Sequential(encoder, make_mlp(in_features, width, hidden_sizes, activation))
         return ProbabilisticActor(
-            TensorDictModule(net, in_keys=["observation"], out_keys=["logits"]),
+            body([make_mlp(in_features, width, hidden_sizes, activation)], ["logits"]),
             in_keys=["logits"],
             spec=action_spec,
             distribution_class=distribution_class,
@@ -475,8 +513,7 @@ def make_actor(
             return_log_prob=True,
         )
     if isinstance(action_spec, Categorical):
-        net = nn.Sequential(encoder, make_mlp(in_features, action_spec.space.n, hidden_sizes, activation))
-        module = TensorDictModule(net, in_keys=["observation"], out_keys=["logits"])
+        module = body([make_mlp(in_features, action_spec.space.n, hidden_sizes, activation)], ["logits"])
         masked = {
             "in_keys": {"logits": "logits", "mask": ACTION_MASK_KEY},
             "distribution_class": MaskedCategorical,
@@ -506,9 +543,7 @@ def make_actor(
                 make_mlp(in_features, action_dim, hidden_sizes, activation),
                 AddStateIndependentNormalScale(action_dim, init_value=log_std_init),
             ]
-        module = TensorDictModule(
-            nn.Sequential(encoder, *head), in_keys=["observation"], out_keys=["loc", "scale"]
-        )
+        module = body(head, ["loc", "scale"])
         if not squash:
             return ProbabilisticActor(
                 module,
@@ -554,3 +589,14 @@ def make_critic(
             encoder.reuse_features = True
     net = nn.Sequential(encoder, make_mlp(in_features, 1, hidden_sizes, activation))
     return ValueOperator(net, in_keys=["observation"])
+
+
+def make_recurrent_critic(
+    actor: nn.Module, hidden_sizes: Sequence[int] = (64, 64), activation: str = "tanh"
+) -> TensorDictSequential:
+    """A state-value critic that shares the recurrent actor's encoder and recurrent layer, with an MLP of
+    ``hidden_sizes`` from ``"memory"`` to the value on top."""
+    trunk = recurrent_trunk(actor)
+    width = next(iter(state_shapes(trunk).values()))[1]
+    head = make_mlp(width, 1, hidden_sizes, activation)
+    return TensorDictSequential(*trunk.module, ValueOperator(head, in_keys=[MEMORY_KEY]))

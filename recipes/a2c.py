@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import ClassVar, Literal
 
 import torch
-from torchrl.modules import ValueOperator
+from torchrl.modules import ValueOperator, set_recurrent_mode
 from torchrl.objectives import A2CLoss
 
 from agents import (
@@ -48,6 +48,7 @@ from agents import (
     make_critic,
     make_gsde_actor,
     make_gsde_env,
+    make_recurrent_critic,
     orthogonal_init,
 )
 from agents.gsde import check_sde_options, clip_env_actions
@@ -55,7 +56,9 @@ from agents.loss_addons import LossAddon, addon_losses, build_loss_addons, split
 from agents.networks import action_mask_kwargs, box_policy_kwargs
 from agents.options import Options, defaults
 from agents.policy_gradient import make_shared_critic
+from agents.recurrent import make_recurrent_env, recurrent_kwargs
 from errors import InputError
+from recipes.ppo import check_recurrent_run
 from training import (
     Learner,
     Run,
@@ -145,6 +148,12 @@ class NetworkConfig(Options):
     """Box actions: explore with gSDE (state-dependent noise, Raffin et al. 2021), not a tanh-normal policy."""
     sde_sample_freq: int = -1
     """gSDE: resample the exploration noise every this many steps; -1: only at episode and batch starts."""
+    recurrent: Literal["lstm", "gru"] | None = None
+    """Give the policy memory (partially observed envs): an LSTM or GRU layer between the observation encoder and
+    the MLP, shared with the critic, its state carried from step to step and reset at each episode's start; each
+    update runs it over every env's steps of the batch from the state stored at their first."""
+    recurrent_size: int = 64
+    """Units of the --recurrent layer."""
 
 
 @dataclass
@@ -180,6 +189,12 @@ class A2CConfig(Options):
         check_sde_options(self.network.use_sde, self.network.sde_sample_freq)
         if self.network.use_sde:
             single_collector_only(self.run, "--use-sde")
+        network = self.network
+        check_recurrent_run(self.run, network.recurrent, network.recurrent_size, network.use_sde)
+        if network.recurrent is not None and network.shared_network:
+            raise InputError(
+                "--recurrent already shares the encoder and recurrent layer; drop --shared-network."
+            )
         check_gradient_workers(self)
 
 
@@ -223,6 +238,7 @@ def main(config: A2CConfig, loss_addons: Sequence[LossAddon] = ()) -> dict:
         "activation": config.network.activation,
         "normalize_obs": config.network.normalize_obs,
         **action_mask_kwargs(env),  # an env that gives the allowed actions gets a masked policy
+        **recurrent_kwargs(config.network.recurrent, config.network.recurrent_size),
     }
     try:
         policy_kwargs |= box_policy_kwargs(
@@ -247,7 +263,13 @@ def main(config: A2CConfig, loss_addons: Sequence[LossAddon] = ()) -> dict:
         env = make_gsde_env(env, actor, config.network.sde_sample_freq, config.collector.steps_per_env)
     elif not config.network.squash:  # an unbounded Gaussian: the env clips its actions to the Box
         env = clip_env_actions(env)
-    if config.network.shared_network:
+    recurrent = config.network.recurrent is not None
+    if recurrent:  # the recurrent state (and the episode starts that reset it) travel as env state
+        env = make_recurrent_env(env, actor)
+        critic = make_recurrent_critic(actor, config.network.hidden_sizes, config.network.activation).to(
+            device
+        )
+    elif config.network.shared_network:
         critic = make_shared_critic(actor).to(device)
     else:
         critic = make_critic(
@@ -307,7 +329,10 @@ def main(config: A2CConfig, loss_addons: Sequence[LossAddon] = ()) -> dict:
     loss_fn = compiled(loss_module, run_config.compile)  # --compile: forward and backward
 
     def update(batch):
-        loss = loss_fn(batch)
+        with set_recurrent_mode(
+            recurrent
+        ):  # a recurrent layer runs over each env's steps from its stored state
+            loss = loss_fn(batch)
         addon_total, addon_metrics = addon_losses(addons, batch)
         total = sum(loss[key] for key in loss_keys) + addon_total
         return total, loss.select(*loss_keys, "entropy", strict=False).detach().update(addon_metrics)
@@ -337,7 +362,7 @@ def main(config: A2CConfig, loss_addons: Sequence[LossAddon] = ()) -> dict:
             reward_normalizer.normalize(batch)
         with torch.no_grad():
             advantage_module(batch)
-        yield batch.reshape(-1)
+        yield batch if recurrent else batch.reshape(-1)
 
     def after_batch(batch):  # observation statistics, once the batch's update is done
         if normalizer is not None:

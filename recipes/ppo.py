@@ -28,6 +28,7 @@ from typing import ClassVar, Literal
 
 import torch
 from torchrl.data import LazyTensorStorage, SamplerWithoutReplacement, TensorDictReplayBuffer
+from torchrl.modules import set_recurrent_mode
 
 from agents import (
     Agent,
@@ -41,12 +42,20 @@ from agents import (
     make_critic,
     make_gsde_actor,
     make_gsde_env,
+    make_recurrent_critic,
     orthogonal_init,
 )
 from agents.gsde import check_sde_options, clip_env_actions
 from agents.loss_addons import LossAddon, addon_losses, build_loss_addons, split_parameters
 from agents.networks import action_mask_kwargs, box_policy_kwargs
 from agents.options import Options, defaults
+from agents.recurrent import (
+    check_recurrent_options,
+    check_sequence_options,
+    make_recurrent_env,
+    recurrent_kwargs,
+    sequences,
+)
 from errors import InputError
 from training import (
     Learner,
@@ -121,6 +130,9 @@ class OptimConfig(Options):
     """Passes over each collected batch."""
     minibatch_size: int = 64
     """Samples per gradient step."""
+    sequence_length: int | None = None
+    """--recurrent: minibatches are sequences of this many consecutive steps of one env, each starting from the
+    state stored at its first step (gradients flow back through them); default: --steps-per-env."""
 
 
 @dataclass
@@ -142,6 +154,11 @@ class NetworkConfig(Options):
     """Box actions: explore with gSDE (state-dependent noise, Raffin et al. 2021), not a tanh-normal policy."""
     sde_sample_freq: int = -1
     """gSDE: resample the exploration noise every this many steps; -1: only at episode and batch starts."""
+    recurrent: Literal["lstm", "gru"] | None = None
+    """Give the policy memory (partially observed envs): an LSTM or GRU layer between the observation encoder and
+    the MLP, shared with the critic, its state carried from step to step and reset at each episode's start."""
+    recurrent_size: int = 64
+    """Units of the --recurrent layer."""
 
 
 @dataclass
@@ -195,6 +212,35 @@ def check_ppo_options(
     check_sde_options(network.use_sde, network.sde_sample_freq)
     if network.use_sde:
         single_collector_only(run, "--use-sde")
+    check_recurrent_ppo_options(run, collector, optim, network)
+
+
+def check_recurrent_ppo_options(
+    run: RunConfig, collector: CollectorConfig, optim: OptimConfig, network: NetworkConfig
+) -> None:
+    """Raise :class:`InputError` for --recurrent options that do not combine (PPO, A2C and RND-PPO)."""
+    if network.recurrent is None:
+        if optim.sequence_length is not None:
+            raise InputError("--sequence-length is for recurrent policies; add --recurrent lstm or gru.")
+        return
+    if optim.sequence_length is not None:
+        require_positive(sequence_length=optim.sequence_length)
+    length = optim.sequence_length or collector.steps_per_env
+    check_sequence_options(collector.steps_per_env, length, optim.minibatch_size, run.num_envs)
+    check_recurrent_run(run, network.recurrent, network.recurrent_size, network.use_sde)
+
+
+def check_recurrent_run(run: RunConfig, recurrent: str | None, size: int, use_sde: bool) -> None:
+    """Raise :class:`InputError` for a --recurrent policy with options it does not combine with (PPO, A2C)."""
+    if recurrent is None:
+        return
+    check_recurrent_options(recurrent, size)
+    for given, option in ((use_sde, "--use-sde"), (run.compile, "--compile")):
+        if given:
+            raise InputError(f"--recurrent does not combine with {option}; drop one of them.")
+    if run.gradient_workers:
+        raise InputError("--recurrent does not combine with --gradient-workers; train in one process.")
+    single_collector_only(run, "--recurrent")
 
 
 @recipe_main
@@ -225,6 +271,7 @@ def main(config: PPOConfig, loss_addons: Sequence[LossAddon] = ()) -> dict:
         "activation": config.network.activation,
         "normalize_obs": config.network.normalize_obs,
         **action_mask_kwargs(env),  # an env that gives the allowed actions gets a masked policy
+        **recurrent_kwargs(config.network.recurrent, config.network.recurrent_size),
     }
     try:
         policy_kwargs |= box_policy_kwargs(
@@ -249,9 +296,19 @@ def main(config: PPOConfig, loss_addons: Sequence[LossAddon] = ()) -> dict:
         env = make_gsde_env(env, actor, config.network.sde_sample_freq, config.collector.steps_per_env)
     elif not config.network.squash:  # an unbounded Gaussian: the env clips its actions to the Box
         env = clip_env_actions(env)
-    critic = make_critic(
-        observation_spec, config.network.hidden_sizes, config.network.activation, encoder=input_encoder(actor)
-    ).to(device)
+    recurrent = config.network.recurrent is not None
+    if recurrent:  # the recurrent state (and the episode starts that reset it) travel as env state
+        env = make_recurrent_env(env, actor)
+        critic = make_recurrent_critic(actor, config.network.hidden_sizes, config.network.activation).to(
+            device
+        )
+    else:
+        critic = make_critic(
+            observation_spec,
+            config.network.hidden_sizes,
+            config.network.activation,
+            encoder=input_encoder(actor),
+        ).to(device)
     normalizer = find_normalizer(actor)
     if config.network.ortho_init:
         orthogonal_init(actor, critic)
@@ -297,11 +354,12 @@ def main(config: PPOConfig, loss_addons: Sequence[LossAddon] = ()) -> dict:
         )
     )
 
-    # buffer: the current batch, sampled without replacement into minibatches
+    # buffer: the current batch, sampled without replacement into minibatches (of whole sequences when recurrent)
+    sequence_length = (optim_config.sequence_length or config.collector.steps_per_env) if recurrent else 1
     replay_buffer = TensorDictReplayBuffer(
-        storage=LazyTensorStorage(frames_per_batch, device=device),
+        storage=LazyTensorStorage(frames_per_batch // sequence_length, device=device),
         sampler=SamplerWithoutReplacement(drop_last=True),  # every minibatch full-size
-        batch_size=optim_config.minibatch_size,
+        batch_size=optim_config.minibatch_size // sequence_length,
     )
 
     # optimizer: one Adam, the actor's and the critic's parameters in groups of their own learning rates
@@ -318,7 +376,8 @@ def main(config: PPOConfig, loss_addons: Sequence[LossAddon] = ()) -> dict:
     loss_fn = compiled(loss_module, run_config.compile)  # --compile: forward and backward
 
     def update(minibatch):
-        loss = loss_fn(minibatch)
+        with set_recurrent_mode(recurrent):  # a recurrent layer runs over each sequence from its stored state
+            loss = loss_fn(minibatch)
         addon_total, addon_metrics = addon_losses(addons, minibatch)
         total = sum(loss[key] for key in loss_keys) + addon_total
         metrics = loss.select(*loss_keys, "entropy", "clip_fraction", "kl_approx", strict=False).detach()
@@ -353,7 +412,7 @@ def main(config: PPOConfig, loss_addons: Sequence[LossAddon] = ()) -> dict:
             reward_normalizer.normalize(batch)
         with torch.no_grad():
             advantage_module(batch)
-        replay_buffer.extend(batch.reshape(-1))
+        replay_buffer.extend(sequences(batch, sequence_length) if recurrent else batch.reshape(-1))
         for _ in range(optim_config.num_epochs * minibatches_per_epoch):
             yield replay_buffer.sample()
 

@@ -131,12 +131,13 @@ class RNDPPOConfig(Options):
             "--normalize-reward": self.loss.normalize_reward,
             "--clip-value": self.loss.clip_value is not None,
             "--critic-lr": self.optim.critic_lr is not None,
+            "--recurrent": self.network.recurrent is not None,
         }
         for option, given in unsupported.items():
             if given:
                 raise InputError(
                     f"{option} is a PPO option that recipes.rnd_ppo does not support (its two critics share one "
-                    "learning rate and an unclipped value loss, on the env's rewards); drop it."
+                    "learning rate and an unclipped value loss, on the env's rewards, and have no memory); drop it."
                 )
         intrinsic = self.intrinsic
         require_positive(rnd_embedding_dim=intrinsic.rnd_embedding_dim)

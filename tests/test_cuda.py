@@ -31,7 +31,12 @@ RUNS = {
     "ppo-continuous-normalized": ("ppo", "--env-id Pendulum-v1 --normalize-obs"),
     "ppo-torch-env": ("ppo", "--env-backend torch --num-envs 64 --total-frames 4096"),
     "ppo-compiled": ("ppo", "--compile"),
+    "ppo-lstm": (
+        "ppo",
+        "--env-id rlkit/CartPoleNoVelocity-v1 --recurrent lstm --num-envs 4 --steps-per-env 32 --minibatch-size 64",
+    ),
     "a2c": ("a2c", ""),
+    "a2c-gru": ("a2c", "--env-id rlkit/CartPoleNoVelocity-v1 --recurrent gru"),
     "rnd-ppo": ("rnd_ppo", "--env-id rlkit/DeepSea-v0"),
     "reinforce": ("reinforce", ""),
     "vpg": ("vpg", ""),

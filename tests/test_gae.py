@@ -1,8 +1,9 @@
 import pytest
 import torch
 from tensordict import TensorDict
+from tensordict.nn import TensorDictSequential
 from torch import nn
-from torchrl.modules import ValueOperator
+from torchrl.modules import LSTMModule, ValueOperator, set_recurrent_mode
 from torchrl.objectives.value import GAE, TD1Estimator
 
 from agents import make_actor
@@ -130,7 +131,7 @@ def test_one_call_gae_matches_torchrls_on_a_collected_batch_with_time_limits_and
         torch.testing.assert_close(result[key], expected[key])
 
 
-def test_one_call_gae_leaves_recurrent_inputs_and_functional_parameters_to_torchrl(monkeypatch):
+def test_one_call_gae_leaves_recurrent_mode_and_functional_parameters_to_torchrl(monkeypatch):
     from agents import OneCallGAE
 
     parent_calls = []
@@ -145,7 +146,30 @@ def test_one_call_gae_leaves_recurrent_inputs_and_functional_parameters_to_torch
     estimator = OneCallGAE(gamma=0.9, lmbda=0.8, value_network=critic, average_gae=False)
     estimator(auto_reset_batch())
     assert not parent_calls
-    recurrent = auto_reset_batch()
-    recurrent["is_init"] = torch.zeros(*recurrent.shape, 1, dtype=torch.bool)
-    estimator(recurrent)
+    marked = auto_reset_batch()  # episode starts marked, a critic without memory: still one call
+    marked["is_init"] = torch.zeros(*marked.shape, 1, dtype=torch.bool)
+    estimator(marked)
+    assert not parent_calls
+    # a recurrent critic in recurrent mode (sequences) is TorchRL's; in sequential mode it is covered
+    # (tests/test_recurrent.py checks its advantages against a per-step reference)
+    layer = LSTMModule(
+        input_size=2,
+        hidden_size=4,
+        in_keys=["observation", "h", "c"],
+        out_keys=["m", ("next", "h"), ("next", "c")],
+    )
+    recurrent_critic = TensorDictSequential(layer, ValueOperator(torch.nn.Linear(4, 1), in_keys=["m"]))
+    batch = auto_reset_batch()
+    batch["is_init"] = torch.zeros(*batch.shape, 1, dtype=torch.bool)
+    batch["is_init"][:, 0] = True
+    for key in ("h", "c"):
+        batch[key] = batch["next", key] = torch.zeros(*batch.shape, 1, 4)
+    batch["next", "is_init"] = torch.zeros(*batch.shape, 1, dtype=torch.bool)
+    recurrent_estimator = OneCallGAE(
+        gamma=0.9, lmbda=0.8, value_network=recurrent_critic, average_gae=False, deactivate_vmap=True
+    )
+    with set_recurrent_mode(True):
+        recurrent_estimator(batch.clone())
+    assert len(parent_calls) == 1
+    recurrent_estimator(batch)
     assert len(parent_calls) == 1

@@ -51,6 +51,8 @@ CASES = {
         {"run.env_id": "MountainCar-v0", "table.grid_size": 8},
     ),
     "rnd_ppo": (rnd_ppo.main, tiny_rnd_ppo, {}),
+    "ppo-lstm": (ppo.main, tiny_ppo, {"network.recurrent": "lstm", "optim.sequence_length": 8}),
+    "a2c-gru": (a2c.main, tiny_a2c, {"network.recurrent": "gru"}),
     "es": (es.main, tiny_es, {}),
 }
 GYMNASIUM_ONLY = {"qlearning", "rnd_ppo"}  # envs without a torch implementation

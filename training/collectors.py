@@ -108,8 +108,9 @@ def make_collector(
 def single_collector_only(run: RunConfig, feature: str) -> None:
     """Raise :class:`InputError` when ``feature`` (which keeps per-env state outside the env) meets workers."""
     if run.collector_backend != "single":
+        kept = "a recurrent state" if feature == "--recurrent" else "exploration state"
         raise InputError(
-            f"{feature} keeps exploration state beside the training env and runs with --collector-backend single "
+            f"{feature} keeps {kept} beside the training env and runs with --collector-backend single "
             f"only; drop --collector-backend {run.collector_backend} or {feature}."
         )
 

@@ -1,0 +1,215 @@
+"""Recurrent policies (--recurrent lstm|gru): the state carried by the env, sequences in the loss that reproduce
+what the policy did while collecting, advantages from the stored states, the agent's memory in predict and
+evaluate, checkpoints, bad input, and learning a task that needs memory."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from run_helpers import tiny_a2c, tiny_ppo, tiny_rnd_ppo
+from tensordict import TensorDict
+from torchrl.collectors import Collector
+from torchrl.modules import set_recurrent_mode
+from torchrl.objectives.value.functional import generalized_advantage_estimate
+
+from agents import Agent, OneCallGAE, make_actor, make_recurrent_critic
+from agents.recurrent import (
+    IS_INIT_KEY,
+    initial_state,
+    make_recurrent_env,
+    sequences,
+    state_shapes,
+)
+from envs import make_env
+from errors import InputError
+from recipes import a2c, ppo, rnd_ppo
+from training import RunConfig
+
+MEMORY_TASK = "rlkit/CartPoleNoVelocity-v1"
+
+
+def collected(kind, num_envs=3, frames=120, seed=0):
+    """A recurrent actor and critic, and a batch its collector gathered (episodes end inside it)."""
+    torch.manual_seed(seed)
+    env = make_env(MEMORY_TASK, num_envs=num_envs, seed=seed)
+    actor = make_actor(
+        env.observation_spec["observation"], env.action_spec, [16], recurrent=kind, recurrent_size=8
+    )
+    critic = make_recurrent_critic(actor, [16])
+    env = make_recurrent_env(env, actor)
+    collector = Collector(env, actor, frames_per_batch=frames, total_frames=frames)
+    batch = next(iter(collector))
+    collector.shutdown()
+    return actor, critic, batch
+
+
+@pytest.mark.parametrize("kind", ["lstm", "gru"])
+def test_the_env_carries_the_state_and_resets_it_at_episode_starts(kind):
+    actor, _, batch = collected(kind)
+    is_init = batch.get(IS_INIT_KEY).squeeze(-1)
+    assert is_init[:, 0].all() and is_init[:, 1:].any(), "episodes restart inside the batch"
+    done = batch.get(("next", "done")).squeeze(-1)
+    assert torch.equal(is_init[:, 1:], done[:, :-1])
+    for key in state_shapes(actor):
+        state, next_state = batch.get(key), batch.get(("next", key))
+        assert (state[is_init] == 0).all(), "a new episode starts from zeros"
+        assert (state[~is_init].abs().sum((-1, -2)) > 0).all()
+        continuing = ~done[:, :-1]
+        assert torch.equal(state[:, 1:][continuing], next_state[:, :-1][continuing])
+
+
+@pytest.mark.parametrize("kind", ["lstm", "gru"])
+@pytest.mark.parametrize("length", [40, 10])
+def test_sequences_in_recurrent_mode_reproduce_the_collected_log_probabilities(kind, length):
+    """Slices of consecutive steps, run from the state stored at their first step and restarted at each episode
+    start inside them, give the policy the collector acted with: the same log-probabilities of its actions."""
+    actor, _, batch = collected(kind)
+    slices = sequences(batch, length)
+    assert slices.shape == (3 * 40 // length, length)
+    with set_recurrent_mode(True):
+        distribution = actor.get_dist(slices.clone())
+    log_prob = distribution.log_prob(slices.get("action"))
+    torch.testing.assert_close(log_prob, slices.get("action_log_prob"), rtol=0, atol=1e-5)
+    # without the stored states (every slice from zeros) they differ: the test can fail
+    zeroed = slices.clone()
+    for key in state_shapes(actor):
+        zeroed.set(key, torch.zeros_like(zeroed.get(key)))
+    with set_recurrent_mode(True):
+        wrong = actor.get_dist(zeroed).log_prob(slices.get("action"))
+    assert not torch.allclose(wrong, slices.get("action_log_prob"), atol=1e-4) or length == 40
+
+
+def test_advantages_of_a_recurrent_critic_use_each_steps_stored_state():
+    _, critic, batch = collected("lstm")
+    with torch.no_grad():
+        OneCallGAE(gamma=0.9, lmbda=0.8, value_network=critic, average_gae=False)(batch)
+        values = critic(batch.select(*critic.in_keys).reshape(-1)).get("state_value").reshape(3, 40, 1)
+        next_values = critic(batch.get("next").select(*critic.in_keys).reshape(-1)).get("state_value")
+    advantage, _ = generalized_advantage_estimate(
+        0.9,
+        0.8,
+        values,
+        next_values.reshape(3, 40, 1),
+        batch.get(("next", "reward")),
+        batch.get(("next", "done")),
+        batch.get(("next", "terminated")),
+        time_dim=1,
+    )
+    torch.testing.assert_close(batch.get("advantage"), advantage, rtol=1e-5, atol=1e-5)
+
+
+def test_agent_predict_keeps_the_state_between_calls(tmp_path):
+    env = make_env(MEMORY_TASK, num_envs=1)
+    actor = make_actor(env.observation_spec["observation"], env.action_spec, [16], recurrent="lstm")
+    agent = Agent(
+        actor,
+        MEMORY_TASK,
+        env.single_observation_space,
+        env.single_action_space,
+        "ppo",
+        policy_kwargs={"hidden_sizes": [16], "recurrent": "lstm", "recurrent_size": 64},
+    )
+    assert agent.recurrent and agent.state is None
+    observations = np.random.default_rng(0).normal(size=(30, 2)).astype(np.float32)
+    logits = []
+
+    def remembered(observation):  # the policy's logits for this observation from the kept state
+        state = agent.state if agent.state is not None else initial_state(actor, 1)
+        inputs = TensorDict({"observation": torch.as_tensor(observation)[None]}, [1]).update(state)
+        return actor.module[0](inputs).get("logits")
+
+    for observation in observations:
+        logits.append(remembered(observation))
+        agent.predict(observation)
+    assert agent.state["recurrent_state_h"].shape == (1, 1, 64)
+    assert not torch.allclose(logits[5], logits[6])
+    kept = agent.state.clone()
+    first = agent.predict(observations[0])
+    agent.reset_state()
+    fresh = agent.predict(observations[0])
+    assert fresh == agent.predict(observations[0], state=initial_state(actor, 1), episode_start=True)
+    assert first == agent.predict(observations[0], state=kept)
+    # a batch of envs: one state per row; episode_start restarts the rows it marks
+    agent.reset_state()
+    agent.predict(observations[:4])
+    assert agent.state["recurrent_state_h"].shape == (4, 1, 64)
+    agent.predict(observations[4:8], episode_start=[True, False, False, True])
+    with pytest.raises(InputError, match="after a batch of another size, call reset_state"):
+        agent.predict(observations[0])
+    with pytest.raises(InputError, match="one flag per observation"):
+        agent.predict(observations[:4], episode_start=[True, False])
+    with pytest.raises(InputError, match="a mapping with the entries"):
+        agent.predict(observations[0], state=[1, 2])
+    # save and load: the same actions from the same observations
+    agent.reset_state()
+    path = agent.save(tmp_path / "agent.ckpt")
+    loaded = Agent.load(path)
+    assert loaded.recurrent
+    assert [agent.predict(o) for o in observations] == [loaded.predict(o) for o in observations]
+    assert (
+        agent.evaluate(episodes=3, seed=0).lengths.tolist()
+        == loaded.evaluate(episodes=3, seed=0).lengths.tolist()
+    )
+
+
+def test_agents_without_memory_refuse_a_state(output_dir):
+    ppo.main(tiny_ppo(output_dir))
+    agent = Agent.load(output_dir)
+    assert not agent.recurrent
+    with pytest.raises(InputError, match="state and episode_start are for recurrent agents"):
+        agent.predict(np.zeros(4, dtype=np.float32), episode_start=True)
+
+
+@pytest.mark.parametrize("kind", ["lstm", "gru"])
+def test_ppo_and_a2c_train_and_evaluate_recurrent_policies(kind, tmp_path):
+    config = tiny_ppo(tmp_path / "ppo", env_id=MEMORY_TASK)
+    config.network.recurrent, config.network.recurrent_size, config.optim.sequence_length = kind, 16, 8
+    summary = ppo.main(config)
+    assert summary["frames"] == 2048 and math.isfinite(summary["eval_return_mean"])
+    agent = Agent.load(tmp_path / "ppo")
+    assert agent.recurrent and agent.policy_kwargs["recurrent"] == kind
+    assert len(agent.evaluate(episodes=2, seed=0).returns) == 2
+    config = tiny_a2c(tmp_path / "a2c", env_id=MEMORY_TASK)
+    config.network.recurrent = kind
+    assert a2c.main(config)["frames"] >= 2048
+    assert Agent.load(tmp_path / "a2c").recurrent
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"optim.sequence_length": 8}, "--sequence-length is for recurrent policies"),
+        (
+            {"network.recurrent": "lstm", "optim.sequence_length": 12},
+            "must be a multiple of --sequence-length",
+        ),
+        ({"network.recurrent": "lstm", "optim.sequence_length": 0}, "--sequence-length must be a positive"),
+        ({"network.recurrent": "lstm", "network.recurrent_size": 0}, "--recurrent-size must be a positive"),
+        ({"network.recurrent": "rnn"}, "--recurrent must be one of lstm, gru"),
+        ({"network.recurrent": "lstm", "run.compile": True}, "--recurrent does not combine with --compile"),
+        (
+            {"network.recurrent": "lstm", "run.collector_backend": "multiprocess"},
+            "--recurrent keeps a recurrent state beside the training env",
+        ),
+    ],
+)
+def test_recurrent_options_that_do_not_combine_are_one_clear_error(change, message, output_dir):
+    config = tiny_ppo(output_dir)
+    for name, value in change.items():
+        section, field = name.split(".")
+        setattr(getattr(config, section), field, value)
+    with pytest.raises(InputError, match=message):
+        ppo.main(config)
+    assert not output_dir.exists() or not (output_dir / "agent.ckpt").exists()
+
+
+def test_rnd_ppo_and_a2c_refuse_what_they_cannot_do(output_dir):
+    config = tiny_rnd_ppo(output_dir)
+    config.network.recurrent = "lstm"
+    with pytest.raises(InputError, match="--recurrent is a PPO option that recipes.rnd_ppo does not support"):
+        rnd_ppo.main(config)
+    config = tiny_a2c(output_dir)
+    config.network.recurrent, config.network.shared_network = "gru", True
+    with pytest.raises(InputError, match="drop --shared-network"):
+        a2c.main(config)
