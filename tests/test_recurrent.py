@@ -24,7 +24,6 @@ from agents.recurrent import (
 from envs import make_env
 from errors import InputError
 from recipes import a2c, ppo, rnd_ppo
-from training import RunConfig
 
 MEMORY_TASK = "rlkit/CartPoleNoVelocity-v1"
 
