@@ -107,6 +107,25 @@ def test_a_description_larger_than_the_tensors_is_refused_without_building_it(
         Agent.load(path)  # building a million-unit MLP would need terabytes
 
 
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"recurrent_size": 1_000_000}, "whose tensors differ from those the file holds"),
+        ({"recurrent": "gru"}, "whose tensors differ from those the file holds"),
+        ({"recurrent": "transformer"}, "--recurrent must be one of lstm, gru"),
+        ({"recurrent_size": -1}, "--recurrent-size must be a positive integer"),
+    ],
+)
+def test_a_forged_recurrent_layer_is_refused_without_building_it(tmp_path, change, message):
+    path = saved_agent(tmp_path, recurrent="lstm", recurrent_size=8)
+    assert Agent.load(path).recurrent
+    rewrite(
+        path, lambda entries: manifest_metadata(entries, lambda meta: meta["policy_kwargs"].update(change))
+    )
+    with pytest.raises(InputError, match=message):
+        Agent.load(path)
+
+
 def test_a_huge_grid_or_observation_shape_is_refused(tmp_path):
     path = saved_agent(tmp_path, "q_table", gym.spaces.Box(-1, 1, (4,)), grid_size=3)
     rewrite(
