@@ -9,6 +9,8 @@ entropy_coef * entropy + critic_coef * mean (V(s) - target)^2, with RMSprop (or 
 optional linear learning-rate annealing. Actor and critic are separate networks, or share their hidden layers
 with ``--shared-network``. Discrete (categorical policy) and Box (tanh-normal policy) action spaces; for Box
 actions, --use-sde explores with gSDE instead (Raffin et al., 2021, arXiv:2005.05719; agents/gsde.py).
+--recurrent lstm|gru gives the policy memory (agents/recurrent.py): each update runs the recurrent layer over
+every env's steps of the batch from the state stored at their first step.
 
 Each env's preset (recipes/presets/a2c.toml, --list-presets) fills in the options not given; an env without
 one gets the defaults below (Stable-Baselines3's: 8 envs x 5 steps, RMSprop 7e-4, 64x64 tanh). CartPole-v1's preset

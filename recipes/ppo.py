@@ -5,6 +5,9 @@ Clipped surrogate objective with GAE advantages, entropy bonus and a value loss,
 time per gradient step) and ``GAE``; linear learning-rate and clip-range annealing, gradient clipping, per-minibatch
 advantage normalisation. Discrete (categorical policy) and Box (tanh-normal policy) action spaces; for Box
 actions, --use-sde explores with gSDE instead (Raffin et al., 2021, arXiv:2005.05719; agents/gsde.py).
+--recurrent lstm|gru gives the policy memory (agents/recurrent.py): minibatches are then whole sequences of
+--sequence-length steps of one env, run from the state stored at their first step; rlkit/CartPoleNoVelocity-v1's
+preset uses an LSTM.
 
 Each env's preset (recipes/presets/ppo.toml, --list-presets) fills in the options not given; an env without
 one gets the defaults below (Stable-Baselines3's and the paper's MuJoCo settings: 1 env x 2048 steps, 10 epochs of
