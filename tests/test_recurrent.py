@@ -151,6 +151,9 @@ def test_agent_predict_keeps_the_state_between_calls(tmp_path):
         agent.evaluate(episodes=3, seed=0).lengths.tolist()
         == loaded.evaluate(episodes=3, seed=0).lengths.tolist()
     )
+    recorded = loaded.evaluate(episodes=2, seed=0, video_path=tmp_path / "episode.mp4")
+    assert (tmp_path / "episode.mp4").stat().st_size > 0
+    assert recorded.lengths.tolist() == loaded.evaluate(episodes=2, seed=0).lengths.tolist()
 
 
 def test_agents_without_memory_refuse_a_state(output_dir):
