@@ -30,8 +30,8 @@ from torchrl.modules import (
 from agents.distributions import FactorisedBernoulli, FactorisedCategorical
 from agents.normalization import ObservationNormalizer
 from agents.recurrent import (
-    FEATURES_KEY,
     MEMORY_KEY,
+    RecurrentTrunk,
     check_recurrent_options,
     make_recurrent_layer,
     recurrent_trunk,
@@ -303,8 +303,10 @@ def encoder_width(observation_spec: TensorSpec) -> int:
 def input_encoder(actor: ProbabilisticActor) -> nn.Module:
     """Return the observation encoder of an actor from :func:`make_actor`, to share it with a critic."""
     body = actor.module[0]
-    if isinstance(body, TensorDictSequential):  # a recurrent actor: encoder, recurrent layer, heads
-        return body.module[0].module
+    if isinstance(
+        body, TensorDictSequential
+    ):  # a recurrent actor: its trunk (encoder, recurrent layer), heads
+        return recurrent_trunk(actor).encoder.module
     return body.module[0]
 
 
@@ -477,10 +479,7 @@ def make_actor(
         in_features = encoder_width(observation_spec)
     if recurrent is not None:
         check_recurrent_options(recurrent, recurrent_size)
-        trunk = [
-            TensorDictModule(encoder, in_keys=["observation"], out_keys=[FEATURES_KEY]),
-            make_recurrent_layer(recurrent, in_features, recurrent_size),
-        ]
+        trunk = RecurrentTrunk(encoder, make_recurrent_layer(recurrent, in_features, recurrent_size))
         in_features = recurrent_size  # the MLP reads the recurrent layer's output
 
     def body(head: list[nn.Module], out_keys: list[str]) -> TensorDictModuleBase:
@@ -488,7 +487,7 @@ def make_actor(
         if recurrent is None:
             return TensorDictModule(nn.Sequential(encoder, *head), in_keys=["observation"], out_keys=out_keys)
         return TensorDictSequential(
-            *trunk, TensorDictModule(nn.Sequential(*head), in_keys=[MEMORY_KEY], out_keys=out_keys)
+            trunk, TensorDictModule(nn.Sequential(*head), in_keys=[MEMORY_KEY], out_keys=out_keys)
         )
 
     if isinstance(
@@ -599,4 +598,4 @@ def make_recurrent_critic(
     trunk = recurrent_trunk(actor)
     width = next(iter(state_shapes(trunk).values()))[1]
     head = make_mlp(width, 1, hidden_sizes, activation)
-    return TensorDictSequential(*trunk.module, ValueOperator(head, in_keys=[MEMORY_KEY]))
+    return TensorDictSequential(trunk, ValueOperator(head, in_keys=[MEMORY_KEY]))

@@ -16,9 +16,11 @@ state and restarting at every ``is_init`` inside it), so gradients flow back thr
 
 from __future__ import annotations
 
+import weakref
+
 import torch
 from tensordict import TensorDict, TensorDictBase
-from tensordict.nn import TensorDictSequential
+from tensordict.nn import TensorDictModule, TensorDictModuleBase, TensorDictSequential
 from torch import nn
 from torchrl.envs import Compose, EnvBase, InitTracker, TransformedEnv
 from torchrl.modules import GRUModule, LSTMModule
@@ -97,12 +99,102 @@ def make_recurrent_env(env: EnvBase, policy: nn.Module) -> TransformedEnv:
     return TransformedEnv(env, Compose(InitTracker(), *primers))
 
 
-def recurrent_trunk(actor: nn.Module) -> TensorDictSequential:
-    """The encoder and recurrent layer of a recurrent actor from :func:`agents.make_actor`."""
+class RecurrentTrunk(TensorDictModuleBase):
+    """The observation encoder and the recurrent layer of a recurrent actor, shared with its critic.
+
+    Reads ``"observation"``, the layer's state keys and ``"is_init"``; writes ``"features"``, ``"memory"`` and the
+    next state. A policy-gradient loss calls the actor and then the critic on the same minibatch: with gradients
+    enabled, the second call gets the first call's outputs (the same autograd graph) instead of running the
+    encoder and the recurrent layer again, so they run once per minibatch, forward and backward, as one network
+    would. Outputs are reused only for the very same input tensors, unchanged since (their version counters), with
+    the same parameters, unchanged since (an optimizer step bumps their version), in the same recurrent mode; a
+    backward pass through them drops them.
+
+    Args:
+        encoder: the observation encoder (from :func:`agents.networks.observation_encoder`).
+        layer: the recurrent layer (from :func:`make_recurrent_layer`).
+    """
+
+    def __init__(self, encoder: nn.Module, layer: LSTMModule | GRUModule):
+        super().__init__()
+        self.encoder = TensorDictModule(encoder, in_keys=["observation"], out_keys=[FEATURES_KEY])
+        self.layer = layer
+        self.in_keys = ["observation", *layer.in_keys[1:]]
+        self.out_keys = [FEATURES_KEY, *layer.out_keys]
+        self._memo: tuple[tuple, dict] | None = None  # (key, outputs) of the last call with gradients
+
+    def forward(self, tensordict: TensorDictBase) -> TensorDictBase:
+        key = self._memo_key(tensordict) if torch.is_grad_enabled() else None
+        if key is not None and self._memo is not None and _same_key(self._memo[0], key):
+            outputs = self._memo[1]
+        else:  # on a shallow copy: the layer writes reshaped copies of its inputs back, the caller's stay as given
+            inputs = tensordict.select(*self.in_keys, strict=False)
+            self.layer(self.encoder(inputs))
+            outputs = {name: inputs.get(name) for name in self.out_keys}
+        for name, value in outputs.items():
+            tensordict.set(name, value)
+        if key is not None and (self._memo is None or self._memo[1] is not outputs):
+            self._memo = (key, outputs)
+            memory = outputs[MEMORY_KEY]
+            if memory.requires_grad:  # once gradients flow back through them, the graph is spent
+                owner = weakref.ref(self)
+                memory.register_hook(lambda grad: _forget(owner))
+        return tensordict
+
+    def _memo_key(self, tensordict: TensorDictBase) -> tuple:
+        # by storage, not tensor object: the layer writes its inputs back as reshaped views of the same memory
+        # (the memo holds the tensors, so that memory cannot be reused by another tensor meanwhile)
+        inputs = tuple(
+            (tensor, (tensor.data_ptr(), tensor.shape, tensor.stride(), tensor.dtype, tensor._version))
+            for name in self.in_keys
+            for tensor in _leaves(tensordict.get(name, None))
+        )
+        parameters = tuple((parameter, parameter._version) for parameter in self.parameters())
+        return inputs, parameters, bool(self.layer.recurrent_mode)
+
+    def __getstate__(self) -> dict:  # copies and pickles never carry outputs (nor their graph)
+        return {**self.__dict__, "_memo": None}
+
+
+def _leaves(value) -> list[torch.Tensor]:
+    if value is None:
+        return []
+    if isinstance(value, TensorDictBase):
+        return list(value.values(True, True))
+    return [value]
+
+
+def _same_key(old: tuple, new: tuple) -> bool:
+    """Whether two :meth:`RecurrentTrunk._memo_key` keys name the same input memory at the same versions, the
+    same parameters (by identity) at the same versions, and the same recurrent mode."""
+    (old_inputs, old_parameters, old_mode), (new_inputs, new_parameters, new_mode) = old, new
+    return (
+        old_mode == new_mode
+        and len(old_inputs) == len(new_inputs)
+        and len(old_parameters) == len(new_parameters)
+        and all(
+            old_view == new_view for (_, old_view), (_, new_view) in zip(old_inputs, new_inputs, strict=True)
+        )
+        and all(
+            a is b and version_a == version_b
+            for (a, version_a), (b, version_b) in zip(old_parameters, new_parameters, strict=True)
+        )
+    )
+
+
+def _forget(owner: weakref.ref) -> None:
+    trunk = owner()
+    if trunk is not None:
+        trunk._memo = None
+
+
+def recurrent_trunk(actor: nn.Module) -> RecurrentTrunk:
+    """The :class:`RecurrentTrunk` of a recurrent actor from :func:`agents.make_actor`."""
     body = actor.module[0]
-    if not (isinstance(body, TensorDictSequential) and is_recurrent(body)):
-        raise ValueError("recurrent_trunk: the actor is not a recurrent actor from make_actor.")
-    return TensorDictSequential(body.module[0], body.module[1])
+    trunk = body.module[0] if isinstance(body, TensorDictSequential) else None
+    if not isinstance(trunk, RecurrentTrunk):
+        raise TypeError("recurrent_trunk: the actor is not a recurrent actor from make_actor.")
+    return trunk
 
 
 def sequences(batch: TensorDictBase, length: int) -> TensorDictBase:
@@ -142,6 +234,7 @@ __all__ = [
     "MEMORY_KEY",
     "RECURRENT_KINDS",
     "STATE_KEYS",
+    "RecurrentTrunk",
     "check_recurrent_options",
     "check_sequence_options",
     "initial_state",

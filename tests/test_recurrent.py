@@ -18,13 +18,13 @@ from agents.recurrent import (
     IS_INIT_KEY,
     initial_state,
     make_recurrent_env,
+    recurrent_trunk,
     sequences,
     state_shapes,
 )
 from envs import make_env
 from errors import InputError
 from recipes import a2c, ppo, rnd_ppo
-from training import RunConfig
 
 MEMORY_TASK = "rlkit/CartPoleNoVelocity-v1"
 
@@ -38,7 +38,9 @@ def collected(kind, num_envs=3, frames=120, seed=0):
     )
     critic = make_recurrent_critic(actor, [16])
     env = make_recurrent_env(env, actor)
-    collector = Collector(env, actor, frames_per_batch=frames, total_frames=frames)
+    collector = Collector(
+        env, actor, frames_per_batch=frames, total_frames=frames, auto_register_policy_transforms=False
+    )
     batch = next(iter(collector))
     collector.shutdown()
     return actor, critic, batch
@@ -78,6 +80,57 @@ def test_sequences_in_recurrent_mode_reproduce_the_collected_log_probabilities(k
     with set_recurrent_mode(True):
         wrong = actor.get_dist(zeroed).log_prob(slices.get("action"))
     assert not torch.allclose(wrong, slices.get("action_log_prob"), atol=1e-4) or length == 40
+
+
+def test_the_loss_runs_the_shared_trunk_once_per_minibatch_with_the_same_gradients(monkeypatch):
+    """Actor and critic share the encoder and the recurrent layer: in a PPO loss the critic's call reuses the
+    actor's (one forward and one backward through the trunk) and the gradients are those of two separate calls."""
+    actor, critic, batch = collected("lstm")
+    with torch.no_grad():
+        OneCallGAE(gamma=0.9, lmbda=0.8, value_network=critic, average_gae=False)(batch)
+    minibatch = sequences(batch, 20)
+    loss_module = ppo.TensorClipPPOLoss(actor, critic, functional=False)
+    trunk = recurrent_trunk(actor)
+    calls = []
+    trunk.layer.register_forward_hook(lambda *args: calls.append(1))
+
+    def gradients():
+        loss_module.zero_grad()
+        with set_recurrent_mode(True):
+            losses = loss_module(minibatch.clone())
+        sum(losses[key] for key in ("loss_objective", "loss_critic")).backward()
+        return {name: p.grad.clone() for name, p in loss_module.named_parameters() if p.grad is not None}
+
+    shared = gradients()
+    assert len(calls) == 1 and trunk._memo is None, "one trunk call; the backward pass dropped its outputs"
+    monkeypatch.setattr("agents.recurrent._same_key", lambda old, new: False)  # every call runs the trunk
+    separate = gradients()
+    assert len(calls) == 3
+    assert shared.keys() == separate.keys()
+    for name in shared:
+        torch.testing.assert_close(shared[name], separate[name], rtol=1e-5, atol=1e-6, msg=name)
+
+
+def test_the_trunk_reruns_after_its_parameters_or_inputs_change():
+    actor, critic, batch = collected("gru")
+    trunk = recurrent_trunk(actor)
+    calls = []
+    trunk.layer.register_forward_hook(lambda *args: calls.append(1))
+    data = batch.reshape(-1)[:8].clone()
+    actor(data)
+    critic(data)
+    assert len(calls) == 1
+    with torch.no_grad():  # as an optimizer step does: the parameters' versions change
+        next(trunk.parameters()).add_(0.01)
+    critic(data)
+    assert len(calls) == 2
+    data.get("observation").mul_(2.0)  # the same tensor, changed in place
+    critic(data)
+    assert len(calls) == 3
+    with torch.no_grad():  # no gradients: nothing kept, every call runs
+        critic(data)
+        critic(data)
+    assert len(calls) == 5
 
 
 def test_advantages_of_a_recurrent_critic_use_each_steps_stored_state():
@@ -224,12 +277,10 @@ def test_ppo_with_memory_solves_cartpole_without_velocities_and_without_memory_d
     threshold (475; about 50k frames on seed 0, under a minute here), and in as many frames the same settings
     without memory stay far below it."""
 
-    def config(output_dir, **network):
-        config = ppo.PPOConfig(
-            run=RunConfig(
-                env_id=MEMORY_TASK, logger="none", video=False, progress=False, output_dir=output_dir
-            )
-        )
+    def config(output_dir, **network):  # python -m recipes.ppo --env-id MEMORY_TASK, quietly
+        config = ppo.PPOConfig()
+        config.run.env_id, config.run.output_dir = MEMORY_TASK, output_dir
+        config.run.logger, config.run.video, config.run.progress = "none", False, False
         for name, value in network.items():
             setattr(config.network, name, value)
         return config
