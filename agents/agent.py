@@ -387,9 +387,7 @@ class Agent(nn.Module):
             )
         restored = fresh.clone()
         for key, shape in shapes.items():
-            value = torch.as_tensor(
-                np.asarray(state[key].cpu() if torch.is_tensor(state[key]) else state[key])
-            )
+            value = torch.as_tensor(state[key])
             if tuple(value.shape) != (rows, *shape):
                 raise InputError(
                     f"The recurrent state's {key!r} has shape {tuple(value.shape)}; {rows} observations need "

@@ -208,9 +208,7 @@ def sequences(batch: TensorDictBase, length: int) -> TensorDictBase:
     return batch.reshape(batch.shape[0] * (batch.shape[1] // length), length)
 
 
-def check_sequence_options(
-    steps_per_env: int, sequence_length: int, minibatch_size: int, num_envs: int
-) -> None:
+def check_sequence_options(steps_per_env: int, sequence_length: int, minibatch_size: int) -> None:
     """Raise :class:`InputError` unless recurrent minibatches of ``minibatch_size`` frames are whole sequences."""
     if steps_per_env % sequence_length:
         raise InputError(
@@ -221,10 +219,6 @@ def check_sequence_options(
         raise InputError(
             f"--minibatch-size {minibatch_size} must be a multiple of --sequence-length {sequence_length}: "
             "recurrent minibatches are whole sequences of one env's steps."
-        )
-    if minibatch_size > num_envs * steps_per_env:
-        raise InputError(
-            f"--minibatch-size {minibatch_size} exceeds the {num_envs * steps_per_env} frames per batch."
         )
 
 

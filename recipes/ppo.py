@@ -229,7 +229,7 @@ def check_recurrent_ppo_options(
     if optim.sequence_length is not None:
         require_positive(sequence_length=optim.sequence_length)
     length = optim.sequence_length or collector.steps_per_env
-    check_sequence_options(collector.steps_per_env, length, optim.minibatch_size, run.num_envs)
+    check_sequence_options(collector.steps_per_env, length, optim.minibatch_size)
     check_recurrent_run(run, network.recurrent, network.recurrent_size, network.use_sde)
 
 

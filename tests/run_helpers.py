@@ -29,6 +29,17 @@ RUN = {
 }
 
 
+def with_options(config, options):
+    """``config`` with each ``"section.field": value`` of ``options`` set (assigned, as a user's would be)."""
+    for name, value in options.items():
+        *path, field = name.split(".")
+        target = config
+        for part in path:
+            target = getattr(target, part)
+        setattr(target, field, value)
+    return config
+
+
 def small_run(output_dir, **run):
     """A run of 2,048 frames evaluated every 512 (options as keyword arguments)."""
     return RunConfig(**{**RUN, "total_frames": 2_048, "eval_every": 512, "output_dir": output_dir, **run})

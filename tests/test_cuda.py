@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from run_helpers import interrupt_at
+from run_helpers import interrupt_at, with_options
 from test_resume import CASES, parameters
 from torchrl.data.replay_buffers.samplers import prioritized
 
@@ -94,14 +94,7 @@ def test_interrupted_and_resumed_cuda_run_ends_where_an_uninterrupted_one_does(c
     main, make_config, options = CASES[case]
 
     def config(output_dir, **run):
-        config = make_config(output_dir, device="cuda", **run)
-        for name, value in options.items():
-            *path, field = name.split(".")
-            target = config
-            for part in path:
-                target = getattr(target, part)
-            setattr(target, field, value)
-        return config
+        return with_options(make_config(output_dir, device="cuda", **run), options)
 
     straight = main(config(tmp_path / "straight"))
     with monkeypatch.context() as patch:

@@ -7,13 +7,13 @@ import math
 import numpy as np
 import pytest
 import torch
-from run_helpers import tiny_a2c, tiny_ppo, tiny_rnd_ppo
+from run_helpers import tiny_a2c, tiny_ppo, tiny_rnd_ppo, with_options
 from tensordict import TensorDict
 from torchrl.collectors import Collector
 from torchrl.modules import set_recurrent_mode
 from torchrl.objectives.value.functional import generalized_advantage_estimate
 
-from agents import Agent, OneCallGAE, make_actor, make_recurrent_critic
+from agents import Agent, OneCallGAE, TensorClipPPOLoss, make_actor, make_recurrent_critic
 from agents.recurrent import (
     IS_INIT_KEY,
     initial_state,
@@ -89,7 +89,7 @@ def test_the_loss_runs_the_shared_trunk_once_per_minibatch_with_the_same_gradien
     with torch.no_grad():
         OneCallGAE(gamma=0.9, lmbda=0.8, value_network=critic, average_gae=False)(batch)
     minibatch = sequences(batch, 20)
-    loss_module = ppo.TensorClipPPOLoss(actor, critic, functional=False)
+    loss_module = TensorClipPPOLoss(actor, critic, functional=False)
     trunk = recurrent_trunk(actor)
     calls = []
     trunk.layer.register_forward_hook(lambda *args: calls.append(1))
@@ -251,10 +251,7 @@ def test_ppo_and_a2c_train_and_evaluate_recurrent_policies(kind, tmp_path):
     ],
 )
 def test_recurrent_options_that_do_not_combine_are_one_clear_error(change, message, output_dir):
-    config = tiny_ppo(output_dir)
-    for name, value in change.items():
-        section, field = name.split(".")
-        setattr(getattr(config, section), field, value)
+    config = with_options(tiny_ppo(output_dir), change)
     with pytest.raises(InputError, match=message):
         ppo.main(config)
     assert not output_dir.exists() or not (output_dir / "agent.ckpt").exists()

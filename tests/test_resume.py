@@ -20,6 +20,7 @@ from run_helpers import (
     tiny_ppo,
     tiny_qlearning,
     tiny_rnd_ppo,
+    with_options,
 )
 
 from agents import Agent
@@ -69,14 +70,7 @@ def test_interrupted_and_resumed_run_ends_with_the_parameters_of_an_uninterrupte
     main, make_config, options = CASES[case]
 
     def config(output_dir, **run):
-        config = make_config(output_dir, env_backend=backend, **run)
-        for name, value in options.items():
-            *path, field = name.split(".")
-            target = config
-            for part in path:
-                target = getattr(target, part)
-            setattr(target, field, value)
-        return config
+        return with_options(make_config(output_dir, env_backend=backend, **run), options)
 
     straight = main(config(tmp_path / "straight"))
 
