@@ -62,6 +62,7 @@ from agents.recurrent import make_recurrent_env, recurrent_kwargs
 from errors import InputError
 from recipes.ppo import check_recurrent_run
 from training import (
+    Callback,
     Learner,
     Run,
     RunConfig,
@@ -214,7 +215,9 @@ def make_advantage_module(
 
 
 @recipe_main
-def main(config: A2CConfig, loss_addons: Sequence[LossAddon] = ()) -> dict:
+def main(
+    config: A2CConfig, loss_addons: Sequence[LossAddon] = (), *, callbacks: Sequence[Callback] = ()
+) -> dict:
     """Train A2C as configured and return the run summary (see ``training.run``).
 
     ``loss_addons`` are factories of extra policy-loss terms (:mod:`agents.loss_addons`), as in ``recipes.ppo``.
@@ -382,7 +385,7 @@ def main(config: A2CConfig, loss_addons: Sequence[LossAddon] = ()) -> dict:
         optimizers={"optimizer": optimizer},
         extras={"learner": learner},
     )
-    run = Run("a2c", config, run_config, agent, training)
+    run = Run("a2c", config, run_config, agent, training, callbacks=callbacks)
     if run_config.learns_on_workers:
         return train_on_gradient_workers(run, config, learner, after_batch)
 

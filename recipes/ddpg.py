@@ -21,6 +21,7 @@ gets the defaults below (400x300 ReLU, Adam 1e-3, batch 256, 10k random frames, 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -43,6 +44,7 @@ from agents.continuous import check_box_actions
 from agents.options import Options, defaults
 from errors import InputError
 from training import (
+    Callback,
     OffPolicyCollectorConfig,
     OffPolicyOptimConfig,
     Run,
@@ -134,7 +136,7 @@ class DDPGConfig(Options):
 
 
 @recipe_main
-def main(config: DDPGConfig) -> dict:
+def main(config: DDPGConfig, *, callbacks: Sequence[Callback] = ()) -> dict:
     """Train DDPG as configured and return the run summary (see ``training.run``)."""
     # config: the env's preset fills in the options left at their defaults
     apply_preset(config, PRESETS)
@@ -223,7 +225,7 @@ def main(config: DDPGConfig) -> dict:
         optimizers={"actor": actor_optimizer, "critic": critic_optimizer},
         replay_buffer=replay_buffer,
     )
-    run = Run("ddpg", config, run_config, agent, training)
+    run = Run("ddpg", config, run_config, agent, training, callbacks=callbacks)
 
     learning_starts = config.collector.learning_starts
     max_grad_norm = optim_config.max_grad_norm

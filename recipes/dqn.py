@@ -26,6 +26,7 @@ preset solves it (deterministic evaluation mean >= 475 over 20 episodes) within 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar, Literal
@@ -53,6 +54,7 @@ from agents.networks import action_mask_kwargs
 from agents.options import Options, defaults
 from errors import InputError
 from training import (
+    Callback,
     FrameStackStorage,
     Learner,
     Run,
@@ -212,7 +214,7 @@ class DQNConfig(Options):
 
 
 @recipe_main
-def main(config: DQNConfig) -> dict:
+def main(config: DQNConfig, *, callbacks: Sequence[Callback] = ()) -> dict:
     """Train DQN as configured and return the run summary (see ``training.run``)."""
     # config: the env's preset fills in the options left at their defaults
     apply_preset(config, PRESETS)
@@ -374,7 +376,7 @@ def main(config: DQNConfig) -> dict:
         target_updater=target_updater,
         extras={"learner": learner} | ({"n_step_returns": n_step_returns} if n_steps > 1 else {}),
     )
-    run = Run("dqn", config, run_config, agent, training)
+    run = Run("dqn", config, run_config, agent, training, callbacks=callbacks)
     if run_config.learns_on_workers:
         return train_on_gradient_workers(run, config, learner, after_batch)
 

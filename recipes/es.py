@@ -24,6 +24,7 @@ generations and time it takes.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -36,6 +37,7 @@ from agents.es import PopulationEvaluator, antithetic_gradient, centered_ranks, 
 from envs.vector import env_spec
 from errors import InputError
 from training import (
+    Callback,
     Run,
     RunConfig,
     TrainingState,
@@ -132,7 +134,7 @@ class ESConfig(Options):
 
 
 @recipe_main
-def main(config: ESConfig) -> dict:
+def main(config: ESConfig, *, callbacks: Sequence[Callback] = ()) -> dict:
     """Train ES as configured and return the run summary (see ``training.run``)."""
     # config: the env's preset fills in the options left at their defaults
     apply_preset(config, PRESETS)
@@ -204,7 +206,7 @@ def main(config: ESConfig) -> dict:
         optimizers={"adam": optimizer},
         counters=counters,
     )
-    run = Run("es", config, run_config, agent, training)
+    run = Run("es", config, run_config, agent, training, callbacks=callbacks)
 
     sigma = search_config.sigma
     sizes = [parameter.numel() for parameter in parameters]  # theta's split into the parameters

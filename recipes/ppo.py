@@ -61,6 +61,7 @@ from agents.recurrent import (
 )
 from errors import InputError
 from training import (
+    Callback,
     Learner,
     Run,
     RunConfig,
@@ -247,7 +248,9 @@ def check_recurrent_run(run: RunConfig, recurrent: str | None, size: int, use_sd
 
 
 @recipe_main
-def main(config: PPOConfig, loss_addons: Sequence[LossAddon] = ()) -> dict:
+def main(
+    config: PPOConfig, loss_addons: Sequence[LossAddon] = (), *, callbacks: Sequence[Callback] = ()
+) -> dict:
     """Train PPO as configured and return the run summary (see ``training.run``).
 
     ``loss_addons`` are factories of extra policy-loss terms (:mod:`agents.loss_addons`), e.g. a KL penalty
@@ -436,7 +439,7 @@ def main(config: PPOConfig, loss_addons: Sequence[LossAddon] = ()) -> dict:
         replay_buffer=replay_buffer,
         extras={"learner": learner},
     )
-    run = Run("ppo", config, run_config, agent, training)
+    run = Run("ppo", config, run_config, agent, training, callbacks=callbacks)
     if run_config.learns_on_workers:
         return train_on_gradient_workers(run, config, learner, after_batch)
 

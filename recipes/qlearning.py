@@ -26,6 +26,7 @@ backend, 4096 envs: 8M frames, about 23 s, about -147 (-200 means the car never 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -38,6 +39,7 @@ from agents.options import Options, defaults
 from agents.tabular import CELL_KEY, check_finite_bounds, egreedy_module, q_value_actor
 from errors import InputError
 from training import (
+    Callback,
     Run,
     RunConfig,
     TrainingState,
@@ -131,7 +133,7 @@ def check_spaces(
 
 
 @recipe_main
-def main(config: QLearningConfig) -> dict:
+def main(config: QLearningConfig, *, callbacks: Sequence[Callback] = ()) -> dict:
     """Train tabular Q-learning as configured and return the run summary (see ``training.run``)."""
     # config: the env's preset fills in the options left at their defaults
     apply_preset(config, PRESETS)
@@ -189,7 +191,7 @@ def main(config: QLearningConfig) -> dict:
     training = TrainingState(
         env=env, collector=collector, modules={"policy": agent.policy}, optimizers={"sgd": optimizer}
     )
-    run = Run("qlearning", config, run_config, agent, training)
+    run = Run("qlearning", config, run_config, agent, training, callbacks=callbacks)
 
     num_actions = env.single_action_space.n
 

@@ -28,6 +28,7 @@ not learn it in a small budget (still about -1400 after 20k frames); use A2C or 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar, Literal
@@ -40,6 +41,7 @@ from agents.networks import action_mask_kwargs
 from agents.options import Options, defaults
 from agents.policy_gradient import ReturnBaseline, returns_to_go
 from training import (
+    Callback,
     Learner,
     Run,
     RunConfig,
@@ -125,7 +127,7 @@ class ReinforceConfig(Options):
 
 
 @recipe_main
-def main(config: ReinforceConfig) -> dict:
+def main(config: ReinforceConfig, *, callbacks: Sequence[Callback] = ()) -> dict:
     """Train REINFORCE as configured and return the run summary (see ``training.run``)."""
     # config: the env's preset fills in the options left at their defaults
     apply_preset(config, PRESETS)
@@ -228,7 +230,7 @@ def main(config: ReinforceConfig) -> dict:
         return WorkerSession(learner, collector, minibatches)
 
     # logger, evaluation, checkpoints
-    run = Run("reinforce", config, run_config, agent)
+    run = Run("reinforce", config, run_config, agent, callbacks=callbacks)
     if run_config.learns_on_workers:
         return train_on_gradient_workers(run, config, learner, after_batch)
 

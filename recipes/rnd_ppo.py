@@ -57,6 +57,7 @@ from agents.rnd import INTRINSIC_REWARD_KEY
 from errors import InputError
 from recipes.ppo import CollectorConfig, LossConfig, NetworkConfig, OptimConfig, check_ppo_options
 from training import (
+    Callback,
     Learner,
     Run,
     RunConfig,
@@ -149,7 +150,9 @@ class RNDPPOConfig(Options):
 
 
 @recipe_main
-def main(config: RNDPPOConfig, loss_addons: Sequence[LossAddon] = ()) -> dict:
+def main(
+    config: RNDPPOConfig, loss_addons: Sequence[LossAddon] = (), *, callbacks: Sequence[Callback] = ()
+) -> dict:
     """Train PPO with RND as configured and return the run summary (see ``training.run``).
 
     ``loss_addons`` are factories of extra policy-loss terms (:mod:`agents.loss_addons`), as in ``recipes.ppo``.
@@ -370,7 +373,7 @@ def main(config: RNDPPOConfig, loss_addons: Sequence[LossAddon] = ()) -> dict:
         replay_buffer=replay_buffer,
         extras={"learner": learner},
     )
-    run = Run("rnd_ppo", config, run_config, agent, training)
+    run = Run("rnd_ppo", config, run_config, agent, training, callbacks=callbacks)
     if run_config.learns_on_workers:
         return train_on_gradient_workers(run, config, learner, after_batch)
 

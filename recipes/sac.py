@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -50,6 +50,7 @@ from agents.gsde import check_sde_options, make_gsde_env
 from agents.options import Options, defaults
 from errors import InputError
 from training import (
+    Callback,
     OffPolicyCollectorConfig,
     OffPolicyOptimConfig,
     Run,
@@ -181,7 +182,7 @@ def apply_discrete_settings(config: SACConfig, keep: Collection[str] = ()) -> SA
 
 
 @recipe_main
-def main(config: SACConfig) -> dict:
+def main(config: SACConfig, *, callbacks: Sequence[Callback] = ()) -> dict:
     """Train SAC as configured and return the run summary (see ``training.run``)."""
     # config: the env's preset fills in the options left at their defaults
     apply_preset(config, PRESETS)
@@ -326,7 +327,7 @@ def main(config: SACConfig) -> dict:
         replay_buffer=replay_buffer,
         extras={"n_step_returns": n_step_returns} if buffer_config.n_steps > 1 else {},
     )
-    run = Run("sac", config, run_config, agent, training)
+    run = Run("sac", config, run_config, agent, training, callbacks=callbacks)
 
     learning_starts, max_grad_norm = config.collector.learning_starts, optim_config.max_grad_norm
     clip = max_grad_norm != float("inf")

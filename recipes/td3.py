@@ -20,6 +20,7 @@ gets the defaults below (400x300 ReLU, Adam 1e-3, batch 256, 10k random frames, 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -41,6 +42,7 @@ from agents.continuous import action_half_range, check_box_actions
 from agents.options import Options, defaults
 from errors import InputError
 from training import (
+    Callback,
     OffPolicyCollectorConfig,
     OffPolicyOptimConfig,
     Run,
@@ -135,7 +137,7 @@ class TD3Config(Options):
 
 
 @recipe_main
-def main(config: TD3Config) -> dict:
+def main(config: TD3Config, *, callbacks: Sequence[Callback] = ()) -> dict:
     """Train TD3 as configured and return the run summary (see ``training.run``)."""
     # config: the env's preset fills in the options left at their defaults
     apply_preset(config, PRESETS)
@@ -228,7 +230,7 @@ def main(config: TD3Config) -> dict:
         replay_buffer=replay_buffer,
         counters=counters,
     )
-    run = Run("td3", config, run_config, agent, training)
+    run = Run("td3", config, run_config, agent, training, callbacks=callbacks)
 
     learning_starts, policy_delay = config.collector.learning_starts, loss_config.policy_delay
     max_grad_norm = optim_config.max_grad_norm

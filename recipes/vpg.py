@@ -33,6 +33,7 @@ counted as in ``recipes.reinforce`` (the steps of the episodes used).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar, Literal
@@ -45,6 +46,7 @@ from agents.networks import action_mask_kwargs
 from agents.options import Options, defaults
 from agents.policy_gradient import ReturnBaseline, returns_to_go
 from training import (
+    Callback,
     Learner,
     Run,
     RunConfig,
@@ -139,7 +141,7 @@ class VPGConfig(Options):
 
 
 @recipe_main
-def main(config: VPGConfig) -> dict:
+def main(config: VPGConfig, *, callbacks: Sequence[Callback] = ()) -> dict:
     """Train VPG as configured and return the run summary (see ``training.run``)."""
     # config: the env's preset fills in the options left at their defaults
     apply_preset(config, PRESETS)
@@ -266,7 +268,7 @@ def main(config: VPGConfig) -> dict:
         return WorkerSession(learner, collector, minibatches)
 
     # logger, evaluation, checkpoints
-    run = Run("vpg", config, run_config, agent)
+    run = Run("vpg", config, run_config, agent, callbacks=callbacks)
     if run_config.learns_on_workers:
         return train_on_gradient_workers(run, config, learner, after_batch)
 

@@ -2,7 +2,7 @@
 
 import math
 
-from recipes import a2c, dqn, es, ppo, qlearning, rnd_ppo
+from recipes import a2c, dqn, es, ppo, qlearning, reinforce, rnd_ppo, vpg
 from training import Run, RunConfig
 
 
@@ -99,3 +99,15 @@ def tiny_es(output_dir, **run):
     )
     config.network.hidden_sizes = (8,)
     return config
+
+
+def tiny_reinforce(output_dir, **run):
+    return reinforce.ReinforceConfig(
+        run=small_run(output_dir, **run), collector=reinforce.CollectorConfig(episodes_per_update=4)
+    )
+
+
+def tiny_vpg(output_dir, **run):
+    return vpg.VPGConfig(
+        run=small_run(output_dir, **run), collector=vpg.CollectorConfig(episodes_per_update=4)
+    )

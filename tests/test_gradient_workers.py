@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from run_helpers import interrupt_at, small_run, tiny_a2c, tiny_dqn, tiny_rnd_ppo
+from run_helpers import interrupt_at, tiny_a2c, tiny_dqn, tiny_reinforce, tiny_rnd_ppo, tiny_vpg
 from tensordict import TensorDict
 
 from agents import KLPenalty
@@ -303,18 +303,6 @@ def test_a_distributed_run_resumes_from_the_learners_saved_state(ray_cluster, ou
     assert seen["steps"] == saved["extras"]["learner"]["steps"]
     for key, value in saved["modules"]["loss"].items():
         torch.testing.assert_close(seen["loss"][key], value)
-
-
-def tiny_reinforce(output_dir, **run):
-    return reinforce.ReinforceConfig(
-        run=small_run(output_dir, **run), collector=reinforce.CollectorConfig(episodes_per_update=4)
-    )
-
-
-def tiny_vpg(output_dir, **run):
-    return vpg.VPGConfig(
-        run=small_run(output_dir, **run), collector=vpg.CollectorConfig(episodes_per_update=4)
-    )
 
 
 @ray_group

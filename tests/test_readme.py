@@ -23,3 +23,19 @@ def test_own_loop_example_trains_and_saves(tmp_path, monkeypatch, capsys):
     assert "return" in capsys.readouterr().out
     assert namespace["result"].mean > 100  # a random policy scores about 20
     assert (tmp_path / "my_agent.ckpt").exists()
+
+
+def test_callbacks_example_stops_the_run_where_it_says(tmp_path, monkeypatch, capsys):
+    import csv
+
+    monkeypatch.chdir(tmp_path)
+    namespace: dict = {}
+    exec(compile(readme_example("callbacks"), "README.md", "exec"), namespace)  # noqa: S102 - the README's own code
+    summary = namespace["summary"]
+    rows = list(csv.DictReader(open(Path(summary["output_dir"]) / "evaluations.csv")))
+    printed = [line for line in capsys.readouterr().out.splitlines() if " frames: " in line]
+    assert len(printed) == len(rows)  # one line per evaluation
+    last = rows[-1]
+    steady = float(last["return_mean"]) > 200 and float(last["return_std"]) < 50
+    assert (summary["stopped_by_callback"] == "StopWhenSteady") == steady
+    assert summary["stopped_by_callback"] == "StopWhenSteady" or summary["solved_at_frames"] is not None

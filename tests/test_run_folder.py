@@ -255,7 +255,7 @@ def test_run_config_refuses_seeds_numpy_cannot_take():
     "option, value, choices",
     [
         ("collector_backend", "multi", "single, multiprocess, ray"),
-        ("logger", "tensorboard", "wandb, csv, none"),
+        ("logger", "mlflow", "wandb, csv, tensorboard, none"),
         ("env_backend", "jax", "gymnasium, torch"),
         ("vectorization", "threads", "sync, async"),
     ],
@@ -280,7 +280,7 @@ def test_a_link_among_the_csv_logs_of_a_continued_run_is_refused(tmp_path, monke
     log.unlink()
     log.symlink_to(outside)
     with pytest.raises(
-        InputError, match="is a symbolic link; a run appends its CSV logs only to files inside"
+        InputError, match="is a symbolic link; a run writes its logs and videos only to files inside"
     ):
         ppo.main(tiny_ppo(output_dir, logger="csv", resume=output_dir))
     assert outside.read_text() == "precious"

@@ -14,6 +14,8 @@
 ``signals``        SIGINT/SIGTERM: finish the batch, save, stop; handlers restored
 ``plotting``       the learning curve
 ``run``            :class:`Run`, what a recipe's loop calls: ``record_batch`` and ``finish``
+``callbacks``      :class:`Callback`: a Python user's hooks after each batch, evaluation and checkpoint
+``provenance``     where a run came from: the project's version, git commit and dirty flag
 ``learner``        :class:`Learner`: a recipe's update as compute_gradients / apply_gradients / weights / parameters
 ``gradient_workers`` learning on Ray gradient workers (``--gradient-workers``), synchronous or asynchronous
 ``optim``          the off-policy recipes' optimiser options, the --anneal-lr schedule
@@ -25,6 +27,7 @@
 
 import envs  # noqa: F401  (first: it unsets an unusable MUJOCO_GL before TorchRL imports MuJoCo)
 from errors import check_ranges, require_positive
+from training.callbacks import Callback
 from training.cli import run_cli
 from training.collectors import (
     OffPolicyCollectorConfig,
@@ -54,6 +57,7 @@ from training.state import TrainingState
 
 __all__ = [
     "EVAL_SEED_OFFSET",
+    "Callback",
     "FrameStackStorage",
     "Learner",
     "OffPolicyCollectorConfig",

@@ -18,7 +18,7 @@ from envs.classic import torch_env_class
 from envs.vector import check_device, check_env_id, env_spec
 from errors import InputError, require_positive
 
-LoggerName = Literal["wandb", "csv", "none"]
+LoggerName = Literal["wandb", "csv", "tensorboard", "none"]
 ConfigT = TypeVar("ConfigT")
 
 
@@ -49,7 +49,8 @@ class RunConfig(Options):
     output_dir: Path | None = None
     """Where the run writes its outputs; default runs/ALGORITHM-ENV-SEED-TIMESTAMP."""
     logger: LoggerName = "csv"
-    """Metrics logger: Weights & Biases, CSV files, or none (evaluations.csv and summary.json are always written)."""
+    """Metrics logger: Weights & Biases, CSV files, TensorBoard event files (OUTPUT_DIR/tensorboard), or none
+    (evaluations.csv and summary.json are always written)."""
     wandb_project: str = "rlkit"
     """Weights & Biases project."""
     wandb_online: bool = False
@@ -63,6 +64,9 @@ class RunConfig(Options):
     (475 for CartPole-v1, none for Pendulum-v1). Pass inf to never stop early."""
     video: bool = True
     """Record one deterministic episode of the final agent to video.mp4."""
+    video_every_eval: bool = False
+    """Also record one deterministic episode after every evaluation, to videos/eval-FRAMES.mp4; every video goes
+    to the W&B or TensorBoard logger too."""
     progress: bool = True
     """Show a progress bar."""
     threads: int = 1

@@ -1,8 +1,10 @@
-"""The metrics logger: Weights & Biases or CSV files through TorchRL's loggers, with W&B falling back to offline,
-then to CSV, rather than stopping a run."""
+"""The metrics logger: Weights & Biases, CSV files or TensorBoard through TorchRL's loggers, with W&B falling back
+to offline, then to CSV, rather than stopping a run; videos go to the loggers that show them."""
 
 from __future__ import annotations
 
+import io
+import json
 import os
 import warnings
 from pathlib import Path
@@ -31,6 +33,8 @@ def make_logger(
 
     if run.logger == "csv":
         return csv_logger()
+    if run.logger == "tensorboard":
+        return tensorboard_logger(output_dir, config)
     from torchrl.record.loggers import WandbLogger
 
     # wandb advertises Weave (LLM tracing) when a module named like an LLM library is imported, and our top-level
@@ -69,3 +73,65 @@ def make_logger(
 def is_wandb(logger: Any) -> bool:
     """Whether ``logger`` is TorchRL's W&B logger (imported only when W&B is used)."""
     return type(logger).__name__ == "WandbLogger"
+
+
+def tensorboard_logger(output_dir: Path, config: dict[str, Any]):
+    """TorchRL's TensorBoard logger writing to ``output_dir/tensorboard``, with the config as hyperparameters
+    (flattened to ``group.option``) and as JSON text."""
+    from torchrl.record.loggers import TensorboardLogger
+
+    logger = TensorboardLogger(exp_name="tensorboard", log_dir=str(output_dir))
+    flat = flatten_config(config)
+    logger.experiment.add_hparams(
+        flat, {}, run_name="."
+    )  # ".": beside the metrics, not in a folder of its own
+    logger.experiment.add_text("config", "```\n" + json.dumps(config, indent=2) + "\n```")
+    return logger
+
+
+def flatten_config(config: dict[str, Any], prefix: str = "") -> dict[str, bool | int | float | str]:
+    """``{"run": {"seed": 0, "env_kwargs": []}}`` -> ``{"run.seed": 0, "run.env_kwargs": "[]"}``: the scalar
+    values TensorBoard's hyperparameters take (anything else as its JSON text)."""
+    flat: dict[str, bool | int | float | str] = {}
+    for key, value in config.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            flat.update(flatten_config(value, f"{name}."))
+        elif isinstance(value, (bool, int, float, str)):
+            flat[name] = value
+        else:
+            flat[name] = json.dumps(value)
+    return flat
+
+
+def log_video(logger: Any, path: Path, frames: int, max_frames: int = 300) -> None:
+    """Log the MP4 at ``path`` under ``video/eval`` at step ``frames``: W&B gets the file, TensorBoard an animated
+    GIF of at most ``max_frames`` frames (every k-th frame of a longer episode, played back in the same time);
+    the CSV logger keeps none (the file stays in the run folder)."""
+    if logger is None:
+        return
+    if is_wandb(logger):
+        import wandb
+
+        logger.log_metrics({"video/eval": wandb.Video(str(path), format="mp4")}, step=frames)
+    elif type(logger).__name__ == "TensorboardLogger":
+        from torch.utils.tensorboard.summary import Summary
+
+        height, width, gif = _gif(path, max_frames)
+        image = Summary.Image(height=height, width=width, colorspace=3, encoded_image_string=gif)
+        summary = Summary(value=[Summary.Value(tag="video/eval", image=image)])
+        logger.experiment._get_file_writer().add_summary(summary, frames)
+
+
+def _gif(path: Path, max_frames: int) -> tuple[int, int, bytes]:
+    import imageio.v2 as imageio
+
+    with imageio.get_reader(path, format="FFMPEG") as reader:
+        fps = reader.get_meta_data().get("fps", 30) or 30
+        video = [frame for frame in reader]
+    stride = max(1, -(-len(video) // max_frames))
+    video = video[::stride]
+    buffer = io.BytesIO()
+    imageio.mimwrite(buffer, video, format="GIF", duration=1000 * stride / fps, loop=0)
+    height, width = video[0].shape[:2]
+    return height, width, buffer.getvalue()

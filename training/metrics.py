@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections import deque
 from typing import Any
 
 import torch
@@ -12,6 +13,8 @@ from tensordict import TensorDictBase
 from tqdm import tqdm
 
 from envs.specs import EPISODE_LENGTH_KEY, EPISODE_RETURN_KEY
+
+RECENT_EPISODES = 100  # train/episode_return_recent: the mean over this many last training episodes
 
 # the batch entries checked for NaN and Inf, with the word that names them in the error
 CHECKED_KEYS = (
@@ -35,6 +38,7 @@ class Metrics:
         self.frames = 0
         self.training_returns: list[tuple[int, float]] = []
         self.last_return: float | None = None
+        self.recent_returns: deque[float] = deque(maxlen=RECENT_EPISODES)
         self._start = time.perf_counter()
         self._total_frames = total_frames
         self._show_progress = progress
@@ -63,23 +67,28 @@ class Metrics:
         if self.logger is not None:
             self.logger.log_metrics({k: float(v) for k, v in metrics.items()}, step=self.frames)
 
-    def record(self, batch: TensorDictBase, metrics: dict[str, float]) -> None:
-        """Log a batch's metrics with its finished episodes' mean return and length and the time."""
+    def record(self, batch: TensorDictBase, metrics: dict[str, float]) -> dict[str, float]:
+        """Log a batch's metrics with its finished episodes' mean return and length, the mean return of the last
+        100 training episodes, and the time; returns everything it logged."""
         done = batch.get(("next", "done"))
         if done.any():
             returns = batch.get(("next", EPISODE_RETURN_KEY))[done]
             lengths = batch.get(("next", EPISODE_LENGTH_KEY))[done]
             self.last_return = returns.mean().item()
             self.training_returns.append((self.frames, self.last_return))
+            self.recent_returns.extend(returns.flatten().tolist())
             metrics = {
                 **metrics,
                 "train/episode_return": self.last_return,
                 "train/episode_length": lengths.float().mean().item(),
+                "train/episode_return_recent": sum(self.recent_returns) / len(self.recent_returns),
             }
         elapsed = self.elapsed
-        self.log({**metrics, "time/elapsed_s": elapsed, "time/fps": self.frames / max(elapsed, 1e-9)})
+        metrics = {**metrics, "time/elapsed_s": elapsed, "time/fps": self.frames / max(elapsed, 1e-9)}
+        self.log(metrics)
         if self._progress is not None:
             self._progress.update(batch.numel())
+        return metrics
 
     def show(self, evaluation_return: float | None, refresh: bool = False) -> None:
         """Put the last training and evaluation returns beside the progress bar."""
@@ -97,6 +106,7 @@ class Metrics:
             "elapsed_s": self.elapsed,
             "training_returns": self.training_returns,
             "last_return": self.last_return,
+            "recent_returns": list(self.recent_returns),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -104,6 +114,9 @@ class Metrics:
         self._start -= state["elapsed_s"]
         self.training_returns = [tuple(pair) for pair in state["training_returns"]]
         self.last_return = state["last_return"]
+        self.recent_returns.extend(
+            float(value) for value in state.get("recent_returns", ())
+        )  # absent from older checkpoints
 
 
 def find_non_finite(batch: TensorDictBase, metrics: dict[str, float]) -> str | None:

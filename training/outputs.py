@@ -28,7 +28,7 @@ RUN_FILES = (
     "resume.ckpt",
     "video.mp4",
 )
-RUN_FOLDERS = ("csv", "wandb")  # the loggers' files
+RUN_FOLDERS = ("csv", "wandb", "tensorboard", "videos")  # the loggers' files, the evaluations' videos
 
 
 def run_files(folder: Path) -> list[str]:
@@ -99,17 +99,19 @@ def clear_run(folder: Path) -> None:
 
 
 def _refuse_links_in_log_folders(folder: Path) -> None:
-    """The CSV logger appends to the files of a continued run: a link among them would be followed out of the
-    folder, so it is refused (the files the run replaces whole are written atomically instead)."""
-    csv_folder = folder / "csv"
-    links = [csv_folder] if csv_folder.is_symlink() else []
-    if csv_folder.is_dir() and not links:
-        links = [path for path in csv_folder.rglob("*") if path.is_symlink()]
-    if links:
-        raise InputError(
-            f"{links[0]} is a symbolic link; a run appends its CSV logs only to files inside its folder. Remove the "
-            "link (or pass --logger none)."
-        )
+    """The CSV and TensorBoard loggers append to the files of a continued run, and videos are written into
+    videos/: a link among them would be followed out of the folder, so it is refused (the files the run replaces
+    whole are written atomically instead)."""
+    for name in ("csv", "tensorboard", "videos"):
+        log_folder = folder / name
+        links = [log_folder] if log_folder.is_symlink() else []
+        if log_folder.is_dir() and not links:
+            links = [path for path in log_folder.rglob("*") if path.is_symlink()]
+        if links:
+            raise InputError(
+                f"{links[0]} is a symbolic link; a run writes its logs and videos only to files inside its folder. "
+                "Remove the link (or pass --logger none and no --video-every-eval)."
+            )
 
 
 def _resume_folder(resume: Path) -> Path:

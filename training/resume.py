@@ -34,6 +34,7 @@ REPORTING_OPTIONS = {
     "output_dir",
     "progress",
     "video",
+    "video_every_eval",
     "logger",
     "wandb_project",
     "wandb_online",
@@ -116,7 +117,7 @@ def config_differences(saved: dict[str, Any], current: dict[str, Any]) -> list[s
     checkpoint written by an earlier version does not hold (a resumed run gives them their defaults)."""
     differences = []
     for name in sorted(set(saved) | set(current)):
-        if name in REPORTING_OPTIONS or name == "preset_applied" or name not in saved:
+        if name in REPORTING_OPTIONS or name in ("preset_applied", "source") or name not in saved:
             continue
         old, new = saved.get(name), current.get(name)
         if isinstance(old, dict) and isinstance(new, dict):

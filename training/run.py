@@ -8,18 +8,21 @@ metrics (:meth:`Run.record_batch`) and writes the outputs at the end (:meth:`Run
       agent.ckpt            the final agent (Agent.load reads it); best_agent.ckpt: the best evaluation's
       resume.ckpt           the whole training state (with --checkpoint-every, and on SIGINT/SIGTERM)
       video.mp4             one deterministic episode of the final agent (with --video)
-      config.json           the full configuration
-      wandb/ or csv/        the logger's files
+      videos/               one episode after each evaluation, eval-FRAMES.mp4 (with --video-every-eval)
+      config.json           the full configuration, with where the run came from ("source": version, commit)
+      wandb/, csv/ or tensorboard/   the logger's files
 
 Behind that surface each concern has its own part: :class:`training.metrics.Metrics` (frames, returns, logger,
 progress bar), :class:`training.evaluation.EvaluationSchedule` (evaluations, early stop),
-:class:`training.checkpoints.Checkpoints` (checkpoints and resume) and :class:`training.signals.SignalWatcher`.
+:class:`training.checkpoints.Checkpoints` (checkpoints and resume), :class:`training.signals.SignalWatcher` and the
+user's :class:`training.callbacks.Callback` hooks.
 """
 
 from __future__ import annotations
 
 import json
 import warnings
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -29,13 +32,16 @@ from agents.agent import Agent
 from agents.files import write_text
 from envs.vector import registration
 from errors import NonFiniteError, WriteError
+from training.callbacks import Callback, callback_name, check_callbacks
 from training.checkpoints import AGENT_FILE, BEST_AGENT_FILE, Checkpoints, read_resume, restore_training
 from training.config import RunConfig, config_to_dict
-from training.evaluation import EvaluationSchedule, evaluation_seed
-from training.logger import is_wandb, make_logger
+from training.evaluation import EvaluationSchedule, run_deterministic
+from training.logger import is_wandb, log_video, make_logger
 from training.metrics import Metrics, find_non_finite
 from training.outputs import prepare_run_folder
 from training.plotting import plot_learning_curve
+from training.provenance import run_source
+from training.resume import RESUME_FILE
 from training.signals import SignalWatcher
 from training.state import TrainingState
 
@@ -51,11 +57,21 @@ class Run:
         training: what the recipe trains (:class:`training.state.TrainingState`): saved in ``resume.ckpt`` with
             ``--checkpoint-every`` and on SIGINT/SIGTERM, and restored here with ``--resume``. Recipes without
             one refuse ``--resume``.
+        callbacks: the user's :class:`training.callbacks.Callback` hooks (the recipe's ``main(config,
+            callbacks=[...])``).
     """
 
     def __init__(
-        self, algorithm: str, config: Any, run: RunConfig, agent: Agent, training: TrainingState | None = None
+        self,
+        algorithm: str,
+        config: Any,
+        run: RunConfig,
+        agent: Agent,
+        training: TrainingState | None = None,
+        callbacks: Iterable[Callback] = (),
     ):
+        self.callbacks = check_callbacks(callbacks)
+        self.stopped_by_callback: str | None = None
         self.algorithm = algorithm
         self.run = run
         self.agent = agent
@@ -64,6 +80,7 @@ class Run:
         # before any folder is touched: a checkpoint that does not fit changes nothing
         if resumed is not None:
             restore_training(training, resumed["training"], run.resume)
+        self.config["source"] = run_source()
         self.output_dir = prepare_run_folder(algorithm, run, resumed is not None)
         agent.config = self.config
         # the agent makes its evaluation envs as the run made its training envs
@@ -85,6 +102,7 @@ class Run:
         self.checkpoints = Checkpoints(agent, self.output_dir, training, run.checkpoint_every)
         if resumed is not None:
             self._load_run_state(resumed["run"])
+        self._video_failed = False
         self.signals = SignalWatcher()
         self.signals.install()
         self.metrics.start_progress()
@@ -94,6 +112,8 @@ class Run:
                 "--collector-backend single.",
                 stacklevel=2,
             )
+        for callback in self.callbacks:
+            callback.on_start(self)
         if resumed is not None:  # last, so that nothing above draws from the restored generators
             training.restore_rng(resumed["training"])
 
@@ -116,21 +136,24 @@ class Run:
         """Account for a collected batch and its update's metrics; evaluate and checkpoint when due.
 
         Returns:
-            True when training should stop (budget spent, target return reached, SIGINT or SIGTERM received).
+            True when training should stop (budget spent, target return reached, SIGINT or SIGTERM received, a
+            callback returned False).
 
         Raises:
             NonFiniteError: NaN or Inf in the batch's observations or rewards, or in a metric (a loss).
         """
         self.metrics.frames += batch.numel()
         self.check_finite(batch, metrics)
-        self.metrics.record(batch, metrics)
+        logged = self.metrics.record(batch, metrics)
         self.metrics.show(self.schedule.last_return)
+        self._call("on_batch", batch, logged)
         frames = self.frames
         stop = self.schedule.due(frames) and self.evaluate()
         if self.checkpoints.due(frames):
             self.save_agent(AGENT_FILE)
             self.save_resume()
         stop = stop or frames >= self.run.total_frames or self.interrupted_by is not None
+        stop = stop or self.stopped_by_callback is not None
         if stop and (self.interrupted_by is not None or self.run.checkpoint_every is not None):
             self.save_resume()  # while the collector still holds its state
         return stop
@@ -146,7 +169,10 @@ class Run:
         improved, solved = self.schedule.evaluate(self.frames, self.elapsed)
         if improved:
             self.save_agent(BEST_AGENT_FILE)
+        if self.run.video_every_eval:
+            self._record_video(self.output_dir / "videos" / f"eval-{self.frames:09d}.mp4")
         self.metrics.show(self.schedule.last_return, refresh=True)
+        self._call("on_evaluation", self.schedule.evaluations[-1])
         return solved
 
     # ------------------------------------------------------------------ checkpoints
@@ -155,6 +181,7 @@ class Run:
         if not self.checkpoints.parameters_finite():
             self._non_finite("the agent's parameters")
         self.checkpoints.save_agent(name)
+        self._call("on_checkpoint", self.output_dir / name)
 
     def save_resume(self) -> None:
         """Write ``resume.ckpt``: the training state and this run's, for ``--resume`` (single-process collector
@@ -170,6 +197,13 @@ class Run:
             "config": self.config,
         }
         self.checkpoints.save_resume(self.frames, self._run_state(), metadata)
+        self._call("on_checkpoint", self.output_dir / RESUME_FILE)
+
+    def _call(self, hook: str, *arguments: Any) -> None:
+        """Call ``hook`` of every callback; the first that returns False stops the run."""
+        for callback in self.callbacks:
+            if getattr(callback, hook)(self, *arguments) is False and self.stopped_by_callback is None:
+                self.stopped_by_callback = callback_name(callback)
 
     def _run_state(self) -> dict[str, Any]:
         logger = self.metrics.logger
@@ -216,7 +250,7 @@ class Run:
         final = evaluations[-1]
         self.save_agent(AGENT_FILE)
         if self.run.video and not interrupted:
-            self._record_video()
+            self._record_video(self.output_dir / "video.mp4")
         plot_learning_curve(
             evaluations,
             self.metrics.training_returns,
@@ -228,26 +262,36 @@ class Run:
         logger = self.metrics.logger
         if is_wandb(logger):
             logger.experiment.summary.update(summary)
+        for callback in self.callbacks:
+            callback.on_end(self, summary)
+        if is_wandb(logger):
             logger.experiment.finish()
+        elif logger is not None and hasattr(logger.experiment, "close"):  # TensorBoard's writer
+            logger.experiment.close()
         return summary
 
-    def _record_video(self) -> None:
-        """Write video.mp4, or warn in one line why it cannot be (an env that does not render, a missing OpenGL
-        backend): a video is never worth the rest of a run's outputs."""
+    def _record_video(self, path: Path) -> None:
+        """Write one deterministic episode to ``path`` and log it, or warn in one line why it cannot be (an env
+        that does not render, a missing OpenGL backend; warned once a run): a video is never worth the rest of a
+        run's outputs."""
+        if self._video_failed:
+            return
         try:
-            self.agent.evaluate(
-                episodes=1, seed=evaluation_seed(self.run.seed), video_path=self.output_dir / "video.mp4"
-            )
+            run_deterministic(self.agent, 1, self.run.seed, video_path=path)
         except WriteError:
             raise
         except Exception as error:  # noqa: BLE001 - renderers fail in many ways (TypeError, OpenGL, missing libs)
+            self._video_failed = True
             detail = str(error).splitlines()[0] if str(error) else type(error).__name__
             warnings.warn(
-                f"No video.mp4: {self.run.env_id} could not be rendered ({type(error).__name__}: {detail}). Everything "
-                "else of the run is saved; an env renders for videos when it takes render_mode='rgb_array' (MuJoCo on "
-                "a machine without a display: set MUJOCO_GL=egl or osmesa), or pass --no-video.",
+                f"No {path.name}: {self.run.env_id} could not be rendered ({type(error).__name__}: {detail}). "
+                "Everything else of the run is saved; an env renders for videos when it takes "
+                "render_mode='rgb_array' (MuJoCo on a machine without a display: set MUJOCO_GL=egl or osmesa), or "
+                "pass --no-video (and no --video-every-eval).",
                 stacklevel=3,
             )
+            return
+        log_video(self.metrics.logger, path, self.frames)
 
     def _summary(self, wall_time: float, final: dict[str, float]) -> dict[str, Any]:
         summary = {
@@ -266,6 +310,7 @@ class Run:
             "solved_at_s": self.schedule.solved_at_s,
             "output_dir": str(self.output_dir),
             "interrupted_by": self.interrupted_by,
+            "stopped_by_callback": self.stopped_by_callback,
             "resumed_from": None if self.run.resume is None else str(self.run.resume),
         }
         logger = self.metrics.logger

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 from errors import InputError
+from training.callbacks import check_callbacks
 
 HANDLED_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 GRADIENT_WORKER_RECIPES = "PPO, A2C, RND-PPO, REINFORCE, VPG and DQN"
@@ -51,6 +52,8 @@ def recipe_main(main: Callable[..., dict[str, Any]]) -> Callable[..., dict[str, 
     @functools.wraps(main)
     def wrapper(*args: Any, **kwargs: Any) -> dict[str, Any]:
         refuse_gradient_workers_unless_supported(args[0] if args else kwargs.get("config"))
+        if "callbacks" in kwargs:  # before any work
+            kwargs["callbacks"] = check_callbacks(kwargs["callbacks"])
         if threading.current_thread() is not threading.main_thread():
             return main(*args, **kwargs)
         handlers = {number: signal.getsignal(number) for number in HANDLED_SIGNALS}
