@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,9 +30,10 @@ from agents.recurrent import IS_INIT_KEY, initial_state, is_recurrent
 from agents.recurrent import state_shapes as recurrent_state_shapes
 from agents.tabular import make_q_table
 from envs.atari import is_atari, make_atari_env
-from envs.rendering import headless_rendering
+from envs.rendering import check_display, headless_rendering
 from envs.specs import ACTION_MASK_KEY, space_to_spec
 from envs.vector import check_device, env_spec
+from envs.wrappers import apply_wrappers, check_wrapper_spec, wrapper_functions
 from errors import InputError
 
 FORMAT = "rlkit.agent"
@@ -170,6 +171,8 @@ class Agent(nn.Module):
         config: the training configuration, kept for reference.
         env_kwargs: keyword arguments of the env's constructor (``gymnasium.make(env_id, **env_kwargs)``), used
             whenever the agent makes its own env (evaluation, videos).
+        env_wrappers: the Gymnasium wrappers around each env it acts in, innermost first, as
+            ``{"path": import path, "kwargs": {...}}`` (:mod:`envs.wrappers`); applied whenever it makes an env.
 
     Examples:
         >>> agent = Agent.load("runs/demo/agent.ckpt")
@@ -188,6 +191,7 @@ class Agent(nn.Module):
         policy_kwargs: dict[str, Any] | None = None,
         config: dict[str, Any] | None = None,
         env_kwargs: dict[str, Any] | None = None,
+        env_wrappers: list[dict[str, Any]] | None = None,
     ):
         super().__init__()
         policy_builder = builder_name(policy_builder)
@@ -200,6 +204,9 @@ class Agent(nn.Module):
         self.policy_kwargs = dict(policy_kwargs or {})
         self.config = dict(config or {})
         self.env_kwargs = dict(env_kwargs or {})
+        self.env_wrappers = [check_wrapper_spec(spec) for spec in env_wrappers or ()]
+        # wrapper paths outside Gymnasium and this toolkit that may be imported (Agent.load's allow_wrappers)
+        self.allowed_wrappers: set[str] = {spec["path"] for spec in self.env_wrappers}
         self._state: TensorDict | None = None  # a recurrent policy's state after the last predict call
 
     @classmethod
@@ -214,6 +221,7 @@ class Agent(nn.Module):
         config: dict[str, Any] | None = None,
         device: torch.device | str = "cpu",
         env_kwargs: dict[str, Any] | None = None,
+        env_wrappers: list[dict[str, Any]] | None = None,
     ) -> Agent:
         """Build an agent with a fresh policy from ``policy_builder`` (see :data:`POLICY_BUILDERS`)."""
         policy_builder = builder_name(policy_builder)
@@ -230,6 +238,7 @@ class Agent(nn.Module):
             policy_kwargs,
             config,
             env_kwargs,
+            env_wrappers,
         )
         return agent.to(device)
 
@@ -458,6 +467,8 @@ class Agent(nn.Module):
         seed: int | None = None,
         video_path: str | Path | None = None,
         max_parallel_envs: int = 32,
+        env_kwargs: dict[str, Any] | None = None,
+        render: bool = False,
     ) -> EvaluationResult:
         """Run whole episodes and return their returns and lengths.
 
@@ -476,14 +487,25 @@ class Agent(nn.Module):
             seed: base seed of the episodes' resets; None for unseeded resets.
             video_path: if given, the first episode is rendered and written there as an MP4.
             max_parallel_envs: most envs created at once when ``env`` is an id.
+            env_kwargs: keyword arguments of the env's constructor; default: the agent's own for its own env id,
+                none for another id. The agent's wrappers (``env_wrappers``) wrap every env it makes.
+            render: show the episodes in a window (``render_mode="human"``), one after another;
+                :class:`InputError` where no display exists.
 
         Returns:
             An :class:`EvaluationResult` with ``episodes`` returns and lengths.
         """
+        if render:
+            check_display()
+            video_path, max_parallel_envs = None, 1
         if video_path is None:
-            return self._evaluate(env, episodes, deterministic, seed, None, max_parallel_envs)
+            return self._evaluate(
+                env, episodes, deterministic, seed, None, max_parallel_envs, env_kwargs, render
+            )
         with headless_rendering():
-            return self._evaluate(env, episodes, deterministic, seed, video_path, max_parallel_envs)
+            return self._evaluate(
+                env, episodes, deterministic, seed, video_path, max_parallel_envs, env_kwargs
+            )
 
     def _evaluate(
         self,
@@ -493,36 +515,20 @@ class Agent(nn.Module):
         seed: int | None,
         video_path: str | Path | None,
         max_parallel_envs: int,
+        env_kwargs: dict[str, Any] | None,
+        render: bool = False,
     ) -> EvaluationResult:
         if episodes < 1:
             raise InputError(f"episodes must be at least 1, got {episodes}.")
-        env_kwargs = self.env_kwargs if env is None or env == self.env_id else {}
-        own_env = env is None  # the id read from the checkpoint: its module is never imported here
-        env = self.env_id if own_env else env
-        if isinstance(env, str):
-            env_spec(env, import_module=not own_env)
-        if isinstance(env, str):
+        if isinstance(env, str) or env is None:
 
-            def make(index: int) -> gym.Env:
-                render_mode = "rgb_array" if video_path is not None and index == 0 else None
-                if is_atari(env):
-                    return make_atari_env(env, training=False, render_mode=render_mode, **env_kwargs)
-                options = dict(env_kwargs)
-                # An env registered without a time limit (CliffWalking-v1) gets one, so that a policy which never
-                # finishes an episode cannot hang the evaluation.
-                max_steps = (
-                    options.pop("max_episode_steps", None)
-                    or env_spec(env).max_episode_steps
-                    or EVALUATION_STEP_LIMIT
-                )
-                if (
-                    render_mode is not None
-                ):  # only when a frame is wanted: a user's env need not take it otherwise
-                    options["render_mode"] = render_mode
-                return gym.make(env, max_episode_steps=max_steps, **options)
+            def render_mode(index: int) -> str | None:
+                if render:
+                    return "human"
+                return "rgb_array" if video_path is not None and index == 0 else None
 
-            envs = [make(i) for i in range(min(episodes, max_parallel_envs))]
-            owned = True
+            count = min(episodes, max_parallel_envs)
+            envs, owned = [self.make_env(env, env_kwargs, render_mode(index)) for index in range(count)], True
         elif isinstance(env, gym.Env):
             if video_path is not None and env.render_mode != "rgb_array":
                 raise InputError("Recording a video needs an env made with render_mode='rgb_array'.")
@@ -536,6 +542,40 @@ class Agent(nn.Module):
             if owned:
                 for sub_env in envs:
                     sub_env.close()
+
+    def make_env(
+        self,
+        env_id: str | None = None,
+        env_kwargs: dict[str, Any] | None = None,
+        render_mode: str | None = None,
+    ) -> gym.Env:
+        """One Gymnasium env as the agent evaluates in: ``env_id`` (default its own) made with ``env_kwargs``
+        (default: its own for its own id), wrapped by its ``env_wrappers``. Atari ids get the evaluation
+        preprocessing (:func:`envs.atari.make_atari_env` with ``training=False``); ids registered without a time
+        limit get ``EVALUATION_STEP_LIMIT`` steps, so that a policy which never ends an episode cannot hang.
+
+        Raises:
+            InputError: an unknown id, or a wrapper that may not be imported (see :mod:`envs.wrappers`).
+        """
+        own_env = env_id is None  # the id read from the checkpoint: its module is never imported here
+        env_id = self.env_id if own_env else env_id
+        if env_kwargs is None:
+            env_kwargs = self.env_kwargs if env_id == self.env_id else {}
+        env_spec(env_id, import_module=not own_env)
+        wrappers = wrapper_functions(self.env_wrappers, self.allowed_wrappers)
+        if is_atari(env_id):
+            return apply_wrappers(
+                make_atari_env(env_id, training=False, render_mode=render_mode, **env_kwargs), wrappers
+            )
+        options = dict(env_kwargs)
+        max_steps = (
+            options.pop("max_episode_steps", None)
+            or env_spec(env_id).max_episode_steps
+            or EVALUATION_STEP_LIMIT
+        )
+        if render_mode is not None:  # only when frames are wanted: a user's env need not take it otherwise
+            options["render_mode"] = render_mode
+        return apply_wrappers(gym.make(env_id, max_episode_steps=max_steps, **options), wrappers)
 
     def _run_episodes(self, envs, episodes, deterministic, seed, video_path) -> EvaluationResult:
         returns = np.zeros(episodes)
@@ -606,6 +646,7 @@ class Agent(nn.Module):
             "policy_kwargs": self.policy_kwargs,
             "config": json.loads(json.dumps(self.config, default=str)),
             "env_kwargs": json.loads(json.dumps(self.env_kwargs, default=str)),
+            "env_wrappers": self.env_wrappers,
         }
 
     def save(self, path: str | Path) -> Path:
@@ -620,10 +661,14 @@ class Agent(nn.Module):
         return write_atomically(path, lambda temporary: checkpoint.save(temporary, metadata=self.metadata()))
 
     @classmethod
-    def load(cls, path: str | Path, device: torch.device | str = "cpu") -> Agent:
+    def load(
+        cls, path: str | Path, device: torch.device | str = "cpu", allow_wrappers: Iterable[str] = ()
+    ) -> Agent:
         """Load an agent saved by :meth:`save` (or written by any recipe) onto ``device``.
 
-        Loading reads JSON and tensors only; it never unpickles objects.
+        Loading reads JSON and tensors only; it never unpickles objects and imports nothing. The env wrappers a
+        checkpoint names are imported when the agent makes an env (``evaluate``), and only Gymnasium's, this
+        toolkit's and those named in ``allow_wrappers`` (import paths the caller trusts).
 
         Raises:
             InputError: the file is missing, is not an agent checkpoint, or is damaged.
@@ -671,7 +716,9 @@ class Agent(nn.Module):
                 policy_kwargs=policy_kwargs,
                 config=metadata["config"],
                 env_kwargs=metadata.get("env_kwargs") or {},
+                env_wrappers=metadata.get("env_wrappers") or [],
             )
+            agent.allowed_wrappers = set(allow_wrappers)
         except InputError:
             raise
         except Exception as error:  # noqa: BLE001 - a forged description fails the builders in many ways

@@ -14,13 +14,19 @@ and return the module::
     ppo.main(ppo.PPOConfig(), loss_addons=[partial(KLPenalty, reference_actor=reference, coef=0.1)])
 
 Parameters of an add-on that require gradients (a learned multiplier, say) join the recipe's optimizer; the
-actor's are there already.
+actor's are there already. From the command line, :class:`LossAddonConfig` (``--kl-to RUN --kl-coef 0.1``) gives the
+KL penalty to PPO, A2C, RND-PPO, REINFORCE, VPG and SAC.
 """
 
 from __future__ import annotations
 
 import copy
+import functools
+import math
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 import torch
 from tensordict import TensorDict, TensorDictBase
@@ -28,6 +34,8 @@ from torch import nn
 from torchrl.modules import ProbabilisticActor
 from torchrl.objectives import LossModule
 
+from agents.options import Options
+from agents.recurrent import is_recurrent
 from errors import InputError
 
 LossAddon = Callable[[ProbabilisticActor], nn.Module]
@@ -159,4 +167,51 @@ class KLPenalty(LossModule):
         return TensorDict({"loss_kl": self.coef * kl, "kl": kl.detach()})
 
 
-__all__ = ["KLPenalty", "LossAddon", "addon_losses", "build_loss_addons", "trainable_parameters"]
+@dataclass
+class LossAddonConfig(Options):
+    """Policy-loss add-ons given as options (the command line's way to :class:`KLPenalty`)."""
+
+    kl_to: Path | None = None
+    """Add coef * KL(pi || pi_ref) to the policy loss, pi_ref the policy of this agent (a run directory or agent
+    checkpoint trained on the same observation and action spaces): fine-tune near a pretrained agent."""
+    kl_coef: float = 0.1
+    """Weight of the --kl-to penalty."""
+
+    def validate(self) -> None:
+        """Raise :class:`InputError` for a negative or non-finite weight."""
+        if not (math.isfinite(self.kl_coef) and self.kl_coef >= 0):
+            raise InputError(f"--kl-coef must be a finite number >= 0, got {self.kl_coef}.")
+
+    def factories(self, observation_space: Any, action_space: Any) -> list[LossAddon]:
+        """The add-on factories these options ask for, for an env with these (single-env) spaces.
+
+        Raises:
+            InputError: the --kl-to agent cannot be loaded, acts on other spaces, or has no action distribution.
+        """
+        if self.kl_to is None:
+            return []
+        from agents.agent import Agent  # the agent module builds policies from this package's neighbours
+
+        reference = Agent.load(self.kl_to)
+        if reference.observation_space != observation_space or reference.action_space != action_space:
+            raise InputError(
+                f"--kl-to {self.kl_to}: that agent acts on observations {reference.observation_space} and actions "
+                f"{reference.action_space}, this run's env on {observation_space} and {action_space}."
+            )
+        if not isinstance(reference.policy, ProbabilisticActor) or is_recurrent(reference.policy):
+            raise InputError(
+                f"--kl-to {self.kl_to}: a {reference.algorithm} agent's policy ({type(reference.policy).__name__}) "
+                "has no action distribution to compare with; name an agent trained by ppo, a2c, rnd_ppo, "
+                "reinforce, vpg or sac."
+            )
+        return [functools.partial(KLPenalty, reference_actor=reference.policy, coef=self.kl_coef)]
+
+
+__all__ = [
+    "KLPenalty",
+    "LossAddon",
+    "LossAddonConfig",
+    "addon_losses",
+    "build_loss_addons",
+    "trainable_parameters",
+]

@@ -4,8 +4,10 @@ replay buffers of the off-policy recipes."""
 from __future__ import annotations
 
 import copy
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 from tensordict import TensorDict, TensorDictBase
@@ -16,8 +18,15 @@ from torchrl.data.postprocs.postprocs import _multi_step_func
 from torchrl.data.replay_buffers.samplers import prioritized as prioritized_module
 from torchrl.envs.transforms import MultiStepTransform
 from torchrl.envs.utils import ExplorationType, exploration_type
-from torchrl.modules import MLP, EGreedyModule, NoisyLinear, QValueActor
-from torchrl.objectives import DQNLoss, HardUpdate, LossModule, SoftUpdate, TargetNetUpdater
+from torchrl.modules import MLP, DistributionalQValueActor, EGreedyModule, NoisyLinear, QValueActor
+from torchrl.objectives import (
+    DistributionalDQNLoss,
+    DQNLoss,
+    HardUpdate,
+    LossModule,
+    SoftUpdate,
+    TargetNetUpdater,
+)
 from torchrl.objectives.utils import distance_loss
 from torchrl.objectives.value import TD0Estimator
 from torchrl.objectives.value.functional import td0_return_estimate
@@ -38,14 +47,22 @@ N_STEP_WORKING_KEYS = ("gamma", "nonterminal", ("next", "original_reward"))
 
 @dataclass
 class ExplorationConfig(Options):
-    """Epsilon-greedy exploration annealed linearly (value-based recipes)."""
+    """Epsilon-greedy exploration annealed linearly or decayed multiplicatively (value-based recipes)."""
 
     initial_epsilon: float = 1.0
     """Epsilon-greedy rate at the start."""
     final_epsilon: float = 0.05
-    """Epsilon-greedy rate after annealing."""
+    """Epsilon-greedy rate after annealing (the floor of a multiplicative decay)."""
     exploration_fraction: float = 0.5
     """Fraction of the budget over which epsilon is annealed linearly."""
+    epsilon_schedule: Literal["linear", "multiplicative"] = "linear"
+    """'linear': from --initial-epsilon to --final-epsilon over --exploration-fraction of the budget;
+    'multiplicative': epsilon times --epsilon-decay after every step or finished training episode
+    (--epsilon-decay-unit), never below --final-epsilon (rlib's epsilon_decay)."""
+    epsilon_decay: float = 0.999
+    """Multiplicative schedule: the factor applied per --epsilon-decay-unit."""
+    epsilon_decay_unit: Literal["step", "episode"] = "step"
+    """Multiplicative schedule: decay after every env step (summed over envs) or every finished episode."""
 
     def validate(self) -> None:
         """Raise :class:`InputError` for rates outside [0, 1] or a schedule that increases."""
@@ -53,33 +70,93 @@ class ExplorationConfig(Options):
             initial_epsilon=(self.initial_epsilon, "[0, 1]"),
             final_epsilon=(self.final_epsilon, "[0, 1]"),
             exploration_fraction=(self.exploration_fraction, "(0, 1]"),
+            epsilon_decay=(self.epsilon_decay, "(0, 1]"),
         )
+        for name, choices in (
+            ("schedule", ("linear", "multiplicative")),
+            ("decay_unit", ("step", "episode")),
+        ):
+            if getattr(self, f"epsilon_{name}") not in choices:
+                raise InputError(
+                    f"--epsilon-{name.replace('_', '-')} must be one of {', '.join(choices)}; "
+                    f"got {getattr(self, f'epsilon_{name}')!r}."
+                )
         if self.final_epsilon > self.initial_epsilon:
             raise InputError("--final-epsilon must not exceed --initial-epsilon.")
 
     def epsilon(self, frames: int, total_frames: int) -> float:
-        """The rate after ``frames`` of a ``total_frames`` budget."""
+        """The linear schedule's rate after ``frames`` of a ``total_frames`` budget."""
         progress = min(1.0, frames / max(1.0, self.exploration_fraction * total_frames))
         return self.initial_epsilon + (self.final_epsilon - self.initial_epsilon) * progress
 
+    def next_epsilon(self, epsilon: float, frames: int, total_frames: int, batch: TensorDictBase) -> float:
+        """The rate for the batch after ``batch``: the linear schedule's at ``frames`` (this batch's included), or
+        ``epsilon`` (the current rate, saved with the policy) decayed once per step or finished episode of
+        ``batch``."""
+        if self.epsilon_schedule == "linear":
+            return self.epsilon(frames, total_frames)
+        count = batch.numel() if self.epsilon_decay_unit == "step" else int(batch.get(("next", "done")).sum())
+        return max(self.final_epsilon, epsilon * self.epsilon_decay**count)
+
+
+class IndependentNoisyLinear(NoisyLinear):
+    """``NoisyLinear`` with independent Gaussian noise (Fortunato et al., 2018, arXiv:1706.10295, section 3.2):
+    every weight and bias draws its own standard normal noise (TorchRL's ``NoisyLinear`` factorises it into one
+    vector per input and one per output); means start uniform in ``±sqrt(3 / in_features)`` and standard
+    deviations at ``std_init`` (the paper's 0.017). Lightning Bolts' noisy layers are of this kind.
+    """
+
+    def __init__(
+        self, in_features: int, out_features: int, bias: bool = True, std_init: float = 0.017, **kwargs
+    ):
+        super().__init__(in_features, out_features, bias=bias, std_init=std_init, **kwargs)
+
+    def reset_parameters(self) -> None:
+        bound = math.sqrt(3 / self.in_features)
+        self.weight_mu.data.uniform_(-bound, bound)
+        self.weight_sigma.data.fill_(self.std_init)
+        if self.bias_mu is not None:
+            self.bias_mu.data.uniform_(-bound, bound)
+            self.bias_sigma.data.fill_(self.std_init)
+
+    def reset_noise(self) -> None:
+        self.weight_epsilon.normal_()
+        if self.bias_mu is not None:
+            self.bias_epsilon.normal_()
+
+
+NOISY_LAYERS = {"factorised": NoisyLinear, "independent": IndependentNoisyLinear}
+
 
 class DuelingHead(nn.Module):
-    """Dueling output layer (Wang et al., 2016, arXiv:1511.06581): ``Q = V + A - mean(A)``.
+    """Dueling output layer (Wang et al., 2016, arXiv:1511.06581): ``Q = V + A - mean(A)``, per atom of a
+    distributional network (Hessel et al., 2018: the streams' logits are combined before the softmax).
 
     Args:
         in_features: width of the features it reads.
         num_actions: number of discrete actions.
-        layer_class: ``nn.Linear`` or ``NoisyLinear``.
+        layer_class: ``nn.Linear`` or a noisy layer.
+        num_atoms: atoms of a distributional network (output ``[..., atoms, actions]``), or None (``[..., actions]``).
     """
 
-    def __init__(self, in_features: int, num_actions: int, layer_class: type[nn.Linear] = nn.Linear):
+    def __init__(
+        self,
+        in_features: int,
+        num_actions: int,
+        layer_class: type[nn.Linear] = nn.Linear,
+        num_atoms: int | None = None,
+    ):
         super().__init__()
-        self.value = layer_class(in_features, 1)
-        self.advantage = layer_class(in_features, num_actions)
+        self.num_atoms = num_atoms
+        self.value = layer_class(in_features, num_atoms or 1)
+        self.advantage = layer_class(in_features, (num_atoms or 1) * num_actions)
 
     def forward(self, features: torch.Tensor) -> torch.Tensor:
-        advantage = self.advantage(features)
-        return self.value(features) + advantage - advantage.mean(-1, keepdim=True)
+        advantage, value = self.advantage(features), self.value(features)
+        if self.num_atoms is not None:
+            advantage = advantage.unflatten(-1, (self.num_atoms, -1))
+            value = value.unsqueeze(-1)
+        return value + advantage - advantage.mean(-1, keepdim=True)
 
 
 def make_q_network(
@@ -90,8 +167,11 @@ def make_q_network(
     dueling: bool = False,
     noisy: bool = False,
     normalize_obs: bool = False,
+    noisy_type: str = "factorised",
+    num_atoms: int | None = None,
 ) -> nn.Sequential:
-    """A network mapping observations to one Q-value per action.
+    """A network mapping observations to one Q-value per action (or, with ``num_atoms``, to the logits of a
+    distribution over ``num_atoms`` return values per action: ``[..., atoms, actions]``).
 
     Vector observations go through an MLP (after an optional :class:`~agents.ObservationNormalizer`), images
     through the encoder :func:`agents.networks.observation_encoder` picks for them.
@@ -102,23 +182,30 @@ def make_q_network(
         hidden_sizes: widths of the hidden layers.
         activation: ``"relu"``, ``"tanh"``, ``"elu"`` or ``"silu"``.
         dueling: end in separate state-value and advantage streams (:class:`DuelingHead`).
-        noisy: use factorised-Gaussian ``NoisyLinear`` layers (Fortunato et al., 2018, arXiv:1706.10295)
-            instead of linear ones; their noise is active under ``ExplorationType.RANDOM`` only.
+        noisy: use noisy layers (Fortunato et al., 2018, arXiv:1706.10295) instead of linear ones; their noise
+            is active under ``ExplorationType.RANDOM`` only.
         normalize_obs: put an observation normaliser in front of the network.
+        noisy_type: ``"factorised"`` (TorchRL's ``NoisyLinear``, the paper's choice for DQN) or
+            ``"independent"`` (:class:`IndependentNoisyLinear`) Gaussian noise.
+        num_atoms: the atoms of a distributional (C51) network; None for one value per action.
     """
     if activation not in ACTIVATIONS:
         raise InputError(f"Unknown activation {activation!r}; choose one of {sorted(ACTIVATIONS)}.")
+    if noisy_type not in NOISY_LAYERS:
+        raise InputError(f"Unknown noisy type {noisy_type!r}; choose one of {sorted(NOISY_LAYERS)}.")
     encoder, in_features = observation_encoder(observation_spec, normalize_obs)
-    layer_class = NoisyLinear if noisy else nn.Linear
+    layer_class = NOISY_LAYERS[noisy_type] if noisy else nn.Linear
     if not dueling:
         body = MLP(
             in_features=in_features,
-            out_features=num_actions,
+            out_features=num_actions * (num_atoms or 1),
             num_cells=list(hidden_sizes),
             activation_class=ACTIVATIONS[activation],
             layer_class=layer_class,
         )
-        return nn.Sequential(encoder, body)
+        if num_atoms is None:
+            return nn.Sequential(encoder, body)
+        return nn.Sequential(encoder, body, nn.Unflatten(-1, (num_atoms, num_actions)))
     layers: list[nn.Module] = [encoder]
     if hidden_sizes:
         layers.append(
@@ -132,7 +219,7 @@ def make_q_network(
             )
         )
         in_features = hidden_sizes[-1]
-    layers.append(DuelingHead(in_features, num_actions, layer_class))
+    layers.append(DuelingHead(in_features, num_actions, layer_class, num_atoms))
     return nn.Sequential(*layers)
 
 
@@ -172,6 +259,11 @@ def make_q_actor(
     normalize_obs: bool = False,
     epsilon: float = 0.0,
     action_mask: bool = False,
+    noisy_type: str = "factorised",
+    distributional: bool = False,
+    num_atoms: int = 51,
+    v_min: float = -10.0,
+    v_max: float = 10.0,
 ) -> TensorDictSequential:
     """Build an epsilon-greedy Q-value policy for a discrete action spec.
 
@@ -184,10 +276,14 @@ def make_q_actor(
     Args:
         observation_spec: the spec of ``"observation"`` (batched).
         action_spec: the env's action spec (batched); must be ``Categorical`` (Gymnasium ``Discrete``).
-        hidden_sizes, activation, dueling, noisy, normalize_obs: see :func:`make_q_network`.
+        hidden_sizes, activation, dueling, noisy, normalize_obs, noisy_type: see :func:`make_q_network`.
         epsilon: initial exploration rate of the epsilon-greedy module.
         action_mask: the env gives the allowed actions (``"action_mask"``): greedy and random actions are drawn
             from those.
+        distributional: a C51 network (Bellemare et al., 2017, arXiv:1707.06887) in TorchRL's
+            ``DistributionalQValueActor``: log-probabilities of ``num_atoms`` returns evenly spaced over
+            ``[v_min, v_max]`` per action (``"action_value"``, ``[..., atoms, actions]``), acting greedily on
+            their expectation; ``DistributionalDQNLoss`` trains it.
 
     Returns:
         ``TensorDictSequential(QValueActor, EGreedyModule[, NoiseResampler])``; ``policy[0]`` is the Q-value
@@ -206,18 +302,51 @@ def make_q_actor(
             "for Box (continuous), MultiDiscrete or MultiBinary actions use recipes.ppo or recipes.a2c."
         )
     num_actions = action_spec.space.n
+    if distributional:
+        check_support(num_atoms, v_min, v_max, action_mask)
     network = make_q_network(
-        observation_spec, num_actions, hidden_sizes, activation, dueling, noisy, normalize_obs
+        observation_spec,
+        num_actions,
+        hidden_sizes,
+        activation,
+        dueling,
+        noisy,
+        normalize_obs,
+        noisy_type,
+        num_atoms if distributional else None,
     )
     single_action_spec = action_spec[0] if action_spec.ndim else action_spec
     mask_key = ACTION_MASK_KEY if action_mask else None
-    q_actor = QValueActor(network, in_keys=["observation"], spec=single_action_spec, action_mask_key=mask_key)
+    if distributional:
+        support = torch.linspace(v_min, v_max, num_atoms)
+        q_actor = DistributionalQValueActor(
+            network, support, in_keys=["observation"], spec=single_action_spec
+        )
+    else:
+        q_actor = QValueActor(
+            network, in_keys=["observation"], spec=single_action_spec, action_mask_key=mask_key
+        )
     exploration = EGreedyModule(
         single_action_spec, eps_init=epsilon, eps_end=epsilon, action_mask_key=mask_key
     )
     if noisy:
         return TensorDictSequential(q_actor, exploration, NoiseResampler(network))
     return TensorDictSequential(q_actor, exploration)
+
+
+def check_support(num_atoms: int, v_min: float, v_max: float, action_mask: bool = False) -> None:
+    """Raise :class:`InputError` unless ``num_atoms >= 2`` returns span ``v_min < v_max`` (finite), and for
+    action masks, which TorchRL's distributional module does not apply correctly (a masked action's expected
+    value becomes 0, not minus infinity)."""
+    if not isinstance(num_atoms, int) or not 2 <= num_atoms <= 1024:
+        raise InputError(f"--num-atoms must be an integer in [2, 1024], got {num_atoms!r}.")
+    if not (math.isfinite(v_min) and math.isfinite(v_max) and v_min < v_max):
+        raise InputError(f"--v-min must be below --v-max (both finite), got {v_min} and {v_max}.")
+    if action_mask:
+        raise InputError(
+            "--distributional does not take action masks (the env gives info['action_mask']); train without "
+            "--distributional (and --variant rainbow), or drop the mask."
+        )
 
 
 class TensorDQNLoss(DQNLoss):
@@ -347,6 +476,28 @@ class TensorDQNLoss(DQNLoss):
         if self.use_prioritized_weights in (True, "auto") and keys.priority_weight in tensordict.keys():  # noqa: SIM118 (TensorDict has no __contains__)
             weights = tensordict.get(keys.priority_weight)
         return TensorDict(loss=self._reduce_loss(loss_B, tensordict=tensordict, weights=weights))
+
+
+class NStepDistributionalDQNLoss(DistributionalDQNLoss):
+    """TorchRL's ``DistributionalDQNLoss`` (C51's cross-entropy to the projected target distribution, with the
+    next action picked by the online network) on the transitions :class:`NStepReturns` stores.
+
+    Their ``"steps_to_next_obs"`` holds one number per transition (``[B]``), which the parent would broadcast
+    against the rewards (``[B, 1]``) into a ``[B, B]`` discount; this subclass gives it the rewards' shape and
+    leaves everything else to the parent, including the priority it writes into the input (the per-sample
+    cross-entropy, under ``"td_error"``).
+    """
+
+    def forward(self, tensordict: TensorDictBase) -> TensorDictBase:
+        steps = tensordict.get("steps_to_next_obs", None)
+        if steps is None or steps.ndim != 1:
+            return super().forward(tensordict)
+        shaped = tensordict.copy()  # shallow: the sample's tensors, one entry replaced
+        shaped.set("steps_to_next_obs", steps.unsqueeze(-1))
+        output = super().forward(shaped)
+        priority_key = self.tensor_keys.priority
+        tensordict.set(priority_key, shaped.get(priority_key), inplace=priority_key in tensordict.keys())  # noqa: SIM118
+        return output
 
 
 def make_target_updater(loss_module: LossModule, update_interval: int, tau: float = 1.0) -> TargetNetUpdater:

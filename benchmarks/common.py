@@ -131,19 +131,24 @@ def benchmark_cli(
     run_sb3: Callable[[int], dict[str, Any]],
     run_ours: Callable[[int, bool], dict[str, Any]],
     target: str = "475",
+    extra_sides: dict[str, Callable[[int], dict[str, Any]]] | None = None,
 ) -> None:
-    """Command line of a benchmark: compare the chosen sides, or (``--child``) run one side and print its row."""
+    """Command line of a benchmark: compare the chosen sides, or (``--child``) run one side and print its row.
+    ``extra_sides`` are further sides of this benchmark (run only when ``--sides`` names them)."""
+    extra_sides = extra_sides or {}
     parser = argparse.ArgumentParser(
         description=description, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])
-    parser.add_argument("--sides", nargs="+", default=SIDES, choices=SIDES)
-    parser.add_argument("--child", choices=SIDES, help=argparse.SUPPRESS)
+    parser.add_argument("--sides", nargs="+", default=SIDES, choices=SIDES + list(extra_sides))
+    parser.add_argument("--child", choices=SIDES + list(extra_sides), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         warnings.filterwarnings("ignore")
         seed = args.seeds[0]
-        if args.child == "sb3":
+        if args.child in extra_sides:
+            result = extra_sides[args.child](seed)
+        elif args.child == "sb3":
             result = run_sb3(seed)
         else:
             result = run_ours(seed, args.child != "ours", compile=args.child == "ours-zoo-compiled")

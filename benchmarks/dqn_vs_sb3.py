@@ -9,6 +9,8 @@ Three runs per seed, each in a fresh process:
 * ``ours-zoo``: ``recipes.dqn`` with the same hyperparameters and budget (one env, 256 steps then 128
   updates; SB3 syncs the target during collection, i.e. once per 128 updates), no early stop: raw throughput.
 * ``ours``: ``recipes.dqn`` with its defaults, stopping once the deterministic evaluation reaches 475.
+* ``ours-rainbow`` (on request: ``--sides sb3 ours ours-rainbow``): ``recipes.dqn --variant rainbow`` (double,
+  dueling, noisy, prioritized, C51 and 3-step returns) with CartPole-v1's preset, stopping at 475.
 
 The headline ratio is SB3's wall-clock time over the time our default run takes to reach 475.
 
@@ -91,8 +93,20 @@ def run_ours(seed: int, zoo: bool, compile: bool = False) -> dict:
     return summary_row(main(config))
 
 
+def run_rainbow(seed: int) -> dict:
+    from recipes.dqn import DQNConfig, main
+    from training import quiet
+
+    config = DQNConfig(variant="rainbow")
+    config.run.seed = seed
+    quiet(config, f"runs/bench-dqn-rainbow-{seed}", overwrite=True)
+    return summary_row(main(config))
+
+
 def main() -> None:
-    benchmark_cli("benchmarks.dqn_vs_sb3", __doc__, run_sb3, run_ours)
+    benchmark_cli(
+        "benchmarks.dqn_vs_sb3", __doc__, run_sb3, run_ours, extra_sides={"ours-rainbow": run_rainbow}
+    )
 
 
 if __name__ == "__main__":

@@ -5,8 +5,11 @@ from __future__ import annotations
 import contextlib
 import ctypes.util
 import os
+import sys
 import warnings
 from collections.abc import Iterator
+
+from errors import InputError
 
 # MuJoCo's headless OpenGL backends and the system library each one loads (through PyOpenGL)
 MUJOCO_GL_LIBRARIES = {"egl": "EGL", "osmesa": "OSMesa"}
@@ -14,6 +17,16 @@ MUJOCO_GL_LIBRARIES = {"egl": "EGL", "osmesa": "OSMesa"}
 
 def _has_display() -> bool:
     return bool(os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY"))
+
+
+def check_display() -> None:
+    """Raise :class:`InputError` when a window cannot open: on Linux, neither ``DISPLAY`` nor ``WAYLAND_DISPLAY``
+    is set (a server, a container, an SSH session without forwarding)."""
+    if sys.platform.startswith("linux") and not _has_display():
+        raise InputError(
+            "--render shows the agent in a window, and this machine has no display (DISPLAY and WAYLAND_DISPLAY are "
+            "unset); record a video instead (--video), or run where a display exists."
+        )
 
 
 def use_headless_video_driver() -> None:

@@ -14,6 +14,7 @@ import importlib
 import json
 import sys
 import warnings
+from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
 import gymnasium as gym
@@ -33,6 +34,7 @@ from envs.specs import (
     space_to_spec,
     unchecked_tensordict,
 )
+from envs.wrappers import apply_wrappers
 from errors import InputError
 
 Vectorization = Literal["sync", "async"]
@@ -406,6 +408,7 @@ def make_env(
     env_kwargs: dict[str, Any] | None = None,
     backend: Backend = "gymnasium",
     dtype: torch.dtype = torch.float32,
+    wrappers: Sequence[Callable[[gym.Env], gym.Env]] = (),
 ) -> EnvBase:
     """Build a batched TorchRL env from a Gymnasium id, env or vector env.
 
@@ -429,6 +432,8 @@ def make_env(
         backend: ``"gymnasium"`` (any env) or ``"torch"`` (CartPole-v1, Pendulum-v1, MountainCar-v0,
             MountainCarContinuous-v0, Acrobot-v1).
         dtype: state dtype of the torch backend (``torch.float64`` reproduces Gymnasium's arithmetic).
+        wrappers: functions wrapping each Gymnasium sub-env, innermost first (:func:`envs.wrappers.wrapper_functions`;
+            not for a vector env or the torch backend).
 
     Returns:
         A :class:`GymnasiumVectorEnv`, or a :class:`envs.classic.ClassicControlEnv` for the torch backend,
@@ -442,6 +447,10 @@ def make_env(
         >>> env.reset()["observation"].shape
         torch.Size([8, 4])
     """
+    if wrappers and (backend == "torch" or isinstance(env, gym.vector.VectorEnv)):
+        raise InputError(
+            "Wrappers wrap Gymnasium sub-envs: pass an env id or env with the gymnasium backend."
+        )
     if backend == "torch":
         return _make_torch_env(env, num_envs, device, seed, env_kwargs, dtype)
     if backend != "gymnasium":
@@ -458,11 +467,14 @@ def make_env(
                 raise InputError(
                     "A Gymnasium env object cannot be copied into several sub-envs: pass its id, or num_envs=1."
                 )
-            vector_env = gym.vector.SyncVectorEnv([lambda: env], autoreset_mode=AutoresetMode.SAME_STEP)
+            wrapped = apply_wrappers(env, wrappers)
+            vector_env = gym.vector.SyncVectorEnv([lambda: wrapped], autoreset_mode=AutoresetMode.SAME_STEP)
         elif isinstance(env, str) and is_atari(env):
             check_env_id(env)
             vector_class = gym.vector.SyncVectorEnv if vectorization == "sync" else gym.vector.AsyncVectorEnv
-            make_sub_env = functools.partial(make_atari_env, env, training=True, **(env_kwargs or {}))
+            make_sub_env = functools.partial(
+                _wrapped_atari_env, env, tuple(wrappers), training=True, **(env_kwargs or {})
+            )
             vector_env = vector_class([make_sub_env] * num_envs, autoreset_mode=AutoresetMode.SAME_STEP)
         elif isinstance(env, str):
             check_env_id(env)
@@ -471,6 +483,7 @@ def make_env(
                 num_envs=num_envs,
                 vectorization_mode=vectorization,
                 vector_kwargs={"autoreset_mode": AutoresetMode.SAME_STEP},
+                wrappers=list(wrappers),
                 **(env_kwargs or {}),
             )
         else:
@@ -479,6 +492,10 @@ def make_env(
     if seed is not None:
         torchrl_env.set_seed(seed)
     return torchrl_env
+
+
+def _wrapped_atari_env(env_id: str, wrappers: tuple, **options: Any) -> gym.Env:
+    return apply_wrappers(make_atari_env(env_id, **options), wrappers)
 
 
 def _make_torch_env(env, num_envs, device, seed, env_kwargs, dtype) -> EnvBase:

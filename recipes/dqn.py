@@ -10,7 +10,9 @@ combination:
     --noisy         NoisyNet layers instead of epsilon-greedy (epsilon 0, new noise for every action and update)
     --n-steps N     N-step returns that stop at episode ends and bootstrap on truncation (default 3; 1: one-step)
     --prioritized   prioritized replay (alpha, beta annealed to 1, importance weights in the loss)
-    --variant rainbow   all of the above (with the --n-steps N of the run)
+    --distributional    C51 (Bellemare et al., 2017): a distribution over --num-atoms returns in [--v-min, --v-max]
+                    per action, trained by TorchRL's DistributionalDQNLoss (cross-entropy to the projected target)
+    --variant rainbow   all of the above (with the --n-steps N of the run): Hessel et al.'s full Rainbow
 
 Discrete action spaces only. Each env's preset (recipes/presets/dqn.toml, --list-presets) fills in the options
 not given; an env without one gets the defaults below (Mnih et al.'s and Stable-Baselines3's: Adam 1e-4, batch
@@ -52,6 +54,7 @@ from agents import (
 )
 from agents.networks import action_mask_kwargs
 from agents.options import Options, defaults
+from agents.qvalue import NStepDistributionalDQNLoss, check_support
 from errors import InputError
 from training import (
     Callback,
@@ -141,6 +144,17 @@ class NetworkConfig(Options):
     """Dueling value/advantage streams (Wang et al., 2016)."""
     noisy: bool = False
     """NoisyNet layers (Fortunato et al., 2018) replace epsilon-greedy exploration."""
+    noisy_type: Literal["factorised", "independent"] = "factorised"
+    """Noise of the noisy layers: factorised Gaussian (the paper's choice for DQN) or independent Gaussian."""
+    distributional: bool = False
+    """C51 (Bellemare et al., 2017): learn a distribution over --num-atoms returns per action instead of its mean;
+    the next action is picked by the online network (as in Rainbow) and --loss-function does not apply."""
+    num_atoms: int = 51
+    """Atoms of the return distribution (--distributional)."""
+    v_min: float = -10.0
+    """Lowest return of the distribution's support (--distributional; returns beyond are clipped to it)."""
+    v_max: float = 10.0
+    """Highest return of the distribution's support (--distributional)."""
     normalize_obs: bool = False
     """Normalise observations with running statistics saved in the agent."""
 
@@ -156,7 +170,8 @@ class DQNConfig(Options):
         default_factory=defaults(RunConfig, num_envs=8, total_frames=1_000_000, eval_every=25_000)
     )
     variant: Literal["dqn", "rainbow"] = "dqn"
-    """'rainbow' switches on double, dueling, noisy and prioritized (n-step returns are on by default)."""
+    """'rainbow' switches on double, dueling, noisy, prioritized and distributional (n-step returns are on by
+    default)."""
     collector: CollectorConfig = field(default_factory=CollectorConfig)
     buffer: BufferConfig = field(default_factory=BufferConfig)
     exploration: ExplorationConfig = field(
@@ -186,6 +201,10 @@ class DQNConfig(Options):
     def prioritized(self) -> bool:
         return self.buffer.prioritized or self.rainbow
 
+    @property
+    def distributional(self) -> bool:
+        return self.network.distributional or self.rainbow
+
     def validate(self) -> None:
         """Raise :class:`InputError` for options outside their meaningful range."""
         self.run.validate()
@@ -209,6 +228,8 @@ class DQNConfig(Options):
             learning_starts=(collector.learning_starts, ">= 0"),
         )
         self.exploration.validate()
+        if self.distributional:
+            check_support(self.network.num_atoms, self.network.v_min, self.network.v_max)
         check_batch_fits_buffer(buffer.batch_size, buffer.buffer_size)
         check_gradient_workers(self)
 
@@ -225,6 +246,7 @@ def main(config: DQNConfig, *, callbacks: Sequence[Callback] = ()) -> dict:
     frames_per_batch = run_config.num_envs * config.collector.steps_per_env
     num_batches = -(-run_config.total_frames // frames_per_batch)
     noisy, n_steps, prioritized = config.noisy, buffer_config.n_steps, config.prioritized
+    distributional, network_config = config.distributional, config.network
     # noisy layers explore on their own: epsilon stays 0
     exploration = ExplorationConfig(0.0, 0.0) if noisy else config.exploration
 
@@ -243,7 +265,18 @@ def main(config: DQNConfig, *, callbacks: Sequence[Callback] = ()) -> dict:
         "activation": config.network.activation,
         "dueling": config.dueling,
         "noisy": noisy,
+        "noisy_type": config.network.noisy_type,
         "normalize_obs": config.network.normalize_obs,
+        **(
+            {
+                "distributional": True,
+                "num_atoms": network_config.num_atoms,
+                "v_min": network_config.v_min,
+                "v_max": network_config.v_max,
+            }
+            if distributional
+            else {}
+        ),
         "epsilon": exploration.initial_epsilon,
         **action_mask_kwargs(
             env
@@ -262,14 +295,17 @@ def main(config: DQNConfig, *, callbacks: Sequence[Callback] = ()) -> dict:
     q_actor, epsilon_greedy = policy[0], policy[1]
     normalizer = find_normalizer(policy)
 
-    # loss + value estimator + target updater
-    loss_module = TensorDQNLoss(
-        q_actor,
-        loss_function=loss_config.loss_function,
-        double_dqn=config.double,
-        action_space=env.action_spec,
-    )
-    loss_module.make_value_estimator(gamma=loss_config.gamma)
+    # loss + value estimator + target updater (C51: the projected distributional target, in TorchRL's loss)
+    if distributional:
+        loss_module = NStepDistributionalDQNLoss(q_actor, gamma=loss_config.gamma, delay_value=True)
+    else:
+        loss_module = TensorDQNLoss(
+            q_actor,
+            loss_function=loss_config.loss_function,
+            double_dqn=config.double,
+            action_space=env.action_spec,
+        )
+        loss_module.make_value_estimator(gamma=loss_config.gamma)
     if noisy:
         # loss modules run their networks in deterministic mode unless told otherwise: keep the noise on
         loss_module.deterministic_sampling_mode = ExplorationType.RANDOM
@@ -352,14 +388,18 @@ def main(config: DQNConfig, *, callbacks: Sequence[Callback] = ()) -> dict:
             for _ in range(updates_per_batch):  # each draw sees the priorities the previous update wrote
                 sample = replay_buffer.sample(batch_size)
                 yield sample  # the gradient step runs here and writes the squared TD errors into the sample
-                # the paper's priority is |TD error|
-                sample.set("td_error", sample.get("td_error").sqrt())
+                if (
+                    not distributional
+                ):  # the paper's priority is |TD error|; C51's, its cross-entropy (as written)
+                    sample.set("td_error", sample.get("td_error").sqrt())
                 replay_buffer.update_tensordict_priority(sample)
         else:  # uniform draws from an unchanging buffer: one sampler call gives them all
             yield from replay_buffer.sample(batch_size * updates_per_batch).split(batch_size)
 
     def after_batch(batch):  # the next batch's exploration rate; observation statistics
-        epsilon_greedy.eps.fill_(exploration.epsilon(learner.frames, total_frames))
+        epsilon_greedy.eps.fill_(
+            exploration.next_epsilon(epsilon_greedy.eps.item(), learner.frames, total_frames, batch)
+        )
         if normalizer is not None:
             normalizer.update(batch.get("observation"))
 

@@ -34,6 +34,7 @@ import torch
 from agents import Agent, find_normalizer
 from agents.agent import EVALUATION_STEP_LIMIT
 from agents.es import PopulationEvaluator, antithetic_gradient, centered_ranks, make_es_policy
+from agents.options import Options, defaults
 from envs.vector import env_spec
 from errors import InputError
 from training import (
@@ -49,10 +50,10 @@ from training import (
     require_positive,
     run_cli,
 )
+from training.collectors import env_construction
+from training.distributed import RayPopulationEvaluator
 
 PRESETS = Path(__file__).with_name("presets") / "es.toml"  # hyperparameters per env
-from agents.options import Options, defaults
-from training.distributed import RayPopulationEvaluator
 
 
 @dataclass
@@ -187,7 +188,7 @@ def main(config: ESConfig, *, callbacks: Sequence[Callback] = ()) -> dict:
             policy_kwargs=policy_kwargs,
             steps_per_env=search_config.steps_per_env,
             max_steps=max_steps,
-            env_kwargs=run_config.env_options or None,
+            env_options=env_construction(run_config),
             max_restarts=config.workers.worker_restarts,
         )
     else:

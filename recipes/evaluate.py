@@ -2,6 +2,7 @@
 
 python -m recipes.evaluate runs/demo --episodes 20 --video
 python -m recipes.evaluate runs/demo/best_agent.ckpt --env-id CartPole-v1 --stochastic
+python -m recipes.evaluate runs/demo --episodes 3 --render      # in a window, where a display exists
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Annotated
 import tyro
 
 from agents import Agent
+from envs.rendering import check_display
 from envs.vector import check_device, check_env_id
 from errors import InputError, WriteError
 
@@ -38,6 +40,11 @@ class EvaluateConfig:
     """Record the first episode to video.mp4 (beside the checkpoint, or at --video-path)."""
     video_path: Path | None = None
     """Where to write the video."""
+    render: bool = False
+    """Show the episodes in a window (render_mode='human'), one after another; an error where no display exists."""
+    allow_wrappers: tuple[str, ...] = ()
+    """Env wrapper import paths the checkpoint names that may be imported besides Gymnasium's and this toolkit's
+    (importing a module runs its code: name only those you trust)."""
     device: str = "cpu"
     """Device to run the policy on."""
 
@@ -49,12 +56,21 @@ def main(config: EvaluateConfig) -> dict:
     check_device(config.device)
     if config.env_id is not None:
         check_env_id(config.env_id)
+    if config.render:
+        if config.video or config.video_path is not None:
+            raise InputError("--render shows the episodes in a window; record a video without it (--video).")
+        check_display()
     checkpoint = config.path / "agent.ckpt" if config.path.is_dir() else config.path
-    agent = Agent.load(checkpoint, device=config.device)
+    agent = Agent.load(checkpoint, device=config.device, allow_wrappers=config.allow_wrappers)
     video_path = None
     if config.video or config.video_path is not None:
         video_path = config.video_path or checkpoint.parent / "video.mp4"
-    options = {"episodes": config.episodes, "deterministic": not config.stochastic, "seed": config.seed}
+    options = {
+        "episodes": config.episodes,
+        "deterministic": not config.stochastic,
+        "seed": config.seed,
+        "render": config.render,
+    }
     try:
         result = agent.evaluate(config.env_id, video_path=video_path, **options)
     except (InputError, WriteError):

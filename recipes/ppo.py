@@ -49,7 +49,7 @@ from agents import (
     orthogonal_init,
 )
 from agents.gsde import check_sde_options, clip_env_actions
-from agents.loss_addons import LossAddon, addon_losses, build_loss_addons, split_parameters
+from agents.loss_addons import LossAddon, LossAddonConfig, addon_losses, build_loss_addons, split_parameters
 from agents.networks import action_mask_kwargs, box_policy_kwargs
 from agents.options import Options, defaults
 from agents.recurrent import (
@@ -178,10 +178,12 @@ class PPOConfig(Options):
     loss: LossConfig = field(default_factory=LossConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     network: NetworkConfig = field(default_factory=NetworkConfig)
+    addons: LossAddonConfig = field(default_factory=LossAddonConfig)
 
     def validate(self) -> None:
         """Raise :class:`InputError` for options outside their meaningful range or that do not combine."""
         check_ppo_options(self.run, self.collector, self.loss, self.optim, self.network)
+        self.addons.validate()
         check_gradient_workers(self)
 
 
@@ -339,7 +341,12 @@ def main(
         average_gae=False,
         device=device,
     )
-    addons = build_loss_addons(loss_addons, actor).to(device)  # extra loss terms, e.g. a KL penalty
+    # extra loss terms, e.g. a KL penalty (given in Python, or by --kl-to)
+    loss_addons = [
+        *loss_addons,
+        *config.addons.factories(env.single_observation_space, env.single_action_space),
+    ]
+    addons = build_loss_addons(loss_addons, actor).to(device)
     reward_normalizer = (
         RewardNormalizer(run_config.num_envs, loss_config.gamma).to(device)
         if loss_config.normalize_reward

@@ -213,7 +213,10 @@ def main(config: QLearningConfig, *, callbacks: Sequence[Callback] = ()) -> dict
     for batch in collector:
         frames += batch.numel()
         loss = update(batch)
-        epsilon_greedy.eps.fill_(exploration_config.epsilon(frames, run_config.total_frames))
+        epsilon = exploration_config.next_epsilon(
+            epsilon_greedy.eps.item(), frames, run_config.total_frames, batch
+        )
+        epsilon_greedy.eps.fill_(epsilon)
         metrics = {
             "train/loss": loss.item() / batch.numel(),
             "train/epsilon": epsilon_greedy.eps.item(),

@@ -37,6 +37,13 @@ import torch
 from torchrl.objectives import A2CLoss
 
 from agents import Agent, compiled, find_normalizer, make_actor
+from agents.loss_addons import (
+    LossAddon,
+    LossAddonConfig,
+    addon_losses,
+    build_loss_addons,
+    trainable_parameters,
+)
 from agents.networks import action_mask_kwargs
 from agents.options import Options, defaults
 from agents.policy_gradient import ReturnBaseline, returns_to_go
@@ -53,6 +60,7 @@ from training import (
     make_training_env,
     prepare_process,
     recipe_main,
+    refuse_loss_addons,
     require_positive,
     run_cli,
     set_learning_rates,
@@ -111,10 +119,12 @@ class ReinforceConfig(Options):
     loss: LossConfig = field(default_factory=LossConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     network: NetworkConfig = field(default_factory=NetworkConfig)
+    addons: LossAddonConfig = field(default_factory=LossAddonConfig)
 
     def validate(self) -> None:
         """Raise :class:`InputError` for options outside their meaningful range."""
         self.run.validate()
+        self.addons.validate()
         require_positive(
             episodes_per_update=self.collector.episodes_per_update, steps_per_env=self.collector.steps_per_env
         )
@@ -127,8 +137,12 @@ class ReinforceConfig(Options):
 
 
 @recipe_main
-def main(config: ReinforceConfig, *, callbacks: Sequence[Callback] = ()) -> dict:
-    """Train REINFORCE as configured and return the run summary (see ``training.run``)."""
+def main(
+    config: ReinforceConfig, loss_addons: Sequence[LossAddon] = (), *, callbacks: Sequence[Callback] = ()
+) -> dict:
+    """Train REINFORCE as configured and return the run summary (see ``training.run``); ``loss_addons`` are
+    factories of extra policy-loss terms (:mod:`agents.loss_addons`), as in ``recipes.ppo``."""
+    refuse_loss_addons(loss_addons, config.run)
     # config: the env's preset fills in the options left at their defaults
     apply_preset(config, PRESETS)
     config.validate()
@@ -170,6 +184,12 @@ def main(config: ReinforceConfig, *, callbacks: Sequence[Callback] = ()) -> dict
         critic_coeff=None,
         functional=False,
     )
+    # extra loss terms, e.g. a KL penalty (given in Python, or by --kl-to)
+    loss_addons = [
+        *loss_addons,
+        *config.addons.factories(env.single_observation_space, env.single_action_space),
+    ]
+    addons = build_loss_addons(loss_addons, actor).to(device)
 
     # collector: batches of complete episodes, concatenated along time (("next", "done") ends each one); with
     # --gradient-workers, each worker has its own
@@ -189,7 +209,7 @@ def main(config: ReinforceConfig, *, callbacks: Sequence[Callback] = ()) -> dict
     )
 
     # optimizer
-    optimizer = torch.optim.Adam(loss_module.parameters(), lr=config.optim.lr)
+    optimizer = torch.optim.Adam(trainable_parameters(loss_module, addons), lr=config.optim.lr)
 
     loss_keys = ["loss_objective"] + (["loss_entropy"] if loss_config.entropy_coef > 0 else [])
     gamma, normalize_returns = loss_config.gamma, loss_config.normalize_returns
@@ -197,8 +217,9 @@ def main(config: ReinforceConfig, *, callbacks: Sequence[Callback] = ()) -> dict
 
     def update(episodes):
         loss = loss_fn(episodes)
-        total = sum(loss[key] for key in loss_keys)
-        metrics = loss.select(*loss_keys, "entropy", strict=False).detach()
+        addon_total, addon_metrics = addon_losses(addons, episodes)
+        total = sum(loss[key] for key in loss_keys) + addon_total
+        metrics = loss.select(*loss_keys, "entropy", strict=False).detach().update(addon_metrics)
         return total, metrics.set("return_to_go", episodes.get(RETURN_TO_GO_KEY).mean())
 
     def schedule(learner):
@@ -209,7 +230,7 @@ def main(config: ReinforceConfig, *, callbacks: Sequence[Callback] = ()) -> dict
     learner = Learner(
         update,
         optimizer,
-        {"loss": loss_module},
+        {"loss": loss_module, "addons": addons},
         hyperparameters={"lr": config.optim.lr}
         | ({"entropy_coef": loss_config.entropy_coef} if loss_config.entropy_coef > 0 else {}),
         schedule=schedule,

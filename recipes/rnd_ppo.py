@@ -50,7 +50,13 @@ from agents import (
     orthogonal_init,
 )
 from agents.gsde import clip_env_actions
-from agents.loss_addons import LossAddon, addon_losses, build_loss_addons, trainable_parameters
+from agents.loss_addons import (
+    LossAddon,
+    LossAddonConfig,
+    addon_losses,
+    build_loss_addons,
+    trainable_parameters,
+)
 from agents.networks import action_mask_kwargs, box_policy_kwargs
 from agents.options import Options, defaults
 from agents.rnd import INTRINSIC_REWARD_KEY
@@ -123,10 +129,12 @@ class RNDPPOConfig(Options):
         default_factory=defaults(OptimConfig, lr=1e-3, num_epochs=4, minibatch_size=256, anneal_lr=True)
     )
     network: NetworkConfig = field(default_factory=NetworkConfig)
+    addons: LossAddonConfig = field(default_factory=LossAddonConfig)
 
     def validate(self) -> None:
         """Raise :class:`InputError` for options outside their meaningful range or that do not combine."""
         check_ppo_options(self.run, self.collector, self.loss, self.optim, self.network)
+        self.addons.validate()
         check_gradient_workers(self)
         unsupported = {
             "--normalize-reward": self.loss.normalize_reward,
@@ -270,7 +278,12 @@ def main(
         value_target=INTRINSIC_VALUE_TARGET_KEY,
         terminated=INTRINSIC_TERMINATED_KEY,
     )
-    addons = build_loss_addons(loss_addons, actor).to(device)  # extra loss terms, e.g. a KL penalty
+    # extra loss terms, e.g. a KL penalty (given in Python, or by --kl-to)
+    loss_addons = [
+        *loss_addons,
+        *config.addons.factories(env.single_observation_space, env.single_action_space),
+    ]
+    addons = build_loss_addons(loss_addons, actor).to(device)
 
     # collector (with --gradient-workers, each worker has its own)
     collector = (

@@ -47,6 +47,7 @@ from agents import (
 )
 from agents.continuous import check_box_actions, default_target_entropy
 from agents.gsde import check_sde_options, make_gsde_env
+from agents.loss_addons import LossAddon, LossAddonConfig, addon_losses, build_loss_addons, split_parameters
 from agents.options import Options, defaults
 from errors import InputError
 from training import (
@@ -64,6 +65,7 @@ from training import (
     make_training_env,
     prepare_process,
     recipe_main,
+    refuse_loss_addons,
     require_positive,
     run_cli,
     single_collector_only,
@@ -114,6 +116,9 @@ class NetworkConfig(Options):
     """Box actions: explore with gSDE (state-dependent noise held for a while, Raffin et al. 2021)."""
     sde_sample_freq: int = -1
     """gSDE: resample the exploration noise every this many steps; -1: only at episode and batch starts."""
+    sde_at_warmup: bool = False
+    """gSDE: act with the gSDE policy during the --learning-starts warm-up too, instead of uniformly random
+    actions (Stable-Baselines3's use_sde_at_warmup)."""
 
 
 @dataclass
@@ -137,6 +142,7 @@ class SACConfig(Options):
     loss: LossConfig = field(default_factory=LossConfig)
     optim: OffPolicyOptimConfig = field(default_factory=defaults(OffPolicyOptimConfig, lr=3e-4))
     network: NetworkConfig = field(default_factory=NetworkConfig)
+    addons: LossAddonConfig = field(default_factory=LossAddonConfig)
 
     def validate(self) -> None:
         """Raise :class:`InputError` for options outside their meaningful range or that do not combine."""
@@ -151,6 +157,9 @@ class SACConfig(Options):
         check_sde_options(self.network.use_sde, self.network.sde_sample_freq)
         if self.network.use_sde:
             single_collector_only(self.run, "--use-sde")
+        elif self.network.sde_at_warmup:
+            raise InputError("--sde-at-warmup acts with the gSDE policy during the warm-up: add --use-sde.")
+        self.addons.validate()
 
 
 # Discrete SAC's settings: they solve CartPole-v1 (475) within 8k-22k frames on seeds 0-5, where the Pendulum-v1
@@ -182,8 +191,12 @@ def apply_discrete_settings(config: SACConfig, keep: Collection[str] = ()) -> SA
 
 
 @recipe_main
-def main(config: SACConfig, *, callbacks: Sequence[Callback] = ()) -> dict:
-    """Train SAC as configured and return the run summary (see ``training.run``)."""
+def main(
+    config: SACConfig, loss_addons: Sequence[LossAddon] = (), *, callbacks: Sequence[Callback] = ()
+) -> dict:
+    """Train SAC as configured and return the run summary (see ``training.run``); ``loss_addons`` are factories of
+    extra actor-loss terms (:mod:`agents.loss_addons`), as in ``recipes.ppo``."""
+    refuse_loss_addons(loss_addons, config.run)
     # config: the env's preset fills in the options left at their defaults
     apply_preset(config, PRESETS)
     config.validate()
@@ -296,11 +309,16 @@ def main(config: SACConfig, *, callbacks: Sequence[Callback] = ()) -> dict:
         )
     loss_module.make_value_estimator(gamma=loss_config.gamma)
     target_updater = SoftUpdate(loss_module, tau=loss_config.tau)
+    # extra actor-loss terms, e.g. a KL penalty (given in Python, or by --kl-to)
+    loss_addons = [
+        *loss_addons,
+        *config.addons.factories(env.single_observation_space, env.single_action_space),
+    ]
+    addons = build_loss_addons(loss_addons, actor).to(device)
 
-    # collector: uniformly random actions until learning starts
-    collector = make_off_policy_collector(
-        run_config, env, actor, frames_per_batch, config.collector.learning_starts, device
-    )
+    # collector: uniformly random actions until learning starts (--sde-at-warmup: the gSDE policy's)
+    random_frames = 0 if config.network.sde_at_warmup else config.collector.learning_starts
+    collector = make_off_policy_collector(run_config, env, actor, frames_per_batch, random_frames, device)
 
     # buffer
     replay_buffer = TensorDictReplayBuffer(
@@ -317,12 +335,16 @@ def main(config: SACConfig, *, callbacks: Sequence[Callback] = ()) -> dict:
     if not loss_config.fixed_alpha:
         optimizers.append(optim_config.adam([loss_module.log_alpha]))
         learning_rates.append(optim_config.lr)
+    _, addon_parameters = split_parameters([actor], [addons])  # an add-on's own (a learned multiplier, say)
+    if addon_parameters:
+        optimizers.append(optim_config.adam(addon_parameters, actor=True))
+        learning_rates.append(optim_config.actor_learning_rate)
 
     # logger, evaluation, checkpoints, resume
     training = TrainingState(
         env=env,
         collector=collector,
-        modules={"loss": loss_module},
+        modules={"loss": loss_module, "addons": addons},
         optimizers={f"adam{index}": optimizer for index, optimizer in enumerate(optimizers)},
         replay_buffer=replay_buffer,
         extras={"n_step_returns": n_step_returns} if buffer_config.n_steps > 1 else {},
@@ -336,7 +358,8 @@ def main(config: SACConfig, *, callbacks: Sequence[Callback] = ()) -> dict:
 
     def update(sample):
         loss = loss_fn(sample)
-        total = loss["loss_actor"] + loss["loss_qvalue"] + loss["loss_alpha"]
+        addon_total, addon_metrics = addon_losses(addons, sample)
+        total = loss["loss_actor"] + loss["loss_qvalue"] + loss["loss_alpha"] + addon_total
         for optimizer in optimizers:
             optimizer.zero_grad(set_to_none=True)
         total.backward()
@@ -346,7 +369,11 @@ def main(config: SACConfig, *, callbacks: Sequence[Callback] = ()) -> dict:
         for optimizer in optimizers:
             optimizer.step()
         target_updater.step()
-        return loss.select("loss_actor", "loss_qvalue", "loss_alpha", "alpha", "entropy").detach()
+        return (
+            loss.select("loss_actor", "loss_qvalue", "loss_alpha", "alpha", "entropy")
+            .detach()
+            .update(addon_metrics)
+        )
 
     # loop
     frames = run.frames  # 0, or where a resumed run stopped

@@ -42,6 +42,13 @@ import torch
 from torchrl.objectives import A2CLoss
 
 from agents import Agent, compiled, find_normalizer, input_encoder, make_actor, make_critic
+from agents.loss_addons import (
+    LossAddon,
+    LossAddonConfig,
+    addon_losses,
+    build_loss_addons,
+    trainable_parameters,
+)
 from agents.networks import action_mask_kwargs
 from agents.options import Options, defaults
 from agents.policy_gradient import ReturnBaseline, returns_to_go
@@ -58,6 +65,7 @@ from training import (
     make_training_env,
     prepare_process,
     recipe_main,
+    refuse_loss_addons,
     require_positive,
     run_cli,
     set_learning_rates,
@@ -122,10 +130,12 @@ class VPGConfig(Options):
     loss: LossConfig = field(default_factory=LossConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     network: NetworkConfig = field(default_factory=NetworkConfig)
+    addons: LossAddonConfig = field(default_factory=LossAddonConfig)
 
     def validate(self) -> None:
         """Raise :class:`InputError` for options outside their meaningful range."""
         self.run.validate()
+        self.addons.validate()
         loss, optim = self.loss, self.optim
         require_positive(
             episodes_per_update=self.collector.episodes_per_update, steps_per_env=self.collector.steps_per_env
@@ -141,8 +151,12 @@ class VPGConfig(Options):
 
 
 @recipe_main
-def main(config: VPGConfig, *, callbacks: Sequence[Callback] = ()) -> dict:
-    """Train VPG as configured and return the run summary (see ``training.run``)."""
+def main(
+    config: VPGConfig, loss_addons: Sequence[LossAddon] = (), *, callbacks: Sequence[Callback] = ()
+) -> dict:
+    """Train VPG as configured and return the run summary (see ``training.run``); ``loss_addons`` are factories of
+    extra policy-loss terms (:mod:`agents.loss_addons`), as in ``recipes.ppo``."""
+    refuse_loss_addons(loss_addons, config.run)
     # config: the env's preset fills in the options left at their defaults
     apply_preset(config, PRESETS)
     config.validate()
@@ -196,6 +210,13 @@ def main(config: VPGConfig, *, callbacks: Sequence[Callback] = ()) -> dict:
         functional=False,
     )
 
+    # extra loss terms, e.g. a KL penalty (given in Python, or by --kl-to)
+    loss_addons = [
+        *loss_addons,
+        *config.addons.factories(env.single_observation_space, env.single_action_space),
+    ]
+    addons = build_loss_addons(loss_addons, actor).to(device)
+
     # collector: batches of complete episodes, concatenated along time (("next", "done") ends each one); with
     # --gradient-workers, each worker has its own
     collector = (
@@ -214,7 +235,7 @@ def main(config: VPGConfig, *, callbacks: Sequence[Callback] = ()) -> dict:
     )
 
     # optimizer: one Adam, a learning rate for the policy and one for the value baseline
-    actor_parameters = list(actor.parameters())
+    actor_parameters = trainable_parameters(actor, addons)  # with an add-on's own (a learned multiplier, say)
     shared = {id(parameter) for parameter in actor_parameters}  # an image encoder is shared with the critic
     critic_parameters = [parameter for parameter in baseline.parameters() if id(parameter) not in shared]
     optimizer = torch.optim.Adam([{"params": actor_parameters}, {"params": critic_parameters}])
@@ -229,8 +250,9 @@ def main(config: VPGConfig, *, callbacks: Sequence[Callback] = ()) -> dict:
 
     def update(episodes):
         loss = loss_fn(episodes)
-        total = sum(loss[key] for key in loss_keys)
-        metrics = loss.select(*loss_keys, "entropy", strict=False).detach()
+        addon_total, addon_metrics = addon_losses(addons, episodes)
+        total = sum(loss[key] for key in loss_keys) + addon_total
+        metrics = loss.select(*loss_keys, "entropy", strict=False).detach().update(addon_metrics)
         metrics.set("return_to_go", episodes.get("value_target").mean())
         return total, metrics.set("baseline", episodes.get("state_value").mean())
 
@@ -243,7 +265,7 @@ def main(config: VPGConfig, *, callbacks: Sequence[Callback] = ()) -> dict:
     learner = Learner(
         update,
         optimizer,
-        {"loss": loss_module},
+        {"loss": loss_module, "addons": addons},
         hyperparameters={"lr": optim_config.lr, "critic_lr": optim_config.critic_lr}
         | ({"entropy_coef": loss_config.entropy_coef} if loss_config.entropy_coef > 0 else {}),
         schedule=schedule,

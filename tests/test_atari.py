@@ -319,8 +319,8 @@ def test_dqn_on_pong_stores_frames_once_and_its_replay_buffer_resumes(tmp_path, 
     storages, at_start = [], []
     original = Run.__init__
 
-    def record_storage(self, algorithm, config, run_config, agent, training):
-        original(self, algorithm, config, run_config, agent, training)  # a resumed run is restored here
+    def record_storage(self, algorithm, config, run_config, agent, training, **options):
+        original(self, algorithm, config, run_config, agent, training, **options)  # a resumed run is restored here
         storage = training.replay_buffer.storage
         storages.append(storage)
         at_start.append(storage.get(torch.arange(len(storage))) if len(storage) else None)

@@ -1,9 +1,11 @@
 """Policy-loss add-ons: the KL penalty towards a reference policy, and how recipes add their terms."""
 
+import json
 from functools import partial
 
 import pytest
 import torch
+from run_helpers import tiny_off_policy, tiny_reinforce, tiny_vpg
 from tensordict import TensorDict
 from torch import nn
 from torchrl.objectives import ClipPPOLoss
@@ -11,7 +13,7 @@ from torchrl.objectives import ClipPPOLoss
 from agents import Agent, KLPenalty, addon_losses, build_loss_addons, make_actor, make_critic
 from envs import make_env
 from errors import InputError
-from recipes import a2c, ppo, rnd_ppo
+from recipes import a2c, ppo, reinforce, rnd_ppo, sac, vpg
 from training import RunConfig
 
 
@@ -160,3 +162,96 @@ def test_kl_penalty_works_on_batches_collected_by_a_gsde_actor():
     assert "_eps_gSDE" not in batch.keys()  # noqa: SIM118 (TensorDict has no __contains__)
     penalty = KLPenalty(actor, reference)(batch)
     assert penalty["kl"] > 0 and torch.isfinite(penalty["loss_kl"])
+
+
+def reference_checkpoint(path):
+    """An agent checkpoint whose policy pushes right 95% of the time (see cartpole_actor)."""
+    env = make_env("CartPole-v1", num_envs=1)
+    agent = Agent(
+        cartpole_actor(prefer_right=True),
+        "CartPole-v1",
+        env.single_observation_space,
+        env.single_action_space,
+        "ppo",
+        policy_builder=make_actor,
+    )
+    agent.save(path)
+    return path
+
+
+@pytest.mark.parametrize(
+    ("recipe", "make_config"),
+    [
+        (ppo, partial(tiny_config, ppo)),
+        (a2c, partial(tiny_config, a2c)),
+        (rnd_ppo, partial(tiny_config, rnd_ppo)),
+        (reinforce, lambda output_dir: tiny_reinforce(output_dir, total_frames=4_096, logger="csv")),
+        (vpg, lambda output_dir: tiny_vpg(output_dir, total_frames=4_096, logger="csv")),
+    ],
+    ids=["ppo", "a2c", "rnd_ppo", "reinforce", "vpg"],
+)
+def test_kl_to_a_checkpoint_from_the_options_pulls_the_policy_to_it(recipe, make_config, tmp_path):
+    output_dir, data = tmp_path / "run", observations()
+    reference = Agent.load(reference_checkpoint(tmp_path / "reference.ckpt")).policy
+    untrained = KLPenalty(cartpole_actor(), reference)(data)["kl"].item()
+    config = make_config(output_dir)
+    config.addons.kl_to, config.addons.kl_coef = tmp_path / "reference.ckpt", 100.0
+    if recipe in (reinforce, vpg):
+        config.optim.lr = 1e-2
+    recipe.main(config)
+    trained = KLPenalty(Agent.load(output_dir).policy, reference)(data)["kl"].item()
+    assert untrained > 0.5 and trained < 0.1 * untrained
+    logged = (output_dir / "csv" / "scalars" / "train").glob("addon0_*.csv")
+    assert {path.stem for path in logged} == {"addon0_loss_kl", "addon0_kl"}
+    assert json.loads((output_dir / "config.json").read_text())["addons"]["kl_to"] == str(
+        tmp_path / "reference.ckpt"
+    )
+
+
+def test_sac_takes_the_kl_penalty_too(tmp_path):
+    make = tiny_off_policy(sac.SACConfig)
+    sac.main(make(tmp_path / "reference"))
+    reference = Agent.load(tmp_path / "reference").policy
+    data = make_env("Pendulum-v1", num_envs=8, seed=1).rollout(40, break_when_any_done=False).reshape(-1)
+    final_kl = {}
+    for coef in (0.0, 1_000.0):
+        config = make(tmp_path / f"coef-{coef}", seed=1, logger="csv")
+        config.addons.kl_to, config.addons.kl_coef = tmp_path / "reference", coef
+        sac.main(config)
+        final_kl[coef] = KLPenalty(Agent.load(tmp_path / f"coef-{coef}").policy, reference)(data)["kl"].item()
+        assert (tmp_path / f"coef-{coef}" / "csv" / "scalars" / "train" / "addon0_kl.csv").exists()
+    assert final_kl[1_000.0] < 0.5 * final_kl[0.0]
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"env_id": "Acrobot-v1"}, "that agent acts on observations"),
+        ({"kl_coef": -1.0}, "--kl-coef must be a finite number >= 0"),
+        ({"kl_to": "no/such/run"}, "No agent checkpoint"),
+    ],
+)
+def test_bad_kl_options_are_refused(tmp_path, options, message):
+    config = tiny_config(ppo, tmp_path / "run")
+    config.addons.kl_to = options.get("kl_to", reference_checkpoint(tmp_path / "reference.ckpt"))
+    config.addons.kl_coef = options.get("kl_coef", 0.1)
+    config.run.env_id = options.get("env_id", "CartPole-v1")
+    with pytest.raises(InputError, match=message):
+        ppo.main(config)
+
+
+def test_kl_options_are_flat_command_line_flags():
+    import tyro
+
+    for config_type in (
+        ppo.PPOConfig,
+        a2c.A2CConfig,
+        rnd_ppo.RNDPPOConfig,
+        reinforce.ReinforceConfig,
+        vpg.VPGConfig,
+        sac.SACConfig,
+    ):
+        config = tyro.cli(
+            config_type, args=["--kl-to", "runs/x", "--kl-coef", "0.5"], config=(tyro.conf.OmitArgPrefixes,)
+        )
+        assert (str(config.addons.kl_to), config.addons.kl_coef) == ("runs/x", 0.5)

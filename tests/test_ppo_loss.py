@@ -54,17 +54,17 @@ def test_losses_and_gradients_equal_the_parents(name):
         critic.zero_grad(set_to_none=True)
         torch.manual_seed(3)  # the sampled entropy of a tanh-normal policy draws actions
         output = loss(batch.clone())
-        total = sum(output[key] for key in output.keys() if key.startswith("loss_"))
+        total = sum(output[key] for key in output.keys() if key.startswith("loss_"))  # noqa: SIM118 - a TensorDict
         total.backward()
         gradients = {name: p.grad.clone() for name, p in loss.named_parameters() if p.grad is not None}
         results.append((output.detach(), gradients))
     (expected, expected_gradients), (output, gradients) = results
     assert list(output.keys()) == list(expected.keys())
-    for key in expected.keys():
+    for key in expected.keys():  # noqa: SIM118 - iterating a TensorDict walks its batch dimension
         torch.testing.assert_close(output[key], expected[key], rtol=0, atol=0, msg=key)
     assert gradients.keys() == expected_gradients.keys() and gradients
-    for name, gradient in expected_gradients.items():
-        torch.testing.assert_close(gradients[name], gradient, rtol=0, atol=0, msg=name)
+    for parameter, gradient in expected_gradients.items():
+        torch.testing.assert_close(gradients[parameter], gradient, rtol=0, atol=0, msg=parameter)
 
 
 def test_a_policy_it_does_not_cover_takes_the_parents_path():

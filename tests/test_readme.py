@@ -32,7 +32,7 @@ def test_callbacks_example_stops_the_run_where_it_says(tmp_path, monkeypatch, ca
     namespace: dict = {}
     exec(compile(readme_example("callbacks"), "README.md", "exec"), namespace)  # noqa: S102 - the README's own code
     summary = namespace["summary"]
-    rows = list(csv.DictReader(open(Path(summary["output_dir"]) / "evaluations.csv")))
+    rows = list(csv.DictReader((Path(summary["output_dir"]) / "evaluations.csv").read_text().splitlines()))
     printed = [line for line in capsys.readouterr().out.splitlines() if " frames: " in line]
     assert len(printed) == len(rows)  # one line per evaluation
     last = rows[-1]

@@ -23,14 +23,13 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from tensordict import TensorDictBase
 
 from errors import InputError
 
-if TYPE_CHECKING:
-    from training.run import Run
+Run = Any  # training.run.Run, which imports this module
 
 
 class Callback:

@@ -18,6 +18,7 @@ from agents.fast_paths import lean_policy
 from agents.gsde import clips_actions
 from agents.options import Options
 from envs.vector import make_env
+from envs.wrappers import wrapper_functions
 from errors import InputError, check_ranges, require_positive
 from training.config import RunConfig
 
@@ -32,8 +33,45 @@ def make_training_env(run: RunConfig, device: torch.device, num_envs: int | None
         seed=run.seed,
         vectorization=run.vectorization,
         backend=run.env_backend,
-        env_kwargs=run.env_options or None,
+        **env_construction(run),
     )
+
+
+def env_construction(run: RunConfig) -> dict[str, Any]:
+    """``make_env``'s ``env_kwargs`` and ``wrappers`` for ``run``'s envs (--env-kwargs, --max-episode-steps,
+    --env-wrappers, --max-total-reward), the same in this process and in every worker."""
+    return {
+        "env_kwargs": run.env_make_kwargs or None,
+        "wrappers": wrapper_functions(run.wrapper_specs, run.allowed_wrappers),
+    }
+
+
+WARMUP_SEED_OFFSET = 2_000_000  # the warm-up envs' seeds, apart from the training and evaluation envs'
+WARMUP_CHUNK_STEPS = 1_000  # steps per env collected at once during the warm-up (bounds its memory)
+
+
+def warm_up_normalizer(run: RunConfig, normalizer: Any, device: torch.device) -> None:
+    """Fold the observations of ``run.normalize_obs_warmup`` uniformly random steps into ``normalizer``
+    (``--normalize-obs-warmup``): a separate copy of the training envs, seeded apart, steps them (``num_envs`` at
+    once, whole batches), so the training envs, their seeds and the frame budget are untouched."""
+    env = make_env(
+        run.env_id,
+        run.num_envs,
+        device=device if run.env_backend == "torch" else "cpu",
+        seed=run.seed + WARMUP_SEED_OFFSET,
+        vectorization=run.vectorization,
+        backend=run.env_backend,
+        **env_construction(run),
+    )
+    try:
+        remaining = -(-run.normalize_obs_warmup // run.num_envs)
+        while remaining > 0:  # chunks of WARMUP_CHUNK_STEPS, each from fresh episodes
+            steps = min(remaining, WARMUP_CHUNK_STEPS)
+            rollout = env.rollout(steps, break_when_any_done=False)  # no policy: uniformly random actions
+            normalizer.update(rollout.get("observation").to(device))
+            remaining -= steps
+    finally:
+        env.close()
 
 
 def make_collector(
@@ -88,8 +126,8 @@ def make_collector(
             seed=run.seed + WORKER_SEED_STRIDE * index,
             vectorization=run.vectorization,
             backend=run.env_backend,
-            env_kwargs=run.env_options or None,
             clip_actions=clip_actions,
+            **env_construction(run),
         )
         for index in range(run.num_workers)
     ]

@@ -16,6 +16,7 @@ from agents.fast_paths import check_compile
 from agents.options import Options
 from envs.classic import torch_env_class
 from envs.vector import check_device, check_env_id, env_spec
+from envs.wrappers import MAX_TOTAL_REWARD, parse_env_wrappers, wrapper_functions
 from errors import InputError, require_positive
 
 LoggerName = Literal["wandb", "csv", "tensorboard", "none"]
@@ -34,6 +35,22 @@ class RunConfig(Options):
     """Keyword arguments of the env's constructor as KEY=VALUE, values read as JSON where they parse (true, 3, 0.5,
     [1, 2]) and as text otherwise, e.g. --env-kwargs continuous=true; applied to the training and evaluation envs
     and saved with the agent."""
+    env_wrappers: tuple[str, ...] = ()
+    """Gymnasium wrappers around every training and evaluation env, innermost first: IMPORT.PATH or
+    IMPORT.PATH={JSON keyword arguments}, e.g. gymnasium.wrappers.TimeAwareObservation or
+    'gymnasium.wrappers.ClipReward={"max_reward": 1}'; saved with the agent, which applies them again."""
+    allow_wrappers: tuple[str, ...] = ()
+    """Wrapper import paths that a resumed run may import besides Gymnasium's and this toolkit's (a new run's own
+    --env-wrappers are always allowed)."""
+    max_episode_steps: int | None = None
+    """Cut every episode at this many steps (Gymnasium's TimeLimit; default: the env's registered limit)."""
+    max_total_reward: float | None = None
+    """End an episode (as a truncation) once its return reaches this (training and evaluation envs)."""
+    eval_env_id: str | None = None
+    """Evaluate in this env instead of --env-id (same observation and action spaces; --env-wrappers apply)."""
+    eval_env_kwargs: tuple[str, ...] = ()
+    """Keyword arguments of the evaluation env as KEY=VALUE (as --env-kwargs): they replace those of --env-kwargs
+    with the same key (with another --eval-env-id, --env-kwargs do not apply)."""
     env_backend: Literal["gymnasium", "torch"] = "gymnasium"
     """'gymnasium': any Gymnasium env, stepped on the CPU; 'torch': the batched torch classic-control envs
     (CartPole-v1, Pendulum-v1, MountainCar-v0, MountainCarContinuous-v0, Acrobot-v1), stepped on --device."""
@@ -55,6 +72,10 @@ class RunConfig(Options):
     """Weights & Biases project."""
     wandb_online: bool = False
     """Sync the W&B run to the server while training (default: offline, upload later with 'wandb sync')."""
+    normalize_obs_warmup: int = 0
+    """With --normalize-obs: before training, step a separate copy of the training envs this many steps (summed
+    over envs) with uniformly random actions and fold their observations into the statistics (pytorchrl's
+    pre_normalization_steps); these steps do not count against --total-frames."""
     eval_every: int = 10_000
     """Run a deterministic evaluation every this many frames (and at the end)."""
     eval_episodes: int = 20
@@ -133,6 +154,8 @@ class RunConfig(Options):
             require_positive(checkpoint_every=self.checkpoint_every)
         if self.stop_at_return is not None and math.isnan(self.stop_at_return):
             raise InputError("--stop-at-return must be a number, got nan.")
+        if self.normalize_obs_warmup < 0:
+            raise InputError(f"--normalize-obs-warmup must be 0 or positive, got {self.normalize_obs_warmup}.")
         if self.gradient_workers < 0:
             raise InputError(f"--gradient-workers must be 0 or positive, got {self.gradient_workers}.")
         if self.max_staleness is not None and self.max_staleness < 0:
@@ -154,8 +177,28 @@ class RunConfig(Options):
             check_compile(self.device)
         check_env_id(self.env_id)
         self.env_options  # noqa: B018 - parsing raises InputError for a malformed item
+        self._validate_env_options()
         if self.env_backend == "torch":
             torch_env_class(self.env_id)  # raises if there is no torch implementation
+            if self.wrapper_specs:
+                raise InputError(
+                    "--env-wrappers and --max-total-reward wrap Gymnasium envs; drop them or use --env-backend "
+                    "gymnasium."
+                )
+
+    def _validate_env_options(self) -> None:
+        if self.max_episode_steps is not None:
+            require_positive(max_episode_steps=self.max_episode_steps)
+            if "max_episode_steps" in self.env_options:
+                raise InputError(
+                    "Give max_episode_steps once: --max-episode-steps or --env-kwargs, not both."
+                )
+        if self.max_total_reward is not None and not math.isfinite(self.max_total_reward):
+            raise InputError(f"--max-total-reward must be a finite number, got {self.max_total_reward}.")
+        if self.eval_env_id is not None:
+            check_env_id(self.eval_env_id)
+        parse_env_kwargs(self.eval_env_kwargs, "--eval-env-kwargs")
+        wrapper_functions(self.wrapper_specs, self.allowed_wrappers)  # imports each: a missing one fails now
 
     @property
     def learns_on_workers(self) -> bool:
@@ -168,6 +211,40 @@ class RunConfig(Options):
         return parse_env_kwargs(self.env_kwargs)
 
     @property
+    def env_make_kwargs(self) -> dict[str, Any]:
+        """The env constructor's keyword arguments: ``env_kwargs`` with ``max_episode_steps``."""
+        extra = {} if self.max_episode_steps is None else {"max_episode_steps": self.max_episode_steps}
+        return {**self.env_options, **extra}
+
+    @property
+    def wrapper_specs(self) -> list[dict[str, Any]]:
+        """``env_wrappers`` parsed (:func:`envs.wrappers.parse_env_wrappers`), then :class:`MaxTotalReward`."""
+        specs = parse_env_wrappers(self.env_wrappers)
+        if self.max_total_reward is not None:
+            specs.append({"path": MAX_TOTAL_REWARD, "kwargs": {"max_total_reward": self.max_total_reward}})
+        return specs
+
+    @property
+    def allowed_wrappers(self) -> set[str]:
+        """Wrapper paths this run may import besides the trusted ones: a new run's own, a resumed run's
+        ``allow_wrappers`` (its wrappers were read from a file)."""
+        own = (
+            set()
+            if self.resume is not None
+            else {spec["path"] for spec in parse_env_wrappers(self.env_wrappers)}
+        )
+        return own | set(self.allow_wrappers)
+
+    @property
+    def eval_env_options(self) -> tuple[str | None, dict[str, Any] | None]:
+        """The evaluation env's id and keyword arguments; ``(None, None)``: the training env's."""
+        if self.eval_env_id is None and not self.eval_env_kwargs:
+            return None, None
+        same = self.eval_env_id in (None, self.env_id)
+        base = self.env_make_kwargs if same else {}
+        return self.eval_env_id, {**base, **parse_env_kwargs(self.eval_env_kwargs, "--eval-env-kwargs")}
+
+    @property
     def target_return(self) -> float | None:
         """The evaluation return that ends training early, if any."""
         if self.stop_at_return is not None:
@@ -175,7 +252,7 @@ class RunConfig(Options):
         return env_spec(self.env_id).reward_threshold
 
 
-def parse_env_kwargs(items: tuple[str, ...] | list[str]) -> dict[str, Any]:
+def parse_env_kwargs(items: tuple[str, ...] | list[str], option: str = "--env-kwargs") -> dict[str, Any]:
     """``("continuous=true", "gravity=-9.5", "map_name=8x8")`` -> ``{"continuous": True, "gravity": -9.5,
     "map_name": "8x8"}``: each value read as JSON where it parses, as text otherwise.
 
@@ -186,9 +263,9 @@ def parse_env_kwargs(items: tuple[str, ...] | list[str]) -> dict[str, Any]:
     for item in items:
         key, separator, text = str(item).partition("=")
         if not separator or not key.isidentifier():
-            raise InputError(f"--env-kwargs takes KEY=VALUE items such as continuous=true, got {item!r}.")
+            raise InputError(f"{option} takes KEY=VALUE items such as continuous=true, got {item!r}.")
         if key in options:
-            raise InputError(f"--env-kwargs gives {key} twice.")
+            raise InputError(f"{option} gives {key} twice.")
         try:
             options[key] = json.loads(text)
         except ValueError:

@@ -278,11 +278,11 @@ class PopulationWorker:
         policy_kwargs: dict[str, Any],
         steps_per_env: int,
         max_steps: int,
-        env_kwargs: dict[str, Any] | None = None,
+        env_options: dict[str, Any] | None = None,
     ):
         torch.set_num_threads(1)
         torch.manual_seed(seed)
-        env = make_env(env_id, num_envs, seed=seed, backend=backend, env_kwargs=env_kwargs)
+        env = make_env(env_id, num_envs, seed=seed, backend=backend, **(env_options or {}))
         policy = make_es_policy(env.observation_spec["observation"], env.action_spec, **policy_kwargs)
         self.evaluator = PopulationEvaluator(env, policy, steps_per_env, max_steps)
 
@@ -309,9 +309,9 @@ class RayPopulationEvaluator:
         address: a running cluster's address, or None to start a local cluster.
         timeout_s: longest wait for one generation.
         max_restarts: restarts Ray may make of each worker.
-        env_id, num_envs, backend, seed, policy_kwargs, steps_per_env, max_steps, env_kwargs: the env
-            (``num_envs`` in all, split over the workers, built with ``env_kwargs``), the policy builder's keyword
-            arguments and the evaluator's settings.
+        env_id, num_envs, backend, seed, policy_kwargs, steps_per_env, max_steps, env_options: the env
+            (``num_envs`` in all, split over the workers, built with ``make_env``'s further ``env_options``), the
+            policy builder's keyword arguments and the evaluator's settings.
     """
 
     def __init__(
@@ -328,7 +328,7 @@ class RayPopulationEvaluator:
         steps_per_env: int,
         max_steps: int,
         max_restarts: int = 1,
-        env_kwargs: dict[str, Any] | None = None,
+        env_options: dict[str, Any] | None = None,
     ):
         self.ray = init_ray(address, num_workers)
         self.timeout_s = timeout_s
@@ -344,7 +344,7 @@ class RayPopulationEvaluator:
                 policy_kwargs,
                 steps_per_env,
                 max_steps,
-                env_kwargs,
+                env_options,
             )
             for index in range(num_workers)
         ]

@@ -11,7 +11,9 @@ from pathlib import Path
 from typing import Any
 
 from agents.agent import Agent, EvaluationResult
+from agents.archive import first_line
 from agents.files import write_text
+from errors import InputError
 
 EVAL_SEED_OFFSET = 1_000_000  # evaluation episodes are seeded apart from the training envs
 
@@ -32,6 +34,25 @@ def run_deterministic(agent: Agent, episodes: int, seed: int, **options: Any) ->
         agent.train(was_training)
 
 
+def check_evaluation_env(agent: Agent, env_id: str | None, env_kwargs: dict[str, Any]) -> None:
+    """Build the evaluation env once and check that the agent acts in it (same spaces): a mistake in
+    ``--eval-env-id`` or ``--eval-env-kwargs`` is an :class:`InputError` before training, not at the first
+    evaluation."""
+    try:
+        env = agent.make_env(env_id, env_kwargs)
+    except InputError:
+        raise
+    except Exception as error:  # noqa: BLE001 - a constructor given a wrong keyword fails in many ways
+        raise InputError(
+            f"The evaluation env ({env_id or agent.env_id} with {env_kwargs}) cannot be made: "
+            f"{type(error).__name__}: {first_line(error)}. Check --eval-env-id and --eval-env-kwargs."
+        ) from None
+    try:
+        agent.check_spaces(env)
+    finally:
+        env.close()
+
+
 class EvaluationSchedule:
     """When to evaluate, what each evaluation found, and whether the target return is reached.
 
@@ -43,6 +64,7 @@ class EvaluationSchedule:
         target_return: the mean return that ends training early, or None.
         csv_path: where the rows are written after each evaluation.
         log: called with each evaluation's ``eval/...`` metrics.
+        env_id, env_kwargs: the evaluation env (``--eval-env-id``, ``--eval-env-kwargs``); default: the agent's own.
     """
 
     def __init__(
@@ -54,8 +76,11 @@ class EvaluationSchedule:
         target_return: float | None,
         csv_path: Path,
         log: Callable[[dict[str, float]], None],
+        env_id: str | None = None,
+        env_kwargs: dict[str, Any] | None = None,
     ):
         self.agent = agent
+        self.env_id, self.env_kwargs = env_id, env_kwargs
         self.every, self.episodes, self.seed = every, episodes, seed
         self.target_return = target_return
         self.csv_path = csv_path
@@ -84,7 +109,9 @@ class EvaluationSchedule:
         Returns:
             ``(improved, solved)``: whether this is the best mean return so far, and whether it reaches the target.
         """
-        result = run_deterministic(self.agent, self.episodes, self.seed)
+        result = run_deterministic(
+            self.agent, self.episodes, self.seed, env=self.env_id, env_kwargs=self.env_kwargs
+        )
         row = {
             "frames": frames,
             "wall_time_s": elapsed_s,

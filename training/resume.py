@@ -35,6 +35,7 @@ REPORTING_OPTIONS = {
     "progress",
     "video",
     "video_every_eval",
+    "allow_wrappers",
     "logger",
     "wandb_project",
     "wandb_online",

@@ -30,12 +30,14 @@ from tensordict import TensorDictBase
 
 from agents.agent import Agent
 from agents.files import write_text
+from agents.networks import find_normalizer
 from envs.vector import registration
-from errors import NonFiniteError, WriteError
+from errors import InputError, NonFiniteError, WriteError
 from training.callbacks import Callback, callback_name, check_callbacks
 from training.checkpoints import AGENT_FILE, BEST_AGENT_FILE, Checkpoints, read_resume, restore_training
+from training.collectors import warm_up_normalizer
 from training.config import RunConfig, config_to_dict
-from training.evaluation import EvaluationSchedule, run_deterministic
+from training.evaluation import EvaluationSchedule, check_evaluation_env, run_deterministic
 from training.logger import is_wandb, log_video, make_logger
 from training.metrics import Metrics, find_non_finite
 from training.outputs import prepare_run_folder
@@ -81,10 +83,22 @@ class Run:
         if resumed is not None:
             restore_training(training, resumed["training"], run.resume)
         self.config["source"] = run_source()
+        if run.normalize_obs_warmup and resumed is None:  # a resumed run has its statistics
+            normalizer = find_normalizer(agent.policy)
+            if normalizer is None:
+                raise InputError(
+                    "--normalize-obs-warmup fills the statistics of --normalize-obs: add --normalize-obs (this "
+                    f"{algorithm} run normalises no observations)."
+                )
+            warm_up_normalizer(run, normalizer, agent.device)
+        # the agent makes its evaluation envs as the run made its training envs
+        agent.env_kwargs, agent.env_wrappers = run.env_make_kwargs, run.wrapper_specs
+        agent.allowed_wrappers = run.allowed_wrappers
+        self.eval_env_id, self.eval_env_kwargs = run.eval_env_options
+        if self.eval_env_kwargs is not None:
+            check_evaluation_env(agent, self.eval_env_id, self.eval_env_kwargs)
         self.output_dir = prepare_run_folder(algorithm, run, resumed is not None)
         agent.config = self.config
-        # the agent makes its evaluation envs as the run made its training envs
-        agent.env_kwargs = run.env_options
         write_text(self.output_dir / "config.json", json.dumps(self.config, indent=2) + "\n")
         logger = make_logger(
             run, algorithm, self.output_dir, self.config, wandb_id=resumed and resumed["run"]["wandb_id"]
@@ -98,6 +112,8 @@ class Run:
             run.target_return,
             self.output_dir / "evaluations.csv",
             self.metrics.log,
+            env_id=self.eval_env_id,
+            env_kwargs=self.eval_env_kwargs,
         )
         self.checkpoints = Checkpoints(agent, self.output_dir, training, run.checkpoint_every)
         if resumed is not None:
@@ -277,7 +293,14 @@ class Run:
         if self._video_failed:
             return
         try:
-            run_deterministic(self.agent, 1, self.run.seed, video_path=path)
+            run_deterministic(
+                self.agent,
+                1,
+                self.run.seed,
+                video_path=path,
+                env=self.eval_env_id,
+                env_kwargs=self.eval_env_kwargs,
+            )
         except WriteError:
             raise
         except Exception as error:  # noqa: BLE001 - renderers fail in many ways (TypeError, OpenGL, missing libs)

@@ -1,0 +1,150 @@
+"""Gymnasium wrappers named on the command line (``--env-wrappers``), and :class:`MaxTotalReward`.
+
+A wrapper is named by its import path, with its keyword arguments as a JSON object after ``=``::
+
+    gymnasium.wrappers.TimeAwareObservation
+    gymnasium.wrappers.ClipReward={"min_reward": -1, "max_reward": 1}
+
+Importing a module runs its code, so a path read from a file (a checkpoint, a resumed run) is imported only when it
+is trusted: a class of Gymnasium (``gymnasium.*``) or of this toolkit's env layer (``envs.*``), or one the user
+allows by name (``Agent.load(path, allow_wrappers=[...])``, ``--allow-wrappers``). The wrapper itself must be a
+``gymnasium.Wrapper`` subclass; anything else is refused before it is called.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import json
+import re
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, SupportsFloat
+
+import gymnasium as gym
+
+from errors import InputError
+
+TRUSTED_PACKAGES = ("gymnasium", "envs")  # importing these runs no code a file could bring
+_PATH = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)+")
+MAX_WRAPPERS = 32  # a checkpoint naming more is forged
+MAX_TOTAL_REWARD = "envs.wrappers.MaxTotalReward"  # --max-total-reward's wrapper
+
+
+class MaxTotalReward(gym.Wrapper):
+    """End an episode (as a truncation: value estimators still bootstrap) once its return reaches
+    ``max_total_reward`` (rlib's ``max_total_reward``).
+
+    Examples:
+        >>> env = MaxTotalReward(gym.make("CartPole-v1"), 100)   # episodes of at most 100 reward
+    """
+
+    def __init__(self, env: gym.Env, max_total_reward: float):
+        super().__init__(env)
+        self.max_total_reward = float(max_total_reward)
+        self._total = 0.0
+
+    def reset(self, **kwargs: Any) -> tuple[Any, dict[str, Any]]:
+        self._total = 0.0
+        return self.env.reset(**kwargs)
+
+    def step(self, action: Any) -> tuple[Any, SupportsFloat, bool, bool, dict[str, Any]]:
+        observation, reward, terminated, truncated, info = self.env.step(action)
+        self._total += float(reward)
+        return observation, reward, terminated, truncated or self._total >= self.max_total_reward, info
+
+
+def parse_env_wrappers(items: Iterable[str]) -> list[dict[str, Any]]:
+    """``["gymnasium.wrappers.ClipReward={\"max_reward\": 1}"]`` -> ``[{"path": "gymnasium.wrappers.ClipReward",
+    "kwargs": {"max_reward": 1}}]``.
+
+    Raises:
+        InputError: a path that is not a dotted import path, or keyword arguments that are not a JSON object.
+    """
+    specs = []
+    for item in items:
+        path, separator, text = str(item).partition("=")
+        kwargs: Any = {}
+        if separator:
+            try:
+                kwargs = json.loads(text)
+            except ValueError:
+                kwargs = None
+        if not isinstance(kwargs, dict):
+            raise InputError(
+                f"--env-wrappers takes IMPORT.PATH or IMPORT.PATH={{JSON object of keyword arguments}}, such as "
+                f'gymnasium.wrappers.ClipReward={{"max_reward": 1}}; got {item!r}.'
+            )
+        specs.append(check_wrapper_spec({"path": path.strip(), "kwargs": kwargs}))
+    return specs
+
+
+def check_wrapper_spec(spec: Any) -> dict[str, Any]:
+    """``spec`` if it is ``{"path": dotted import path, "kwargs": {str: JSON value}}``, else :class:`InputError`."""
+    if not isinstance(spec, dict) or set(spec) != {"path", "kwargs"}:
+        raise InputError(f"A wrapper is described by its path and kwargs; got {spec!r}.")
+    path, kwargs = spec["path"], spec["kwargs"]
+    if not isinstance(path, str) or not _PATH.fullmatch(path):
+        raise InputError(
+            f"A wrapper is named by its import path, such as gymnasium.wrappers.TimeAwareObservation; got {path!r}."
+        )
+    if not isinstance(kwargs, dict) or not all(isinstance(key, str) and key.isidentifier() for key in kwargs):
+        raise InputError(f"The keyword arguments of {path} must be a JSON object with identifier keys.")
+    return {"path": path, "kwargs": kwargs}
+
+
+def is_trusted(path: str) -> bool:
+    """Whether importing ``path`` runs only Gymnasium's or this toolkit's code."""
+    return path.split(".")[0] in TRUSTED_PACKAGES
+
+
+def wrapper_functions(
+    specs: Sequence[dict[str, Any]], allowed: Iterable[str] = ()
+) -> list[Callable[[gym.Env], gym.Env]]:
+    """One ``env -> wrapped env`` function per spec, in order, importing each wrapper's module.
+
+    Args:
+        specs: wrapper descriptions (:func:`parse_env_wrappers`).
+        allowed: import paths that may be imported besides Gymnasium's and this toolkit's.
+
+    Raises:
+        InputError: a path neither trusted nor allowed, a module that cannot be imported, a name it lacks, or a
+            name that is not a ``gymnasium.Wrapper`` subclass.
+    """
+    if len(specs) > MAX_WRAPPERS:
+        raise InputError(f"At most {MAX_WRAPPERS} env wrappers are supported; got {len(specs)}.")
+    allowed = set(allowed)
+    functions = []
+    for spec in specs:
+        path, kwargs = check_wrapper_spec(spec)["path"], spec["kwargs"]
+        if not is_trusted(path) and path not in allowed:
+            raise InputError(
+                f"The env is wrapped by {path}, named in the file being read; importing it would run that module's "
+                f"code. If you trust it, allow it by name: Agent.load(..., allow_wrappers=[{path!r}]), or "
+                f"--allow-wrappers {path} on the command line."
+            )
+        module_name, _, name = path.rpartition(".")
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError as error:
+            raise InputError(f"Cannot import the wrapper {path}: {error}.") from None
+        wrapper = getattr(module, name, None)
+        if not (isinstance(wrapper, type) and issubclass(wrapper, gym.Wrapper)):
+            raise InputError(
+                f"{path} is not a gymnasium.Wrapper subclass; --env-wrappers takes wrapper classes."
+            )
+        functions.append(functools.partial(_wrap, wrapper, path, kwargs))
+    return functions
+
+
+def _wrap(wrapper: type[gym.Wrapper], path: str, kwargs: dict[str, Any], env: gym.Env) -> gym.Env:
+    try:
+        return wrapper(env, **kwargs)
+    except TypeError as error:
+        raise InputError(f"{path}({', '.join(kwargs)}) failed: {error}.") from None
+
+
+def apply_wrappers(env: gym.Env, functions: Sequence[Callable[[gym.Env], gym.Env]]) -> gym.Env:
+    """``env`` wrapped by each function in turn (the first is innermost)."""
+    for function in functions:
+        env = function(env)
+    return env

@@ -1,0 +1,81 @@
+"""The warm-ups before learning: observation statistics from random steps (--normalize-obs-warmup) and gSDE
+actions instead of uniform ones during SAC's --learning-starts (--sde-at-warmup)."""
+
+import pytest
+import torch
+from run_helpers import interrupt_at, tiny_off_policy, tiny_ppo
+
+from agents import Agent
+from errors import InputError
+from recipes import ppo, sac
+from training import Callback
+
+
+class FirstBatch(Callback):
+    def __init__(self):
+        self.batch = None
+
+    def on_batch(self, run, batch, metrics):
+        if self.batch is None:
+            self.batch = batch.clone()
+
+
+def normalizer_count(output_dir):
+    return Agent.load(output_dir).normalizer.count.item()
+
+
+def test_warmup_fills_the_statistics_from_separate_envs(tmp_path):
+    first = {}
+    for warmup in (0, 1_000):
+        config = tiny_ppo(
+            tmp_path / f"warmup-{warmup}", total_frames=512, eval_every=512, normalize_obs_warmup=warmup
+        )
+        config.network.normalize_obs = True
+        first[warmup] = FirstBatch()
+        ppo.main(config, callbacks=[first[warmup]])
+    assert normalizer_count(tmp_path / "warmup-0") == 512
+    assert normalizer_count(tmp_path / "warmup-1000") == 1_000 + 512  # 250 random steps of each of 4 envs
+    # the training envs start where they would have: the warm-up stepped copies of them
+    assert torch.equal(first[0].batch.get("observation")[:, 0], first[1_000].batch.get("observation")[:, 0])
+    statistics = Agent.load(tmp_path / "warmup-1000").normalizer
+    assert statistics.var.min() > 0 and not torch.equal(statistics.mean, torch.zeros(4))
+
+
+def test_warmup_runs_once_and_an_off_policy_recipe_takes_it_too(tmp_path, monkeypatch):
+    output_dir = tmp_path / "run"
+    config = tiny_off_policy(sac.SACConfig)(output_dir, normalize_obs_warmup=300)
+    config.network.normalize_obs = True
+    interrupt_at(monkeypatch, 512)
+    sac.main(config)
+    resumed = tiny_off_policy(sac.SACConfig)(output_dir, normalize_obs_warmup=300, resume=output_dir)
+    resumed.network.normalize_obs = True
+    sac.main(resumed)
+    assert normalizer_count(output_dir) == 300 + 1_024  # not warmed up again on resume
+
+
+def test_warmup_without_normalization_is_refused(output_dir):
+    with pytest.raises(InputError, match="--normalize-obs-warmup fills the statistics of --normalize-obs"):
+        ppo.main(tiny_ppo(output_dir, normalize_obs_warmup=100))
+    with pytest.raises(InputError, match="--normalize-obs-warmup must be 0 or positive"):
+        ppo.main(tiny_ppo(output_dir, normalize_obs_warmup=-1))
+
+
+@pytest.mark.parametrize("at_warmup", [False, True])
+def test_sde_at_warmup_acts_with_the_gsde_policy_before_learning_starts(output_dir, at_warmup):
+    config = tiny_off_policy(sac.SACConfig)(output_dir, total_frames=256)
+    config.network.use_sde, config.network.sde_at_warmup = True, at_warmup
+    config.collector.learning_starts = 256
+    first = FirstBatch()
+    sac.main(config, callbacks=[first])
+    # a uniformly random action leaves the policy's outputs at zero; the gSDE policy writes its own
+    policy_outputs = first.batch.get("gsde_action").abs().sum() + first.batch.get("loc").abs().sum()
+    assert (policy_outputs > 0) == at_warmup
+
+
+def test_sde_at_warmup_needs_sde(output_dir):
+    config = tiny_off_policy(sac.SACConfig)(output_dir)
+    config.network.sde_at_warmup = True
+    with pytest.raises(
+        InputError, match="--sde-at-warmup acts with the gSDE policy during the warm-up: add --use-sde"
+    ):
+        sac.main(config)
