@@ -320,7 +320,8 @@ def test_dqn_on_pong_stores_frames_once_and_its_replay_buffer_resumes(tmp_path, 
     original = Run.__init__
 
     def record_storage(self, algorithm, config, run_config, agent, training, **options):
-        original(self, algorithm, config, run_config, agent, training, **options)  # a resumed run is restored here
+        # a resumed run is restored here
+        original(self, algorithm, config, run_config, agent, training, **options)
         storage = training.replay_buffer.storage
         storages.append(storage)
         at_start.append(storage.get(torch.arange(len(storage))) if len(storage) else None)

@@ -155,7 +155,9 @@ class RunConfig(Options):
         if self.stop_at_return is not None and math.isnan(self.stop_at_return):
             raise InputError("--stop-at-return must be a number, got nan.")
         if self.normalize_obs_warmup < 0:
-            raise InputError(f"--normalize-obs-warmup must be 0 or positive, got {self.normalize_obs_warmup}.")
+            raise InputError(
+                f"--normalize-obs-warmup must be 0 or positive, got {self.normalize_obs_warmup}."
+            )
         if self.gradient_workers < 0:
             raise InputError(f"--gradient-workers must be 0 or positive, got {self.gradient_workers}.")
         if self.max_staleness is not None and self.max_staleness < 0:
