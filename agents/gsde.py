@@ -123,6 +123,8 @@ class SquashedStateDependentNormal(D.TransformedDistribution):
         high: torch.Tensor,
         validate_args=None,
     ):
+        # the bounds are the actor's distribution arguments, which stay on the CPU when the actor moves
+        low, high = (torch.as_tensor(bound, device=loc.device, dtype=loc.dtype) for bound in (low, high))
         squash = [
             D.TanhTransform(cache_size=1),
             D.AffineTransform((high + low) / 2, (high - low) / 2, cache_size=1),

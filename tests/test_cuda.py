@@ -29,6 +29,13 @@ OFF_POLICY = "--env-id Pendulum-v1 --learning-starts 256 --batch-size 64"
 RUNS = {
     "ppo": ("ppo", ""),
     "ppo-continuous-normalized": ("ppo", "--env-id Pendulum-v1 --normalize-obs"),
+    "ppo-env-options": (
+        "ppo",
+        (
+            "--env-wrappers gymnasium.wrappers.TimeAwareObservation --max-total-reward 50 "
+            "--eval-env-kwargs sutton_barto_reward=true --video-every-eval"
+        ),
+    ),
     "ppo-torch-env": ("ppo", "--env-backend torch --num-envs 64 --total-frames 4096"),
     "ppo-compiled": ("ppo", "--compile"),
     "ppo-lstm": (
@@ -42,7 +49,16 @@ RUNS = {
     "vpg": ("vpg", ""),
     "dqn": ("dqn", "--learning-starts 256 --batch-size 64"),
     "dqn-rainbow-parts": ("dqn", "--learning-starts 256 --n-steps 3 --dueling --noisy"),
+    "dqn-c51": (
+        "dqn",
+        "--learning-starts 256 --batch-size 64 --distributional --dueling --noisy --noisy-type independent",
+    ),
     "sac": ("sac", OFF_POLICY),
+    "sac-sde": ("sac", f"{OFF_POLICY} --use-sde"),
+    "sac-sde-warmup": (
+        "sac",
+        f"{OFF_POLICY} --use-sde --sde-at-warmup --normalize-obs --normalize-obs-warmup 500",
+    ),
     "sac-discrete": ("sac", "--env-id CartPole-v1 --learning-starts 256 --batch-size 64"),
     "td3": ("td3", OFF_POLICY),
     "ddpg": ("ddpg", OFF_POLICY),

@@ -163,6 +163,26 @@ def test_evaluation_env_options_apply_to_evaluations_only(output_dir):
     assert config["eval_env_kwargs"] == ["max_episode_steps=7"]
 
 
+def test_another_evaluation_env_id_with_the_same_spaces(output_dir, monkeypatch):
+    made = []
+    make_env_of_agent = Agent.make_env
+
+    def recording(self, env_id=None, env_kwargs=None, render_mode=None):
+        made.append((env_id, env_kwargs))
+        return make_env_of_agent(self, env_id, env_kwargs, render_mode)
+
+    monkeypatch.setattr(Agent, "make_env", recording)
+    summary = ppo.main(
+        tiny_ppo(output_dir, eval_env_id="CartPole-v0", eval_env_kwargs=("max_episode_steps=9",))
+    )
+    assert made and all(
+        env_id == "CartPole-v0" and kwargs == {"max_episode_steps": 9} for env_id, kwargs in made
+    )
+    rows = (output_dir / "evaluations.csv").read_text().splitlines()[1:]
+    assert summary["eval_return_mean"] <= 9 and all(float(row.split(",")[-1]) <= 9 for row in rows)
+    assert Agent.load(output_dir).env_id == "CartPole-v1"  # the agent keeps its training env
+
+
 @pytest.mark.parametrize(
     ("options", "message"),
     [

@@ -283,3 +283,26 @@ def test_mountain_car_on_a_grid(output_dir):
     qlearning.main(config)
     result = Agent.load(output_dir).evaluate(episodes=100, seed=0)
     assert result.mean > -200  # -200: the car never reaches the flag; seed 0 scores about -150
+
+
+def test_multiplicative_epsilon_decays_per_finished_episode(output_dir):
+    from agents import ExplorationConfig
+    from training import Callback
+
+    class Episodes(Callback):
+        count = 0
+
+        def on_batch(self, run, batch, metrics):
+            Episodes.count += int(batch.get(("next", "done")).sum())
+
+    config = tiny_qlearning(output_dir, env_id="FrozenLake-v1", total_frames=1_024)
+    config.exploration = ExplorationConfig(
+        final_epsilon=0.01,
+        epsilon_schedule="multiplicative",
+        epsilon_decay=0.97,
+        epsilon_decay_unit="episode",
+    )
+    qlearning.main(config, callbacks=[Episodes()])
+    assert Episodes.count > 10
+    expected = max(0.01, 0.97**Episodes.count)
+    assert Agent.load(output_dir).policy[1].eps.item() == pytest.approx(expected, rel=1e-5)
