@@ -134,7 +134,8 @@ class NatureCNN(nn.Module):
             return self._memo[1]
         batch_shape = observation.shape[:-3]
         pixels = observation.reshape(-1, *self.image_shape)
-        if torch._C._functorch.is_batchedtensor(pixels):  # (torch.vmap has no memory formats)
+        # torch.vmap has no memory formats, and ONNX export (tracing) has no in-place copy across dtypes
+        if torch._C._functorch.is_batchedtensor(pixels) or torch.jit.is_tracing():
             images = pixels.float()
         else:  # channels last: oneDNN's convolutions run about a fifth faster on CPU with pixels laid out (H, W, C)
             images = torch.empty(pixels.shape, device=pixels.device, memory_format=torch.channels_last)

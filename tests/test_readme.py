@@ -39,3 +39,17 @@ def test_callbacks_example_stops_the_run_where_it_says(tmp_path, monkeypatch, ca
     steady = float(last["return_mean"]) > 200 and float(last["return_std"]) < 50
     assert (summary["stopped_by_callback"] == "StopWhenSteady") == steady
     assert summary["stopped_by_callback"] == "StopWhenSteady" or summary["solved_at_frames"] is not None
+
+
+def test_onnx_example_runs_an_exported_policy(tmp_path, monkeypatch, capsys):
+    import gymnasium as gym
+
+    from agents import Agent
+    from recipes import export
+
+    monkeypatch.chdir(tmp_path)
+    env = gym.make("CartPole-v1")
+    Agent.build("CartPole-v1", env.observation_space, env.action_space, "ppo").save("runs/demo/agent.ckpt")
+    export.main(export.ExportConfig(Path("runs/demo")))
+    exec(compile(readme_example("onnx"), "README.md", "exec"), {})  # noqa: S102 - the README's own code
+    assert float(capsys.readouterr().out.split()[-1]) >= 8  # a CartPole episode lasts at least 8 steps

@@ -1,0 +1,193 @@
+"""ONNX export: for every policy builder, the exported model run by onnxruntime gives the actions of
+``Agent.predict(obs, deterministic=True)`` on a batch of real observations (exactly for discrete actions, to float
+tolerance for continuous ones), whatever the batch size."""
+
+import json
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+
+from agents import Agent
+from agents.export import DeterministicPolicy, export_onnx, onnx_actions
+from envs import make_atari_env
+from errors import InputError
+from recipes import export
+
+pytest.importorskip("onnxruntime")
+
+
+def observations(env, count=7, seed=0):
+    """Observations an env gives: resets and random steps."""
+    rows = []
+    observation, _ = env.reset(seed=seed)
+    env.action_space.seed(seed)
+    for _ in range(count):
+        rows.append(observation)
+        observation, _, terminated, truncated, _ = env.step(env.action_space.sample())
+        if terminated or truncated:
+            observation, _ = env.reset()
+    if isinstance(rows[0], dict):
+        return {key: np.stack([row[key] for row in rows]) for key in rows[0]}
+    return np.stack(rows)
+
+
+def build(env, builder, **kwargs):
+    torch.manual_seed(0)
+    agent = Agent.build("test", env.observation_space, env.action_space, "test", builder, kwargs)
+    normalizer = agent.normalizer
+    if normalizer is not None:  # statistics far from the identity, so that a missing normaliser shows
+        normalizer.update(torch.as_tensor(observations(env, 50, seed=1), dtype=torch.float32) * 3 + 1)
+    return agent.eval()
+
+
+def as_inputs(agent, batch):
+    if isinstance(agent.observation_space, gym.spaces.Dict):
+        return [batch[key] for key in agent.observation_space.spaces]
+    dtype = np.int64 if isinstance(agent.observation_space, gym.spaces.Discrete) else None
+    array = np.asarray(batch, dtype=dtype)
+    return [array if array.dtype in (np.uint8, np.int64) else array.astype(np.float32)]
+
+
+CASES = {
+    "categorical": ("CartPole-v1", "mlp_actor", {"normalize_obs": True}),
+    "tanh-normal": ("Pendulum-v1", "mlp_actor", {"normalize_obs": True}),
+    "gsde": ("Pendulum-v1", "gsde_actor", {"normalize_obs": True}),
+    "gsde-squashed": ("Pendulum-v1", "gsde_actor", {"squash": True}),
+    "deterministic": ("Pendulum-v1", "deterministic_actor", {"normalize_obs": True}),
+    "deterministic-ou": ("MountainCarContinuous-v0", "deterministic_actor", {"noise": "ou"}),
+    "es": ("Acrobot-v1", "es_policy", {"normalize_obs": True}),
+    "es-box": ("Pendulum-v1", "es_policy", {}),
+    "q-network": ("CartPole-v1", "q_actor", {"dueling": True, "noisy": True, "normalize_obs": True}),
+    "c51": (
+        "Acrobot-v1",
+        "q_actor",
+        {"distributional": True, "num_atoms": 11, "v_min": -100.0, "v_max": 0.0},
+    ),
+    "q-table": ("FrozenLake-v1", "q_table", {}),
+    "q-table-grid": ("MountainCar-v0", "q_table", {"grid_size": 8}),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_exported_actions_equal_predict(case, tmp_path):
+    env_id, builder, kwargs = CASES[case]
+    env = gym.make(env_id)
+    agent = build(env, builder, **kwargs)
+    if builder == "q_table":  # a table with values, so that the greedy action is not always 0
+        with torch.no_grad():
+            for parameter in agent.policy.parameters():
+                parameter.copy_(torch.randn_like(parameter))
+    path = export_onnx(agent, tmp_path / "policy.onnx")
+    batch = observations(env)
+    for rows in (batch, batch[:1]):  # any batch size
+        (actions,) = onnx_actions(path, *as_inputs(agent, rows))
+        expected = agent.predict(rows, deterministic=True)
+        assert (
+            actions.shape == expected.shape
+            and actions.dtype == expected.dtype
+            or (isinstance(agent.action_space, gym.spaces.Discrete) and actions.dtype == np.int64)
+        )
+        if isinstance(agent.action_space, gym.spaces.Box):
+            np.testing.assert_allclose(actions, expected, rtol=1e-5, atol=1e-5)
+            assert agent.action_space.contains(actions[0].astype(agent.action_space.dtype))
+        else:
+            np.testing.assert_array_equal(actions, expected)
+    assert len(set(np.asarray(onnx_actions(path, *as_inputs(agent, batch))[0]).ravel().tolist())) >= 1
+
+
+def test_cnn_policies_take_uint8_frames(tmp_path):
+    env = make_atari_env("ALE/Pong-v5", training=False)
+    batch = observations(env, count=4)
+    assert batch.dtype == np.uint8
+    for builder, kwargs in (("mlp_actor", {}), ("q_actor", {"dueling": True})):
+        agent = build(env, builder, hidden_sizes=[32], **kwargs)
+        path = export_onnx(agent, tmp_path / f"{builder}.onnx")
+        (actions,) = onnx_actions(path, batch)
+        np.testing.assert_array_equal(actions, agent.predict(batch))
+    env.close()
+
+
+def test_multidiscrete_actions_keep_their_start(tmp_path):
+    env = gym.make("CartPole-v1")
+    space = gym.spaces.MultiDiscrete([3, 4], start=[-1, 2])
+    agent = Agent.build("test", env.observation_space, space, "test", "mlp_actor", {})
+    path = export_onnx(agent, tmp_path / "policy.onnx")
+    batch = observations(env)
+    (actions,) = onnx_actions(path, batch.astype(np.float32))
+    np.testing.assert_array_equal(actions, agent.predict(batch))
+    assert actions.min() >= -1
+
+
+def test_masked_policies_take_the_mask(tmp_path):
+    env = gym.make("CartPole-v1")
+    agent = Agent.build(
+        "test", env.observation_space, gym.spaces.Discrete(5), "test", "mlp_actor", {"action_mask": True}
+    ).eval()
+    path = export_onnx(agent, tmp_path / "policy.onnx")
+    batch = observations(env).astype(np.float32)
+    masks = np.random.default_rng(0).random((len(batch), 5)) < 0.4
+    masks[:, 0] = True  # at least one allowed action per row
+    (actions,) = onnx_actions(path, batch, masks)
+    np.testing.assert_array_equal(actions, agent.predict(batch, action_mask=masks))
+    assert masks[np.arange(len(batch)), actions].all()
+    assert DeterministicPolicy(agent).input_names == ["observation", "action_mask"]
+
+
+def test_dict_observations_are_one_input_per_entry(tmp_path):
+    space = gym.spaces.Dict(
+        {"position": gym.spaces.Box(-1, 1, (3,)), "mode": gym.spaces.Discrete(4, start=1)}
+    )
+    agent = build(_SpaceEnv(space), "mlp_actor")
+    path = export_onnx(agent, tmp_path / "policy.onnx")
+    space.seed(0)
+    batch = {
+        "position": np.stack([space["position"].sample() for _ in range(6)]),
+        "mode": np.array([space["mode"].sample() for _ in range(6)], dtype=np.int64),
+    }
+    names = DeterministicPolicy(agent).input_names
+    assert names == list(space.spaces)  # the space's order (Gymnasium sorts the keys)
+    (actions,) = onnx_actions(path, *(batch[name] for name in names))
+    np.testing.assert_array_equal(actions, agent.predict(batch))
+
+
+class _SpaceEnv:
+    def __init__(self, observation_space):
+        self.observation_space, self.action_space = observation_space, gym.spaces.Discrete(3)
+
+
+@pytest.mark.parametrize("kind", ["lstm", "gru"])
+def test_recurrent_policies_carry_their_state_as_inputs_and_outputs(kind, tmp_path):
+    env = gym.make("rlkit/CartPoleNoVelocity-v1")
+    agent = build(env, "mlp_actor", recurrent=kind, recurrent_size=16)
+    path = export_onnx(agent, tmp_path / "policy.onnx")
+    module = DeterministicPolicy(agent)
+    keys = module.state_keys
+    assert module.input_names == ["observation", "is_init", *keys]
+    assert module.output_names == ["action", *(f"next_{key}" for key in keys)]
+    steps = observations(env, count=12).reshape(6, 2, 2)  # 6 steps of 2 envs
+    state = {key: np.zeros((2, 1, 16), np.float32) for key in keys}
+    agent.reset_state()
+    for step, batch in enumerate(steps):
+        is_init = np.full((2, 1), step == 0)
+        action, *next_states = onnx_actions(path, batch.astype(np.float32), is_init, *state.values())
+        np.testing.assert_array_equal(action, agent.predict(batch, episode_start=step == 0))
+        for key, value in zip(keys, next_states):
+            np.testing.assert_allclose(value, agent.state.get(key).numpy(), rtol=1e-5, atol=1e-6)
+        state = dict(zip(keys, next_states))
+
+
+def test_export_command_writes_beside_the_checkpoint(tmp_path):
+    env = gym.make("CartPole-v1")
+    agent = build(env, "mlp_actor")
+    agent.env_id = "CartPole-v1"
+    agent.save(tmp_path / "agent.ckpt")
+    summary = export.main(export.ExportConfig(tmp_path))
+    assert (
+        summary["output"] == str(tmp_path / "policy.onnx") and (tmp_path / "policy.onnx").stat().st_size > 0
+    )
+    assert summary["inputs"] == ["observation"] and summary["outputs"] == ["action"]
+    json.dumps(summary)
+    with pytest.raises(InputError, match="No agent checkpoint"):
+        export.main(export.ExportConfig(tmp_path / "missing"))
