@@ -40,7 +40,7 @@ def run_cli(
         description += "\n\n--list-presets prints the recipe's presets (hyperparameters per env) and exits."
         if "--list-presets" in sys.argv[1:]:
             try:
-                print(list_presets(presets))
+                print(list_presets(presets, preset_file_argument(sys.argv[1:])))
             except InputError as error:
                 print(f"error: {error}", file=sys.stderr)
                 raise SystemExit(2) from None
@@ -102,3 +102,13 @@ def report(summary: dict[str, Any]) -> None:
         if resumable:
             print(f"continue with: --resume {summary['output_dir']}")
         raise SystemExit(128 + signal.Signals[summary["interrupted_by"]].value)
+
+
+def preset_file_argument(argv: list[str]) -> Path | None:
+    """The ``--preset-file`` of a command line (``--preset-file F`` or ``--preset-file=F``), or None."""
+    for index, token in enumerate(argv):
+        if token == "--preset-file" and index + 1 < len(argv):
+            return Path(argv[index + 1])
+        if token.startswith("--preset-file="):
+            return Path(token.split("=", 1)[1])
+    return None

@@ -125,6 +125,9 @@ class RunConfig(Options):
     preset: str = "auto"
     """Hyperparameters for the env from the recipe's preset table (--list-presets prints it): 'auto' the env's
     own preset if there is one, 'none' the recipe's defaults, or a preset's name. Options given explicitly win."""
+    preset_file: Path | None = None
+    """Another preset file (TOML, or JSON as recipes.tune writes its best trial) whose presets come first, for
+    --preset auto and by name; --list-presets shows them."""
     preset_applied: tyro.conf.Suppress[dict[str, Any] | None] = None
     """Which preset was applied and what it set (filled in when the run starts; saved in config.json)."""
     resume: Path | None = None

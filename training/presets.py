@@ -21,12 +21,16 @@ change the task: LunarLander-v3's ``continuous=true`` gets the continuous preset
 only the options left at the recipe's defaults: an option given on the command line (or, from Python, set to any
 value other than its default) wins. What was applied is recorded in ``config.run.preset_applied`` (and so in
 ``config.json``, the W&B config and resume checkpoints).
+
+``--preset-file FILE`` adds the presets of another file, TOML as above or JSON of the same shape (``recipes.tune``
+writes its best trial as one): they come first, for ``auto`` and for names.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import fnmatch
+import json
 import types
 import typing
 from collections.abc import Collection
@@ -62,12 +66,23 @@ class Preset:
         return fnmatch.fnmatchcase(env_id, self.env_id) and env_kwargs == self.env_kwargs
 
 
-def read_presets(path: Path) -> dict[str, Preset]:
-    """The presets of one file, by name; :class:`InputError` for a malformed file."""
+def read_tables(path: Path, what: str) -> dict[str, Any]:
+    """The top-level table of a TOML file, or of a JSON file when it is named ``*.json``; :class:`InputError`
+    naming ``what`` the file should hold for one that cannot be read or is not a table."""
     try:
-        tables = tomllib.loads(Path(path).read_text())
-    except (OSError, tomllib.TOMLDecodeError, UnicodeDecodeError) as error:
-        raise InputError(f"Could not read the preset file {path}: {error}") from None
+        text = Path(path).read_text()
+        tables = json.loads(text) if Path(path).suffix == ".json" else tomllib.loads(text)
+    except (OSError, ValueError, tomllib.TOMLDecodeError, UnicodeDecodeError, RecursionError) as error:
+        raise InputError(f"Could not read the {what} {path}: {error}") from None
+    if not isinstance(tables, dict):
+        raise InputError(f"{path} is not a table: a {what} holds one.")
+    return tables
+
+
+def read_presets(path: Path) -> dict[str, Preset]:
+    """The presets of one file (TOML, or JSON when it is named ``*.json``), by name; :class:`InputError` for a
+    malformed file."""
+    tables = read_tables(path, "preset file")
     presets = {}
     for name, table in tables.items():
         if not isinstance(table, dict):
@@ -223,7 +238,10 @@ def apply_preset(config: Any, path: Path, given: Collection[str] | None = None) 
     another (a config reused for a second env) first gets back the defaults of the options its preset had set.
     """
     run = config.run
-    request = [run.env_id, sorted(run.env_options.items()), run.preset]
+    preset_file = getattr(run, "preset_file", None)
+    request = [run.env_id, sorted(run.env_options.items()), run.preset] + (
+        [str(preset_file)] if preset_file else []
+    )
     previous = run.preset_applied
     if previous is not None and previous.get("for") == json_ready(request):
         return previous
@@ -239,6 +257,9 @@ def apply_preset(config: Any, path: Path, given: Collection[str] | None = None) 
             ):
                 set_option(config, paths[name], get_option(defaults, paths[name]))
     presets = read_presets(path)
+    if preset_file is not None:  # the file's presets first (a dict keeps the order of insertion)
+        first = read_presets(preset_file)
+        presets = {**first, **{name: preset for name, preset in presets.items() if name not in first}}
     if run.preset == "none":
         preset = None
     elif run.preset == "auto":
@@ -293,15 +314,25 @@ def describe(record: dict[str, Any]) -> str:
     return f"preset {record['name']} ({record['source']}): {settings}"
 
 
-def list_presets(path: Path) -> str:
-    """Every preset of a file, for ``--list-presets``."""
-    lines = [f"presets in {path} (applied by env id; --preset NAME for another env, --preset none for none):"]
+def list_presets(path: Path, preset_file: Path | None = None) -> str:
+    """Every preset of a file (and of ``--preset-file``, first), for ``--list-presets``."""
+    lines = []
+    if preset_file is not None:
+        lines += [f"presets in {preset_file} (--preset-file, looked up first):", *_listing(preset_file), ""]
+    lines += [
+        f"presets in {path} (applied by env id; --preset NAME for another env, --preset none for none):"
+    ]
+    return "\n".join(lines + _listing(path))
+
+
+def _listing(path: Path) -> list[str]:
+    lines = []
     for preset in read_presets(path).values():
         target = preset.env_id + "".join(f" {key}={value}" for key, value in preset.env_kwargs.items())
         lines.append(f"\n{preset.name}" + ("" if target == preset.name else f"  [{target}]"))
         lines.append(f"  source: {preset.source}")
         lines.append("  " + " ".join(flag(name, value) for name, value in preset.options.items()))
-    return "\n".join(lines)
+    return lines
 
 
 def flag(name: str, value: Any) -> str:

@@ -1,0 +1,318 @@
+"""Tune a recipe's hyperparameters with Optuna (TPE sampler; median, Hyperband or threshold pruning fed with each
+trial's periodic evaluations), in a study stored in a database that the same command continues.
+
+    python -m recipes.tune ppo --env-id CartPole-v1 --trials 30 --frames-per-trial 50000
+    python -m recipes.tune dqn --env-id LunarLander-v3 --trials 50 --frames-per-trial 100000 \\
+        --storage sqlite:///tune.db --study-name dqn-lunar --jobs 2
+    python -m recipes.ppo --env-id CartPole-v1 --preset-file runs/tune-ppo-CartPole-v1/best_preset.json
+
+Each trial samples the recipe's search space (recipes/presets/search_spaces.toml, or --search-space FILE), trains
+for --frames-per-trial frames in OUTPUT_DIR/trials/trial-NNNN (kept), reports every evaluation to its pruner and
+scores the mean return of its last evaluation. --jobs processes run trials side by side (default 2: both cores
+here). The study ends once it holds --trials complete or pruned trials; Ctrl-C marks the running trials failed and
+stops, and the same command continues the study. The results go to OUTPUT_DIR: results.md (the best trials),
+optimization_history.png, param_importances.png and best_preset.json, a preset every recipe takes with
+--preset-file (--list-presets shows it).
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import multiprocessing
+import sys
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import tyro
+
+from errors import InputError, NonFiniteError, require_positive
+from training.config import parse_env_kwargs
+from training.tuning import (
+    ReportEvaluations,
+    best_preset,
+    check_space_fits,
+    read_search_space,
+    set_options,
+    suggest,
+)
+
+RECIPES = {
+    "ppo": "PPOConfig",
+    "a2c": "A2CConfig",
+    "rnd_ppo": "RNDPPOConfig",
+    "reinforce": "ReinforceConfig",
+    "vpg": "VPGConfig",
+    "dqn": "DQNConfig",
+    "sac": "SACConfig",
+    "td3": "TD3Config",
+    "ddpg": "DDPGConfig",
+    "qlearning": "QLearningConfig",
+    "es": "ESConfig",
+}
+
+
+@dataclass
+class TuneConfig:
+    """Tune a recipe's hyperparameters with Optuna."""
+
+    algorithm: Annotated[Literal[tuple(RECIPES)], tyro.conf.Positional]  # type: ignore[valid-type]
+    """The recipe to tune."""
+    env_id: str = "CartPole-v1"
+    """Gymnasium environment id."""
+    env_kwargs: tuple[str, ...] = ()
+    """The env constructor's keyword arguments as KEY=VALUE (as the recipes' --env-kwargs)."""
+    trials: int = 20
+    """Complete or pruned trials the study should hold (a continued study runs the ones missing)."""
+    frames_per_trial: int = 50_000
+    """Training budget of each trial."""
+    eval_every: int | None = None
+    """Frames between a trial's evaluations (each reported to the pruner); default: a tenth of its frames."""
+    eval_episodes: int = 10
+    """Episodes per evaluation."""
+    storage: str | None = None
+    """Optuna storage URL (e.g. sqlite:///tune.db); default: sqlite:///OUTPUT_DIR/study.db."""
+    study_name: str | None = None
+    """Study name in the storage; default: ALGORITHM-ENV."""
+    jobs: int = 2
+    """Processes running trials side by side."""
+    pruner: Literal["median", "hyperband", "threshold", "none"] = "median"
+    """Stop trials early: below the median of earlier trials at the same frames, Hyperband's successive halving,
+    below --prune-below, or never."""
+    prune_below: float | None = None
+    """--pruner threshold: stop a trial whose evaluation return falls below this."""
+    search_space: Path | None = None
+    """A search space file (TOML, or JSON) replacing the recipe's own (recipes/presets/search_spaces.toml)."""
+    preset: str = "auto"
+    """The recipe preset each trial starts from ('auto': the env's; 'none'); the sampled options win."""
+    output_dir: Path | None = None
+    """Where the study writes (trials/, results); default: runs/tune-STUDY."""
+    seed: int = 0
+    """Seed of the sampler (worker i: seed + i) and of the trials (trial n: seed + n)."""
+
+    @property
+    def name(self) -> str:
+        return self.study_name or f"{self.algorithm}-{self.env_id.replace('/', '_')}"
+
+    @property
+    def folder(self) -> Path:
+        return self.output_dir or Path("runs") / f"tune-{self.name}"
+
+    @property
+    def storage_url(self) -> str:
+        return self.storage or f"sqlite:///{self.folder / 'study.db'}"
+
+    def validate(self) -> None:
+        require_positive(
+            trials=self.trials,
+            frames_per_trial=self.frames_per_trial,
+            jobs=self.jobs,
+            eval_episodes=self.eval_episodes,
+        )
+        if self.eval_every is not None:
+            require_positive(eval_every=self.eval_every)
+        if self.pruner == "threshold" and self.prune_below is None:
+            raise InputError("--pruner threshold needs --prune-below: the return a trial must keep above.")
+        parse_env_kwargs(self.env_kwargs)
+
+
+def recipe_config(config: TuneConfig) -> Any:
+    """A fresh config of the tuned recipe."""
+    module = importlib.import_module(f"recipes.{config.algorithm}")
+    return getattr(module, RECIPES[config.algorithm])()
+
+
+def make_pruner(config: TuneConfig) -> Any:
+    import optuna
+
+    eval_every = config.eval_every or max(1, config.frames_per_trial // 10)
+    if config.pruner == "median":  # the first trials run whole: they set the medians
+        return optuna.pruners.MedianPruner(n_startup_trials=3, n_warmup_steps=eval_every)
+    if config.pruner == "hyperband":
+        return optuna.pruners.HyperbandPruner(min_resource=eval_every, max_resource=config.frames_per_trial)
+    if config.pruner == "threshold":
+        return optuna.pruners.ThresholdPruner(lower=config.prune_below)
+    return optuna.pruners.NopPruner()
+
+
+def objective(config: TuneConfig, space: dict[str, Any], trial: Any) -> float:
+    """One trial: a recipe run with sampled options, scored by its last evaluation's mean return."""
+    import optuna
+
+    params = suggest(trial, space)
+    run_config = recipe_config(config)
+    run = run_config.run
+    run.env_id, run.env_kwargs, run.preset = config.env_id, tuple(config.env_kwargs), config.preset
+    run.seed, run.total_frames = config.seed + trial.number, config.frames_per_trial
+    run.eval_every = config.eval_every or max(1, config.frames_per_trial // 10)
+    run.eval_episodes, run.logger, run.video, run.progress = config.eval_episodes, "none", False, False
+    run.output_dir, run.overwrite = config.folder / "trials" / f"trial-{trial.number:04d}", True
+    set_options(run_config, params)
+    reporter = ReportEvaluations(trial)
+    main = importlib.import_module(f"recipes.{config.algorithm}").main
+    try:
+        summary = main(run_config, callbacks=[reporter])
+    except (InputError, NonFiniteError) as error:  # options that do not combine, or a diverging run: failed
+        trial.set_user_attr("error", str(error))
+        raise
+    trial.set_user_attr("frames", summary["frames"])
+    trial.set_user_attr("preset_set", run.preset_applied["set"])  # what the base preset set beside the sample
+    trial.set_user_attr("output_dir", summary["output_dir"])
+    if summary["interrupted_by"] is not None:
+        raise KeyboardInterrupt  # Optuna marks the trial failed; the study goes on next time
+    if reporter.pruned:
+        raise optuna.TrialPruned()
+    return summary["eval_return_mean"]
+
+
+def run_worker(config: TuneConfig, index: int) -> None:
+    """Run trials until the study holds ``config.trials`` complete or pruned ones (one process's share)."""
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    warnings.filterwarnings("ignore")
+    study = optuna.load_study(
+        study_name=config.name,
+        storage=config.storage_url,
+        sampler=optuna.samplers.TPESampler(seed=config.seed + index),
+        pruner=make_pruner(config),
+    )
+    space = read_search_space(config.algorithm, config.search_space)
+    finished = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED)
+    if len(study.get_trials(deepcopy=False, states=finished)) >= config.trials:
+        return
+    try:
+        study.optimize(
+            lambda trial: objective(config, space, trial),
+            callbacks=[optuna.study.MaxTrialsCallback(config.trials, states=finished)],
+            catch=(InputError, NonFiniteError),
+            gc_after_trial=True,
+        )
+    except KeyboardInterrupt:
+        return
+
+
+def main(config: TuneConfig) -> dict[str, Any]:
+    """Create or continue the study, run its trials, and write the results; returns a summary."""
+    config.validate()
+    try:
+        import optuna
+    except ImportError:
+        raise InputError("recipes.tune needs Optuna: pip install -e '.[tune]'.") from None
+    space = read_search_space(config.algorithm, config.search_space)
+    check_space_fits(space, recipe_config(config), str(config.search_space or "the recipe's search space"))
+    config.folder.mkdir(parents=True, exist_ok=True)
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.create_study(
+        study_name=config.name, storage=config.storage_url, direction="maximize", load_if_exists=True
+    )
+    describe = {
+        "algorithm": config.algorithm,
+        "env_id": config.env_id,
+        "env_kwargs": list(config.env_kwargs),
+        "frames_per_trial": config.frames_per_trial,
+    }
+    for key, value in describe.items():
+        saved = study.user_attrs.get(key, value)
+        if saved != value:
+            raise InputError(
+                f"Study {config.name!r} in {config.storage_url} tunes {key}={saved!r}, not {value!r}; continue it "
+                "with its own settings, or give another --study-name."
+            )
+        study.set_user_attr(key, value)
+    if config.jobs == 1:
+        run_worker(config, 0)
+    else:
+        context = multiprocessing.get_context("spawn")
+        workers = [context.Process(target=run_worker, args=(config, index)) for index in range(config.jobs)]
+        for worker in workers:
+            worker.start()
+        for worker in workers:
+            while worker.is_alive():
+                try:
+                    worker.join()
+                except KeyboardInterrupt:  # the workers got it too: they finish their trials as failed
+                    continue
+    return write_results(config, optuna.load_study(study_name=config.name, storage=config.storage_url))
+
+
+def write_results(config: TuneConfig, study: Any) -> dict[str, Any]:
+    """results.md, the plots and best_preset.json in the study's folder; returns the summary."""
+    import optuna
+
+    trials = study.get_trials(deepcopy=False)
+    states = {state.name.lower(): sum(t.state == state for t in trials) for state in optuna.trial.TrialState}
+    complete = [t for t in trials if t.state == optuna.trial.TrialState.COMPLETE]
+    summary: dict[str, Any] = {
+        "study": config.name,
+        "storage": config.storage_url,
+        "trials": {state: count for state, count in states.items() if count},
+        "output_dir": str(config.folder),
+    }
+    if not complete:
+        return summary
+    ranked = sorted(complete, key=lambda t: t.value, reverse=True)
+    lines = ["| trial | mean return | frames | options |", "|---|---|---|---|"]
+    for trial in ranked[:10]:
+        options = ", ".join(f"{name}={value}" for name, value in trial.params.items())
+        lines.append(
+            f"| {trial.number} | {trial.value:.2f} | {trial.user_attrs.get('frames', '')} | {options} |"
+        )
+    (config.folder / "results.md").write_text("\n".join(lines) + "\n")
+    preset = best_preset(study, config.env_id, parse_env_kwargs(config.env_kwargs), f"tuned-{config.name}")
+    preset_path = config.folder / "best_preset.json"
+    preset_path.write_text(json.dumps(preset, indent=2) + "\n")
+    summary.update(
+        best_trial=ranked[0].number,
+        best_value=ranked[0].value,
+        best_options=next(iter(preset.values())),
+        best_preset=str(preset_path),
+        plots=save_plots(study, config.folder),
+    )
+    return summary
+
+
+def save_plots(study: Any, folder: Path) -> list[str]:
+    """Optuna's optimisation history and parameter importances as PNG (importances need two complete trials
+    that differ); returns the files written."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib import pyplot
+    from optuna.visualization import matplotlib as plots
+
+    written = []
+    for name, plot in (
+        ("optimization_history", plots.plot_optimization_history),
+        ("param_importances", plots.plot_param_importances),
+    ):
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # Optuna marks its matplotlib plots experimental
+                axes = plot(study)
+        except (ValueError, RuntimeError, ZeroDivisionError):  # too few trials for importances
+            continue
+        figure = axes.figure if hasattr(axes, "figure") else axes.flat[0].figure
+        figure.tight_layout()
+        figure.savefig(folder / f"{name}.png", dpi=100)
+        pyplot.close(figure)
+        written.append(str(folder / f"{name}.png"))
+    return written
+
+
+if __name__ == "__main__":
+    parsed = tyro.cli(TuneConfig, description=__doc__)
+    try:
+        result = main(parsed)
+    except InputError as error:
+        print(f"error: {error}", file=sys.stderr)
+        raise SystemExit(2) from None
+    print(json.dumps(result, indent=2, default=str))
+    if "best_preset" in result:
+        print(
+            f"\ntrain with the best options: python -m recipes.{parsed.algorithm} --env-id {parsed.env_id} "
+            f"--preset-file {result['best_preset']}",
+            file=sys.stderr,
+        )
