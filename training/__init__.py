@@ -16,6 +16,7 @@
 ``run``            :class:`Run`, what a recipe's loop calls: ``record_batch`` and ``finish``
 ``callbacks``      :class:`Callback`: a Python user's hooks after each batch, evaluation and checkpoint
 ``provenance``     where a run came from: the project's version, git commit and dirty flag
+``tuning``         Optuna search spaces, trials reporting evaluations to their pruner, the best trial as a preset
 ``learner``        :class:`Learner`: a recipe's update as compute_gradients / apply_gradients / weights / parameters
 ``gradient_workers`` learning on Ray gradient workers (``--gradient-workers``), synchronous or asynchronous
 ``optim``          the off-policy recipes' optimiser options, the --anneal-lr schedule
