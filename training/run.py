@@ -83,6 +83,12 @@ class Run:
         if resumed is not None:
             restore_training(training, resumed["training"], run.resume)
         self.config["source"] = run_source()
+        # the agent makes its evaluation envs as the run made its training envs
+        agent.env_kwargs, agent.env_wrappers = run.env_make_kwargs, run.wrapper_specs
+        agent.allowed_wrappers = run.allowed_wrappers
+        self.eval_env_id, self.eval_env_kwargs = run.eval_env_options
+        if self.eval_env_kwargs is not None:
+            check_evaluation_env(agent, self.eval_env_id, self.eval_env_kwargs)
         if run.normalize_obs_warmup and resumed is None:  # a resumed run has its statistics
             normalizer = find_normalizer(agent.policy)
             if normalizer is None:
@@ -91,12 +97,6 @@ class Run:
                     f"{algorithm} run normalises no observations)."
                 )
             warm_up_normalizer(run, normalizer, agent.device)
-        # the agent makes its evaluation envs as the run made its training envs
-        agent.env_kwargs, agent.env_wrappers = run.env_make_kwargs, run.wrapper_specs
-        agent.allowed_wrappers = run.allowed_wrappers
-        self.eval_env_id, self.eval_env_kwargs = run.eval_env_options
-        if self.eval_env_kwargs is not None:
-            check_evaluation_env(agent, self.eval_env_id, self.eval_env_kwargs)
         self.output_dir = prepare_run_folder(algorithm, run, resumed is not None)
         agent.config = self.config
         write_text(self.output_dir / "config.json", json.dumps(self.config, indent=2) + "\n")
