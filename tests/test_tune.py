@@ -66,9 +66,8 @@ def test_a_study_runs_prunes_continues_and_its_best_trial_becomes_a_preset(tmp_p
     ((name, table),) = preset.items()
     assert name == "tuned-ppo-CartPole-v1" and table["env_id"] == "CartPole-v1"
     assert table["num_epochs"] in (1, 2) and 1e-4 <= table["lr"] <= 1e-2
-    assert (
-        table["num_envs"] == 16
-    )  # what CartPole-v1's preset set beside the sample, so the trial is reproduced
+    # what CartPole-v1's preset set beside the sample, and the trial's budget: the trial is reproduced
+    assert table["num_envs"] == 16 and table["total_frames"] == 1_024
     # a recipe takes the file: --preset auto finds the tuned preset for the env first
     config = ppo.PPOConfig()
     run = config.run

@@ -142,6 +142,11 @@ def best_preset(study: Any, env_id: str, env_kwargs: dict[str, Any], name: str) 
         f"after {best.user_attrs.get('frames', '?')} frames"
     )
     table = {"source": source, "env_id": env_id, **({"env_kwargs": env_kwargs} if env_kwargs else {})}
-    # the options the trial's base preset set come too: the preset reproduces the trial's whole configuration
+    # the options the trial's base preset set come too, and its budget: the preset reproduces the trial
     base = best.user_attrs.get("preset_set", {})
-    return {name: {**table, **base, **json_ready(decode_params(best.params))}}
+    budget = (
+        {"total_frames": study.user_attrs["frames_per_trial"]}
+        if "frames_per_trial" in study.user_attrs
+        else {}
+    )
+    return {name: {**table, **base, **budget, **json_ready(decode_params(best.params))}}
