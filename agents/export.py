@@ -20,6 +20,7 @@ performs, while ``torch.export`` (the newer exporter) stops at some of their dis
 from __future__ import annotations
 
 import contextlib
+import copy
 import importlib.util
 import warnings
 from collections.abc import Iterator
@@ -135,7 +136,8 @@ def export_onnx(agent: Agent, path: str | Path, opset: int = OPSET) -> Path:
         raise InputError(
             "ONNX export needs the onnx package: pip install -e '.[export]' (onnx, and onnxruntime to run the file)."
         )
-    module = DeterministicPolicy(_on_cpu(agent)).eval()
+    on_cpu = agent if agent.device.type == "cpu" else copy.deepcopy(agent).cpu()  # the caller's agent stays
+    module = DeterministicPolicy(on_cpu).eval()
     inputs = example_inputs(agent)
     dynamic_axes = {name: {0: "batch"} for name in module.input_names + module.output_names}
 
@@ -178,21 +180,6 @@ def _traceable_recurrent_layers() -> Iterator[None]:
         yield
     finally:
         torchrl_rnn._canonical_contiguous = original
-
-
-def _on_cpu(agent: Agent) -> Agent:
-    if agent.device.type == "cpu":
-        return agent
-    copy = Agent.build(
-        agent.env_id,
-        agent.observation_space,
-        agent.action_space,
-        agent.algorithm,
-        agent.policy_builder,
-        agent.policy_kwargs,
-    )
-    copy.policy.load_state_dict(agent.policy.state_dict())
-    return copy
 
 
 def onnx_actions(path: str | Path, *inputs: Any) -> list[np.ndarray]:

@@ -7,8 +7,6 @@ python -m recipes.evaluate runs/demo --episodes 3 --render      # in a window, w
 
 from __future__ import annotations
 
-import json
-import sys
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +18,7 @@ from agents import Agent
 from envs.rendering import check_display
 from envs.vector import check_device, check_env_id
 from errors import InputError, WriteError
+from training.cli import run_command
 
 
 @dataclass
@@ -99,13 +98,4 @@ def main(config: EvaluateConfig) -> dict:
 
 
 if __name__ == "__main__":
-    parsed = tyro.cli(EvaluateConfig, description=__doc__)
-    try:
-        summary = main(parsed)
-    except InputError as error:
-        print(f"error: {error}", file=sys.stderr)
-        raise SystemExit(2) from None
-    except WriteError as error:  # the video could not be written
-        print(f"error: {error}", file=sys.stderr)
-        raise SystemExit(1) from None
-    print(json.dumps(summary, indent=2))
+    run_command(main, EvaluateConfig, __doc__)

@@ -9,8 +9,6 @@ the observation normalisation and action scaling inside (see ``agents.export``);
 
 from __future__ import annotations
 
-import json
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Literal
@@ -19,7 +17,8 @@ import tyro
 
 from agents import Agent
 from agents.export import DeterministicPolicy, export_onnx
-from errors import InputError, WriteError
+from errors import InputError
+from training.cli import run_command
 
 
 @dataclass
@@ -52,13 +51,4 @@ def main(config: ExportConfig) -> dict:
 
 
 if __name__ == "__main__":
-    parsed = tyro.cli(ExportConfig, description=__doc__)
-    try:
-        summary = main(parsed)
-    except InputError as error:
-        print(f"error: {error}", file=sys.stderr)
-        raise SystemExit(2) from None
-    except WriteError as error:
-        print(f"error: {error}", file=sys.stderr)
-        raise SystemExit(1) from None
-    print(json.dumps(summary, indent=2))
+    run_command(main, ExportConfig, __doc__)

@@ -17,6 +17,7 @@ optimization_history.png, param_importances.png and best_preset.json, a preset e
 
 from __future__ import annotations
 
+import functools
 import importlib
 import json
 import multiprocessing
@@ -28,7 +29,9 @@ from typing import Annotated, Any, Literal
 
 import tyro
 
+from agents.files import write_atomically, write_text
 from errors import InputError, NonFiniteError, require_positive
+from training.cli import run_command
 from training.config import parse_env_kwargs
 from training.tuning import (
     ReportEvaluations,
@@ -262,10 +265,10 @@ def write_results(config: TuneConfig, study: Any) -> dict[str, Any]:
         lines.append(
             f"| {trial.number} | {trial.value:.2f} | {trial.user_attrs.get('frames', '')} | {options} |"
         )
-    (config.folder / "results.md").write_text("\n".join(lines) + "\n")
+    write_text(config.folder / "results.md", "\n".join(lines) + "\n")
     preset = best_preset(study, config.env_id, parse_env_kwargs(config.env_kwargs), f"tuned-{config.name}")
     preset_path = config.folder / "best_preset.json"
-    preset_path.write_text(json.dumps(preset, indent=2) + "\n")
+    write_text(preset_path, json.dumps(preset, indent=2) + "\n")
     summary.update(
         best_trial=ranked[0].number,
         best_value=ranked[0].value,
@@ -298,20 +301,14 @@ def save_plots(study: Any, folder: Path) -> list[str]:
             continue
         figure = axes.figure if hasattr(axes, "figure") else axes.flat[0].figure
         figure.tight_layout()
-        figure.savefig(folder / f"{name}.png", dpi=100)
+        write_atomically(folder / f"{name}.png", functools.partial(figure.savefig, dpi=100, format="png"))
         pyplot.close(figure)
         written.append(str(folder / f"{name}.png"))
     return written
 
 
 if __name__ == "__main__":
-    parsed = tyro.cli(TuneConfig, description=__doc__)
-    try:
-        result = main(parsed)
-    except InputError as error:
-        print(f"error: {error}", file=sys.stderr)
-        raise SystemExit(2) from None
-    print(json.dumps(result, indent=2, default=str))
+    parsed, result = run_command(main, TuneConfig, __doc__)
     if "best_preset" in result:
         print(
             f"\ntrain with the best options: python -m recipes.{parsed.algorithm} --env-id {parsed.env_id} "

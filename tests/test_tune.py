@@ -178,3 +178,12 @@ def test_list_presets_shows_a_preset_file_first(tmp_path):
     )
     assert "mine  [CartPole-v1]" in result.stdout and "source: a test" in result.stdout
     assert "--lr 0.001" in result.stdout and result.stdout.index("mine") < result.stdout.index("ppo.toml")
+
+
+def test_results_replace_a_link_instead_of_writing_through_it(tmp_path):
+    outside = tmp_path / "outside.md"
+    outside.write_text("precious")
+    (tmp_path / "study").mkdir()
+    (tmp_path / "study" / "results.md").symlink_to(outside)
+    tune.main(tiny(tmp_path, trials=1))
+    assert outside.read_text() == "precious" and not (tmp_path / "study" / "results.md").is_symlink()

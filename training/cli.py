@@ -112,3 +112,22 @@ def preset_file_argument(argv: list[str]) -> Path | None:
         if token.startswith("--preset-file="):
             return Path(token.split("=", 1)[1])
     return None
+
+
+def run_command(main: Callable[[ConfigT], dict[str, Any]], config_type: type[ConfigT], description: str):
+    """Parse a tool's command line (``recipes.evaluate``, ``export``, ``tune``) into ``config_type``, run ``main``
+    and print its summary as JSON; bad input ends with one ``error: ...`` line and exit status 2, a failed write
+    with exit status 1. Returns the parsed config and the summary."""
+    import json
+
+    config = tyro.cli(config_type, description=description)
+    try:
+        summary = main(config)
+    except InputError as error:
+        print(f"error: {error}", file=sys.stderr)
+        raise SystemExit(2) from None
+    except WriteError as error:
+        print(f"error: {error}", file=sys.stderr)
+        raise SystemExit(1) from None
+    print(json.dumps(summary, indent=2, default=str))
+    return config, summary

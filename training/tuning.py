@@ -87,8 +87,7 @@ def suggest(trial: Any, space: dict[str, dict[str, Any]]) -> dict[str, Any]:
             encoded = [
                 json.dumps(choice) if isinstance(choice, list) else choice for choice in entry["choices"]
             ]
-            value = trial.suggest_categorical(name, encoded)
-            params[name] = json.loads(value) if isinstance(value, str) and value.startswith("[") else value
+            params[name] = trial.suggest_categorical(name, encoded)
         elif isinstance(entry["low"], int) and isinstance(entry["high"], int):
             params[name] = trial.suggest_int(
                 name, entry["low"], entry["high"], log=entry.get("log", False), step=entry.get("step", 1)
@@ -97,7 +96,7 @@ def suggest(trial: Any, space: dict[str, dict[str, Any]]) -> dict[str, Any]:
             params[name] = trial.suggest_float(
                 name, entry["low"], entry["high"], log=entry.get("log", False), step=entry.get("step")
             )
-    return params
+    return decode_params(params)
 
 
 def decode_params(params: dict[str, Any]) -> dict[str, Any]:
