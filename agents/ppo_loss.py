@@ -34,10 +34,18 @@ class _Networks:
 
 
 class TensorClipPPOLoss(ClipPPOLoss):
-    """``ClipPPOLoss`` computed on tensors (same constructor, outputs and gradients; see the module docstring)."""
+    """``ClipPPOLoss`` computed on tensors (same constructor, outputs and gradients; see the module docstring).
 
-    def __init__(self, *args, **kwargs):
+    Args:
+        diagnostics: also return the parent's importance-weight diagnostics (``"ESS"``, ``"max_ratio"``,
+            ``"mean_ratio"``); False leaves out these and nothing else (with ``log_explained_variance=False``, the
+            explained variance too): a loop that logs neither saves their dozen small operations per step.
+        args, kwargs: ``ClipPPOLoss``'s.
+    """
+
+    def __init__(self, *args, diagnostics: bool = True, **kwargs):
         super().__init__(*args, **kwargs)
+        self.diagnostics = diagnostics
         self._networks = self._direct_networks()
 
     def _direct_networks(self) -> _Networks | None:
@@ -78,10 +86,6 @@ class TensorClipPPOLoss(ClipPPOLoss):
         log_prob = distribution.log_prob(action)
         log_weight = (log_prob - prev_log_prob).unsqueeze(-1)
         kl_approx = (prev_log_prob - log_prob).unsqueeze(-1)
-        with torch.no_grad():
-            lw = log_weight.squeeze(-1)
-            ess = (2 * lw.logsumexp(0) - (2 * lw).logsumexp(0)).exp()
-            batch = log_weight.shape[0]
         gain1 = log_weight.exp() * advantage
         log_weight_clip = log_weight.clamp(*self._clip_bounds)
         clip_fraction = (log_weight_clip != log_weight).to(log_weight.dtype).mean()
@@ -98,10 +102,13 @@ class TensorClipPPOLoss(ClipPPOLoss):
             outputs["loss_entropy"] = self._weighted_loss_entropy(entropy)
         if self._has_critic:
             outputs |= self._critic_outputs(tensordict, critic(observation))
-        outputs["ESS"] = ess / batch
-        with torch.no_grad():
-            ratio = log_weight.exp()
-            outputs["max_ratio"], outputs["mean_ratio"] = ratio.max(), ratio.mean()
+        if self.diagnostics:
+            with torch.no_grad():
+                lw = log_weight.squeeze(-1)
+                ess = (2 * lw.logsumexp(0) - (2 * lw).logsumexp(0)).exp()
+                outputs["ESS"] = ess / log_weight.shape[0]
+                ratio = log_weight.exp()
+                outputs["max_ratio"], outputs["mean_ratio"] = ratio.max(), ratio.mean()
         for name, value in outputs.items():
             if name.startswith("loss_"):
                 outputs[name] = self._reduce_loss(value, tensordict).squeeze(-1)

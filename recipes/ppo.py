@@ -30,7 +30,6 @@ from pathlib import Path
 from typing import ClassVar, Literal
 
 import torch
-from torchrl.data import LazyTensorStorage, SamplerWithoutReplacement, TensorDictReplayBuffer
 from torchrl.modules import set_recurrent_mode
 
 from agents import (
@@ -62,6 +61,7 @@ from agents.recurrent import (
 from errors import InputError
 from training import (
     Callback,
+    EpochMinibatches,
     Learner,
     Run,
     RunConfig,
@@ -332,6 +332,8 @@ def main(
         loss_critic_type=loss_config.critic_loss,
         normalize_advantage=loss_config.normalize_advantage,
         clip_value=loss_config.clip_value,
+        log_explained_variance=False,  # neither it nor the importance-weight diagnostics is logged
+        diagnostics=False,
         functional=False,  # no target networks: skip swapping parameters in and out on every call
     )
     advantage_module = OneCallGAE(
@@ -367,13 +369,9 @@ def main(
         )
     )
 
-    # buffer: the current batch, sampled without replacement into minibatches (of whole sequences when recurrent)
+    # minibatches: the current batch's items (of whole sequences when recurrent), without replacement each epoch
     sequence_length = (optim_config.sequence_length or config.collector.steps_per_env) if recurrent else 1
-    replay_buffer = TensorDictReplayBuffer(
-        storage=LazyTensorStorage(frames_per_batch // sequence_length, device=device),
-        sampler=SamplerWithoutReplacement(drop_last=True),  # every minibatch full-size
-        batch_size=optim_config.minibatch_size // sequence_length,
-    )
+    epoch_minibatches = EpochMinibatches(optim_config.minibatch_size // sequence_length)
 
     # optimizer: one Adam, the actor's and the critic's parameters in groups of their own learning rates
     actor_parameters, critic_parameters = split_parameters([actor, addons], [loss_module])
@@ -425,9 +423,9 @@ def main(
             reward_normalizer.normalize(batch)
         with torch.no_grad():
             advantage_module(batch)
-        replay_buffer.extend(sequences(batch, sequence_length) if recurrent else batch.reshape(-1))
-        for _ in range(optim_config.num_epochs * minibatches_per_epoch):
-            yield replay_buffer.sample()
+        items = sequences(batch, sequence_length) if recurrent else batch.reshape(-1)
+        # the loss reads no next-step entries once the advantages are in
+        yield from epoch_minibatches(items.exclude("next"), optim_config.num_epochs * minibatches_per_epoch)
 
     def after_batch(batch):  # observation statistics, once the batch's updates are done
         if normalizer is not None:
@@ -443,8 +441,7 @@ def main(
         modules={"loss": loss_module, "addons": addons}
         | ({"reward_normalizer": reward_normalizer} if reward_normalizer is not None else {}),
         optimizers={"adam": optimizer},
-        replay_buffer=replay_buffer,
-        extras={"learner": learner},
+        extras={"learner": learner, "minibatches": epoch_minibatches},
     )
     run = Run("ppo", config, run_config, agent, training, callbacks=callbacks)
     if run_config.learns_on_workers:

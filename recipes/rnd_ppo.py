@@ -30,7 +30,6 @@ from typing import ClassVar
 
 import gymnasium as gym
 import torch
-from torchrl.data import LazyTensorStorage, SamplerWithoutReplacement, TensorDictReplayBuffer
 from torchrl.modules import ValueOperator
 from torchrl.objectives import distance_loss
 
@@ -64,6 +63,7 @@ from errors import InputError
 from recipes.ppo import CollectorConfig, LossConfig, NetworkConfig, OptimConfig, check_ppo_options
 from training import (
     Callback,
+    EpochMinibatches,
     Learner,
     Run,
     RunConfig,
@@ -254,6 +254,8 @@ def main(
         critic_coeff=loss_config.critic_coef,
         loss_critic_type=loss_config.critic_loss,
         normalize_advantage=loss_config.normalize_advantage,
+        log_explained_variance=False,  # neither it nor the importance-weight diagnostics is logged
+        diagnostics=False,
         functional=False,
     )
     extrinsic_gae = OneCallGAE(
@@ -299,12 +301,8 @@ def main(
         )
     )
 
-    # buffer: the current batch, sampled without replacement into minibatches
-    replay_buffer = TensorDictReplayBuffer(
-        storage=LazyTensorStorage(frames_per_batch, device=device),
-        sampler=SamplerWithoutReplacement(drop_last=True),
-        batch_size=optim_config.minibatch_size,
-    )
+    # minibatches: the current batch's items, without replacement each epoch
+    epoch_minibatches = EpochMinibatches(optim_config.minibatch_size)
 
     # optimizer: actor, both critics, the RND predictor (the RND target is frozen) and any add-on parameters
     parameters = trainable_parameters(loss_module, intrinsic_critic, rnd, addons)
@@ -366,9 +364,8 @@ def main(
                 "advantage",
                 ext_coef * batch.get(EXTRINSIC_ADVANTAGE_KEY) + int_coef * batch.get(INTRINSIC_ADVANTAGE_KEY),
             )
-        replay_buffer.extend(batch.reshape(-1))
-        for _ in range(optim_config.num_epochs * minibatches_per_epoch):
-            yield replay_buffer.sample()
+        # the predictor reads the next observations
+        yield from epoch_minibatches(batch.reshape(-1), optim_config.num_epochs * minibatches_per_epoch)
 
     def after_batch(batch):  # observation statistics, once the batch's updates are done
         if normalizer is not None:
@@ -383,8 +380,7 @@ def main(
         collector=collector,
         modules={"loss": loss_module, "intrinsic_critic": intrinsic_critic, "rnd": rnd, "addons": addons},
         optimizers={"adam": optimizer},
-        replay_buffer=replay_buffer,
-        extras={"learner": learner},
+        extras={"learner": learner, "minibatches": epoch_minibatches},
     )
     run = Run("rnd_ppo", config, run_config, agent, training, callbacks=callbacks)
     if run_config.learns_on_workers:

@@ -74,3 +74,16 @@ def test_a_policy_it_does_not_cover_takes_the_parents_path():
     loss = TensorClipPPOLoss(gsde, make_critic(spec), functional=False)
     assert loss._networks is None
     env.close()
+
+
+def test_without_diagnostics_the_losses_are_the_same_and_only_the_diagnostics_go():
+    actor, critic, batch = minibatch("CartPole-v1", {})
+    options = {"clip_epsilon": 0.2, "critic_coeff": 0.5, "entropy_bonus": True, "entropy_coeff": 0.01}
+    full = TensorClipPPOLoss(actor, critic, functional=False, **options)(batch.clone())
+    lean = TensorClipPPOLoss(
+        actor, critic, functional=False, diagnostics=False, log_explained_variance=False, **options
+    )(batch.clone())
+    left_out = {"ESS", "max_ratio", "mean_ratio", "explained_variance"}
+    assert set(full.keys()) - set(lean.keys()) == left_out
+    for key in lean.keys():  # noqa: SIM118 - iterating a TensorDict walks its batch dimension
+        torch.testing.assert_close(lean[key], full[key], rtol=0, atol=0, msg=key)

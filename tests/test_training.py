@@ -171,3 +171,55 @@ def test_env_kwargs_reach_the_training_envs_the_workers_and_the_saved_agent(tmp_
     )
     qlearning.main(config)
     assert Agent.load(tmp_path / "q").observation_space.n == 64  # the 8x8 map, on both worker processes
+
+
+@pytest.mark.parametrize("length, size, batches", [(256, 256, 3), (100, 32, 10), (64, 64, 1)])
+def test_epoch_minibatches_match_torchrl_sampler_without_replacement(length, size, batches):
+    # the same minibatches, from the same draws, as a replay buffer refilled with each batch
+    import torch
+    from tensordict import TensorDict
+    from torchrl.data import LazyTensorStorage, SamplerWithoutReplacement, TensorDictReplayBuffer
+
+    from training import EpochMinibatches
+
+    buffer = TensorDictReplayBuffer(
+        storage=LazyTensorStorage(length), sampler=SamplerWithoutReplacement(drop_last=True), batch_size=size
+    )
+    minibatches = EpochMinibatches(size)
+    count = 3 * (length // size)
+    for batch_index in range(batches):
+        items = TensorDict({"x": torch.arange(length) + 1000 * batch_index}, [length])
+        torch.manual_seed(batch_index)
+        buffer.extend(items)
+        expected = [buffer.sample()["x"] for _ in range(count)]
+        torch.manual_seed(batch_index)
+        got = [minibatch["x"] for minibatch in minibatches(items, count)]
+        assert all(torch.equal(a, b) for a, b in zip(expected, got, strict=True))
+        for epoch in range(3):  # each epoch draws every item at most once
+            drawn = torch.cat(got[epoch * (length // size) : (epoch + 1) * (length // size)])
+            assert len(drawn.unique()) == len(drawn) == size * (length // size)
+
+
+def test_epoch_minibatches_resume_where_they_stopped_and_refuse_bad_state():
+    import torch
+    from tensordict import TensorDict
+
+    from training import EpochMinibatches
+
+    items = TensorDict({"x": torch.arange(96)}, [96])
+    torch.manual_seed(0)
+    whole = EpochMinibatches(32)
+    expected = [m["x"] for m in whole(items, 4)] + [m["x"] for m in whole(items, 4)]
+    torch.manual_seed(0)
+    first = EpochMinibatches(32)
+    got = [m["x"] for m in first(items, 4)]
+    state, rng = first.state_dict(), torch.get_rng_state()
+    resumed = EpochMinibatches(32)
+    resumed.load_state_dict(state)
+    torch.set_rng_state(rng)
+    got += [m["x"] for m in resumed(items, 4)]
+    assert all(torch.equal(a, b) for a, b in zip(expected, got, strict=True))
+    with pytest.raises(ValueError, match="permutation"):
+        resumed.load_state_dict({"pending": torch.zeros(200, dtype=torch.int64), "length": 96})
+    with pytest.raises(ValueError, match="cannot fill"):
+        next(iter(EpochMinibatches(128)(items, 1)))

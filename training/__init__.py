@@ -48,7 +48,7 @@ from training.gradient_workers import (
     refuse_loss_addons,
     train_on_gradient_workers,
 )
-from training.learner import Learner, average_gradients, set_learning_rates, stack_metrics
+from training.learner import EpochMinibatches, Learner, average_gradients, set_learning_rates, stack_metrics
 from training.optim import OffPolicyOptimConfig, anneal_learning_rates
 from training.presets import apply_preset
 from training.run import Run
@@ -59,6 +59,7 @@ from training.state import TrainingState
 __all__ = [
     "EVAL_SEED_OFFSET",
     "Callback",
+    "EpochMinibatches",
     "FrameStackStorage",
     "Learner",
     "OffPolicyCollectorConfig",

@@ -90,6 +90,8 @@ class EvaluationSchedule:
         self.solved_at_frames: int | None = None
         self.solved_at_s: float | None = None
         self.next_eval = every
+        self.time_s = 0.0
+        """Seconds spent evaluating (with the best checkpoints and videos that follow), counted by the run."""
 
     @property
     def last_return(self) -> float | None:
@@ -150,6 +152,7 @@ class EvaluationSchedule:
             "solved_at_frames": self.solved_at_frames,
             "solved_at_s": self.solved_at_s,
             "next_eval": self.next_eval,
+            "time_s": self.time_s,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -157,3 +160,4 @@ class EvaluationSchedule:
         self.best_return = state["best_return"]
         self.solved_at_frames, self.solved_at_s = state["solved_at_frames"], state["solved_at_s"]
         self.next_eval = state["next_eval"]
+        self.time_s = float(state.get("time_s", 0.0))

@@ -21,6 +21,7 @@ user's :class:`training.callbacks.Callback` hooks.
 from __future__ import annotations
 
 import json
+import time
 import warnings
 from collections.abc import Iterable
 from pathlib import Path
@@ -182,11 +183,13 @@ class Run:
 
     def evaluate(self) -> bool:
         """Evaluate deterministically, log, keep the best checkpoint; True if the target return is reached."""
+        start = time.perf_counter()
         improved, solved = self.schedule.evaluate(self.frames, self.elapsed)
         if improved:
             self.save_agent(BEST_AGENT_FILE)
         if self.run.video_every_eval:
             self._record_video(self.output_dir / "videos" / f"eval-{self.frames:09d}.mp4")
+        self.schedule.time_s += time.perf_counter() - start
         self.metrics.show(self.schedule.last_return, refresh=True)
         self._call("on_evaluation", self.schedule.evaluations[-1])
         return solved
@@ -323,6 +326,7 @@ class Run:
             "seed": self.run.seed,
             "frames": self.frames,
             "wall_time_s": wall_time,
+            "eval_time_s": self.schedule.time_s,  # of wall_time_s
             "fps": self.frames / max(wall_time, 1e-9),
             "eval_return_mean": final["return_mean"],
             "eval_return_std": final["return_std"],
