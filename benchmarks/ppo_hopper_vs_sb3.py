@@ -9,7 +9,7 @@ observation and return normalisation; then 20 deterministic evaluation episodes.
 * ``sb3``: Stable-Baselines3's PPO (``MlpPolicy``) on ``VecNormalize(make_vec_env("Hopper-v5"))``, torch's
   default threads; its evaluation, with the normaliser's frozen statistics, is outside its wall-clock.
 * ``ours-zoo`` and ``ours``: ``recipes.ppo`` with exactly these options set explicitly (``--preset none``; they are
-  also the Hopper-v5 preset), one torch thread; its wall-clock includes the final evaluation.
+  also the Hopper-v5 preset), one torch thread; its wall-clock leaves out the time its evaluation takes, as SB3's.
 
 The headline is our frames per second over SB3's (``same hyperparameters`` line).
 

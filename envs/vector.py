@@ -48,14 +48,14 @@ def _nonfinite_rows(*arrays: np.ndarray) -> set[int]:
     return rows
 
 
-def _start(space: gym.Space) -> int | np.ndarray:
-    """The first value of a Discrete space, or of each component of a MultiDiscrete one (0 for other spaces and
-    for MultiDiscrete spaces that start at 0)."""
-    if isinstance(space, gym.spaces.Discrete):
+def _start(space: gym.Space) -> int | np.ndarray | None:
+    """The first value of a Discrete space, or of each component of a MultiDiscrete one; None where values start at
+    0 (and for other spaces), so that stepping skips the shift."""
+    if isinstance(space, gym.spaces.Discrete) and int(space.start) != 0:
         return int(space.start)
     if isinstance(space, gym.spaces.MultiDiscrete) and np.any(space.start != 0):
         return space.start
-    return 0
+    return None
 
 
 class GymnasiumVectorEnv(EnvBase):
@@ -157,7 +157,7 @@ class GymnasiumVectorEnv(EnvBase):
         arrays = {}
         for key, (dtype, offset) in self._observation_entries.items():
             array = np.asarray(observation if key is None else observation[key], dtype=dtype)
-            arrays[key] = array - offset if np.any(offset) else array
+            arrays[key] = array if offset is None else array - offset
         return arrays
 
     def _observation_tensor(self, arrays: dict[str | None, np.ndarray]) -> torch.Tensor | TensorDictBase:
@@ -213,7 +213,7 @@ class GymnasiumVectorEnv(EnvBase):
         action = tensordict.get("action").detach().cpu().numpy()
         if self._clip_bounds is not None:
             action = np.clip(action, *self._clip_bounds)  # a copy: the tensordict keeps the policy's action
-        if np.any(self._action_offset):
+        if self._action_offset is not None:
             action = action + self._action_offset
         observation, reward, terminated, truncated, info = self.vector_env.step(
             action.astype(self._action_dtype)
@@ -231,8 +231,8 @@ class GymnasiumVectorEnv(EnvBase):
             final = {key: array.copy() for key, array in current.items()}
             for key, array in final.items():
                 array[finished] = last[key]
-        arrays = [*final.values(), *current.values(), reward]
-        if not all(np.isfinite(array).all() for array in arrays):
+        arrays = [*current.values(), reward, *(final.values() if final is not current else ())]
+        if not all(np.isfinite(array).all() for array in arrays if array.dtype.kind in "fc"):  # floats only
             raise InputError(
                 f"{self._name} returned NaN or Inf in an observation or reward (sub-envs "
                 f"{sorted(_nonfinite_rows(*arrays))}); "
