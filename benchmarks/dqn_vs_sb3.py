@@ -6,7 +6,7 @@ Three runs per seed, each in a fresh process:
   buffer 100k, learning_starts 1000, gamma 0.99, target_update_interval 10, train_freq 256, gradient_steps
   128, exploration_fraction 0.16, exploration_final_eps 0.04, net [256, 256]), then 20 deterministic
   evaluation episodes.
-* ``ours-zoo``: ``recipes.dqn`` with the same hyperparameters and budget (one env, 256 steps then 128
+* ``ours-zoo``: ``recipes.dqn`` with the same hyperparameters, budget and torch threads (one env, 256 steps then 128
   updates; SB3 syncs the target during collection, i.e. once per 128 updates), no early stop: raw throughput.
 * ``ours``: ``recipes.dqn`` with its defaults, stopping once the deterministic evaluation reaches 475.
 * ``ours-rainbow`` (on request: ``--sides sb3 ours ours-rainbow``): ``recipes.dqn --variant rainbow`` (double,
@@ -77,6 +77,7 @@ def run_ours(seed: int, zoo: bool, compile: bool = False) -> dict:
                 seed=seed,
                 stop_at_return=float("inf"),
                 preset="none",  # every setting below, nothing from CartPole-v1's preset
+                threads=0,  # torch's default, as SB3's
             ),
             collector=CollectorConfig(steps_per_env=256, updates_per_batch=128, learning_starts=1_000),
             buffer=BufferConfig(buffer_size=100_000, batch_size=64, n_steps=1),

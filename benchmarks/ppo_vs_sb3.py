@@ -5,7 +5,8 @@ Three runs per seed, each in a fresh process:
 * ``sb3``: Stable-Baselines3 PPO with RL Zoo's CartPole-v1 hyperparameters (8 envs, n_steps 32, batch 256,
   20 epochs, gae_lambda 0.8, gamma 0.98, learning rate and clip range linearly annealed from 1e-3 and 0.2,
   ent_coef 0, 100k steps), then 20 deterministic evaluation episodes.
-* ``ours-zoo``: ``recipes.ppo`` with the same hyperparameters and budget (no early stop): raw throughput.
+* ``ours-zoo``: ``recipes.ppo`` with the same hyperparameters, budget and torch threads (no early stop): raw
+  throughput.
 * ``ours``: ``recipes.ppo`` with its defaults, stopping once the deterministic evaluation reaches 475.
 
 The headline ratio is SB3's wall-clock time over the time our default run takes to reach 475.
@@ -66,6 +67,7 @@ def run_ours(seed: int, zoo: bool, compile: bool = False) -> dict:
                 seed=seed,
                 stop_at_return=float("inf"),
                 preset="none",  # every setting below, nothing from CartPole-v1's preset
+                threads=0,  # torch's default, as SB3's
             ),
             collector=CollectorConfig(steps_per_env=32),
             loss=LossConfig(gamma=0.98, gae_lambda=0.8, clip_epsilon=0.2, anneal_clip=True, entropy_coef=0.0),
