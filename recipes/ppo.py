@@ -424,8 +424,9 @@ def main(
         with torch.no_grad():
             advantage_module(batch)
         items = sequences(batch, sequence_length) if recurrent else batch.reshape(-1)
-        # the loss reads no next-step entries once the advantages are in
-        yield from epoch_minibatches(items.exclude("next"), optim_config.num_epochs * minibatches_per_epoch)
+        if not loss_addons:  # the loss reads no next-step entries once the advantages are in (an add-on may)
+            items = items.exclude("next")
+        yield from epoch_minibatches(items, optim_config.num_epochs * minibatches_per_epoch)
 
     def after_batch(batch):  # observation statistics, once the batch's updates are done
         if normalizer is not None:

@@ -255,3 +255,19 @@ def test_kl_options_are_flat_command_line_flags():
             config_type, args=["--kl-to", "runs/x", "--kl-coef", "0.5"], config=(tyro.conf.OmitArgPrefixes,)
         )
         assert (str(config.addons.kl_to), config.addons.kl_coef) == ("runs/x", 0.5)
+
+
+@pytest.mark.parametrize("recipe", [ppo, rnd_ppo], ids=["ppo", "rnd_ppo"])
+def test_an_addon_reads_every_entry_of_the_minibatch_the_loss_gets(recipe, output_dir):
+    seen = set()
+
+    class NextObservationSize(nn.Module):  # an add-on that reads a next-step entry
+        def __init__(self, actor):
+            super().__init__()
+
+        def forward(self, tensordict):
+            seen.update(tensordict.keys(True, True))
+            return TensorDict({"next_observation_norm": tensordict["next", "observation"].norm()})
+
+    recipe.main(tiny_config(recipe, output_dir), loss_addons=[NextObservationSize])
+    assert {("next", "observation"), "observation", "advantage"} <= seen
