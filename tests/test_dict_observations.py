@@ -21,7 +21,11 @@ ENV_ID = "dict_env:GoalReach-v0"
 
 def test_the_env_gives_a_nested_observation_with_each_episodes_final_one():
     env = make_env(ENV_ID, 3, seed=0)
-    rollout = env.rollout(25, break_when_any_done=False)
+
+    def move_right(tensordict):  # every episode ends away from the start (random moves may end where they began)
+        return tensordict.set("action", torch.full((3,), 2))
+
+    rollout = env.rollout(25, move_right, break_when_any_done=False)
     observation = rollout["observation"]
     assert observation["position"].shape == (3, 25, 2) and observation["side"].dtype == torch.int64
     assert observation["view"].shape == (3, 25, 1, 36, 36) and observation["view"].dtype == torch.uint8
