@@ -22,7 +22,8 @@ ENV_ID = "dict_env:GoalReach-v0"
 def test_the_env_gives_a_nested_observation_with_each_episodes_final_one():
     env = make_env(ENV_ID, 3, seed=0)
 
-    def move_right(tensordict):  # every episode ends away from the start (random moves may end where they began)
+    # moving right, every episode ends away from its start (random moves may end where they began)
+    def move_right(tensordict):
         return tensordict.set("action", torch.full((3,), 2))
 
     rollout = env.rollout(25, move_right, break_when_any_done=False)
