@@ -162,3 +162,23 @@ def test_config_flattens_to_tensorboard_hyperparameters():
         "variant": "dqn",
         "lr": 1e-3,
     }
+
+
+def test_the_summary_says_how_long_the_evaluations_took_and_a_resume_keeps_counting(output_dir, monkeypatch):
+    from run_helpers import interrupt_at
+
+    from training import evaluation
+
+    original = evaluation.run_deterministic
+
+    def slow(*args, **kwargs):  # each evaluation takes at least 0.2 s
+        time.sleep(0.2)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(evaluation, "run_deterministic", slow)
+    interrupt_at(monkeypatch, 512)
+    ppo.main(tiny_ppo(output_dir, total_frames=1_024, eval_every=256))  # stops after two evaluations
+    summary = ppo.main(tiny_ppo(output_dir, total_frames=1_024, eval_every=256, resume=output_dir))
+    evaluations = len((output_dir / "evaluations.csv").read_text().splitlines()) - 1
+    assert evaluations == 4
+    assert 0.2 * evaluations <= summary["eval_time_s"] < summary["wall_time_s"]
