@@ -23,7 +23,7 @@ from collections.abc import Callable
 from typing import TypeVar
 
 import torch
-from tensordict import TensorDictBase, is_tensor_collection
+from tensordict import NestedKey, TensorDictBase, is_tensor_collection
 from tensordict.nn import TensorDictModule, TensorDictModuleBase, TensorDictSequential
 from tensordict.nn.probabilistic import InteractionType, interaction_type
 from tensordict.utils import expand_as_right
@@ -155,14 +155,21 @@ class LeanActor(TensorDictModuleBase):
         action, log_prob = sample_and_log_prob(distribution, reparameterize=distribution.has_rsample)
         return outputs, action, log_prob
 
+    def act(self, observation: torch.Tensor, batch_shape: torch.Size) -> list[tuple[NestedKey, torch.Tensor]]:
+        """The entries a collection call writes for ``observation`` (a batch of ``batch_shape``): the network's
+        outputs, the action drawn and its log-probability."""
+        outputs, action, log_prob = self._sample(observation)
+        return [
+            *zip(self.parameter_keys, outputs, strict=True),
+            (self.action_key, action),
+            (self.log_prob_key, log_prob),
+        ]
+
     def forward(self, tensordict: TensorDictBase) -> TensorDictBase:
         if interaction_type() is not InteractionType.RANDOM:
             return self.actor(tensordict)
-        outputs, action, log_prob = self._sample(tensordict.get(self.network_in_key))
-        for key, value in zip(self.parameter_keys, outputs, strict=True):
+        for key, value in self.act(tensordict.get(self.network_in_key), tensordict.shape):
             tensordict.set(key, value)
-        tensordict.set(self.action_key, action)
-        tensordict.set(self.log_prob_key, log_prob)
         return tensordict
 
 
@@ -198,15 +205,22 @@ class LeanQPolicy(TensorDictModuleBase):
     def forward(self, tensordict: TensorDictBase) -> TensorDictBase:
         if interaction_type() is not InteractionType.RANDOM:
             return self.policy(tensordict)
+        for key, value in self.act(tensordict.get(self.network_in_key), tensordict.shape):
+            tensordict.set(key, value)
+        return tensordict
+
+    def act(self, observation: torch.Tensor, batch_shape: torch.Size) -> list[tuple[NestedKey, torch.Tensor]]:
+        """The entries a collection call writes for ``observation`` (a batch of ``batch_shape``): the action, the
+        Q-values and the chosen action's value."""
         q_values = self.q_values
-        values = (self._compiled_network or self.network)(tensordict.get(self.network_in_key))
+        values = (self._compiled_network or self.network)(observation)
         action = q_values.action_func_mapping[q_values.action_space](values)
         value_of = q_values.action_value_func_mapping.get(
             q_values.action_space, q_values._default_action_value
         )
         chosen_value = value_of(values, action)
         eps = self.exploration.eps
-        explore = expand_as_right(torch.rand(tensordict.shape, device=eps.device) < eps, action)
+        explore = expand_as_right(torch.rand(batch_shape, device=eps.device) < eps, action)
         spec = self._random_actions.get(action.shape)
         if spec is None:  # the spec whose rand() draws as the EGreedyModule's does, for a batch of this shape
             spec = (
@@ -216,9 +230,7 @@ class LeanQPolicy(TensorDictModuleBase):
             )
             self._random_actions[action.shape] = spec
         action = torch.where(explore, spec.rand().to(eps.device), action)
-        for key, value in zip(q_values.out_keys, (action, values, chosen_value), strict=True):
-            tensordict.set(key, value)
-        return tensordict
+        return list(zip(q_values.out_keys, (action, values, chosen_value), strict=True))
 
 
 def lean_policy(policy: torch.nn.Module, compile: bool = False) -> torch.nn.Module:

@@ -15,7 +15,7 @@ import json
 import sys
 import warnings
 from collections.abc import Callable, Sequence
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 import gymnasium as gym
 import numpy as np
@@ -56,6 +56,20 @@ def _start(space: gym.Space) -> int | np.ndarray | None:
     if isinstance(space, gym.spaces.MultiDiscrete) and np.any(space.start != 0):
         return space.start
     return None
+
+
+class StepArrays(NamedTuple):
+    """One step of a Gymnasium vector env as NumPy arrays (:meth:`GymnasiumVectorEnv.step_arrays`)."""
+
+    current: dict[str | None, np.ndarray]
+    """The observations after any autoreset, per entry (key None for a space that is not a Dict)."""
+    final: dict[str | None, np.ndarray]
+    """The observations the step reached: a finished episode's final one where ``current`` holds its reset one."""
+    reward: np.ndarray
+    terminated: np.ndarray
+    truncated: np.ndarray
+    done: np.ndarray
+    info: dict[str, Any]
 
 
 class GymnasiumVectorEnv(EnvBase):
@@ -209,8 +223,14 @@ class GymnasiumVectorEnv(EnvBase):
             root[ACTION_MASK_KEY] = self._action_mask
         return unchecked_tensordict(root, self.batch_size, self.device)
 
-    def _step(self, tensordict: TensorDictBase) -> TensorDictBase:
-        action = tensordict.get("action").detach().cpu().numpy()
+    def step_arrays(self, action: torch.Tensor) -> StepArrays:
+        """Step every sub-env with ``action`` and return what they gave as NumPy arrays, leaving the env's own
+        state (its current observation, the episodes' returns and lengths) to the caller.
+
+        Raises:
+            InputError: the env returned NaN or Inf in an observation or reward.
+        """
+        action = action.detach().cpu().numpy()
         if self._clip_bounds is not None:
             action = np.clip(action, *self._clip_bounds)  # a copy: the tensordict keeps the policy's action
         if self._action_offset is not None:
@@ -238,6 +258,10 @@ class GymnasiumVectorEnv(EnvBase):
                 f"{sorted(_nonfinite_rows(*arrays))}); "
                 "check the env and its wrappers. Checkpoints written so far are kept."
             )
+        return StepArrays(current, final, reward, terminated, truncated, done, info)
+
+    def _step(self, tensordict: TensorDictBase) -> TensorDictBase:
+        current, final, reward, terminated, truncated, done, info = self.step_arrays(tensordict.get("action"))
         self._observation = self._observation_tensor(current)
         reward = self._to_tensor(reward[:, None], np.float32)
         self._episode_return = self._episode_return + reward

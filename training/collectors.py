@@ -11,7 +11,6 @@ from typing import Any
 
 import torch
 from torch import nn
-from torchrl.collectors import Collector
 from torchrl.envs import EnvBase
 
 from agents.fast_paths import lean_policy
@@ -21,6 +20,7 @@ from envs.vector import make_env
 from envs.wrappers import wrapper_functions
 from errors import InputError, check_ranges, require_positive
 from training.config import RunConfig
+from training.lean_collector import LeanCollector
 
 
 def make_training_env(run: RunConfig, device: torch.device, num_envs: int | None = None):
@@ -83,7 +83,8 @@ def make_collector(
     total_frames: int,
     **options: Any,
 ):
-    """The collector of ``run.collector_backend``: TorchRL's ``Collector`` stepping ``env`` here, or one over
+    """The collector of ``run.collector_backend``: TorchRL's ``Collector`` stepping ``env`` here (a
+    :class:`training.lean_collector.LeanCollector`: batches straight from the env's arrays where it can), or one over
     ``run.num_workers`` processes or Ray actors, each building its share of the envs (worker ``i`` seeded
     ``seed + WORKER_SEED_STRIDE * i``) and iterated like the single one (see
     :class:`training.distributed.WorkerCollector`). Workers' envs clip actions to the Box as ``env`` does when
@@ -101,7 +102,7 @@ def make_collector(
     if run.gradient_worker is not None:
         total_frames = -1  # a gradient worker collects until the learner has had enough
     if run.collector_backend == "single":
-        return Collector(
+        return LeanCollector(
             env,
             lean_policy(policy, run.compile),  # the same policy, sampled in one call
             frames_per_batch=frames_per_batch,
