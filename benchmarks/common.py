@@ -13,7 +13,9 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
-SIDES = ["sb3", "ours-zoo", "ours", "ours-zoo-compiled"]  # the last: ours-zoo with --compile
+SIDES = ["sb3", "ours-zoo", "ours", "ours-zoo-compiled", "ours-zoo-bf16"]
+# ours-zoo-compiled: ours-zoo with --compile; ours-zoo-bf16: with --matmul-precision medium (only when asked for)
+DEFAULT_SIDES = SIDES[:4]
 EVAL_SEED_OFFSET = (
     1_000_000  # training.evaluation.EVAL_SEED_OFFSET (not imported: the SB3 side runs without torchrl)
 )
@@ -119,7 +121,11 @@ def compare(module: str, sides: list[str], seeds: list[int], target: str = "475"
         sb3_time = statistics.mean(r["wall_time_s"] for r in results["sb3"])
         ours = [r["time_to_target_s"] or r["wall_time_s"] for r in results["ours"]]
         print(f"\nSB3 wall-clock / our time to {target}: {sb3_time / statistics.mean(ours):.1f}x")
-    for side, label in (("ours-zoo", ""), ("ours-zoo-compiled", ", --compile")):
+    for side, label in (
+        ("ours-zoo", ""),
+        ("ours-zoo-compiled", ", --compile"),
+        ("ours-zoo-bf16", ", --matmul-precision medium"),
+    ):
         if "sb3" in results and side in results:
             ratio = statistics.mean(r["fps"] for r in results[side]) / statistics.mean(
                 r["fps"] for r in results["sb3"]
@@ -142,7 +148,7 @@ def benchmark_cli(
         description=description, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])
-    parser.add_argument("--sides", nargs="+", default=SIDES, choices=SIDES + list(extra_sides))
+    parser.add_argument("--sides", nargs="+", default=DEFAULT_SIDES, choices=SIDES + list(extra_sides))
     parser.add_argument("--child", choices=SIDES + list(extra_sides), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -153,7 +159,12 @@ def benchmark_cli(
         elif args.child == "sb3":
             result = run_sb3(seed)
         else:
-            result = run_ours(seed, args.child != "ours", compile=args.child == "ours-zoo-compiled")
+            result = run_ours(
+                seed,
+                args.child != "ours",
+                compile=args.child == "ours-zoo-compiled",
+                matmul_precision="medium" if args.child == "ours-zoo-bf16" else "highest",
+            )
         print(json.dumps(result))
         return
     compare(module, args.sides, args.seeds, target)

@@ -54,7 +54,7 @@ def run_sb3(seed: int) -> dict:
     return sb3_row(train_time, TOTAL_FRAMES, evaluate_sb3(model, "CartPole-v1", seed))
 
 
-def run_ours(seed: int, zoo: bool, compile: bool = False) -> dict:
+def run_ours(seed: int, zoo: bool, compile: bool = False, matmul_precision: str = "highest") -> dict:
     from agents import ExplorationConfig
     from recipes.dqn import (
         BufferConfig,
@@ -67,7 +67,7 @@ def run_ours(seed: int, zoo: bool, compile: bool = False) -> dict:
     )
     from training import RunConfig, quiet
 
-    output_dir = f"runs/bench-dqn-{'zoo' if zoo else 'default'}{'-compiled' if compile else ''}-{seed}"
+    output_dir = f"runs/bench-dqn-{'zoo' if zoo else 'default'}{'-compiled' if compile else ''}{'-bf16' if matmul_precision == 'medium' else ''}-{seed}"
     if zoo:
         config = DQNConfig(
             run=RunConfig(
@@ -90,7 +90,7 @@ def run_ours(seed: int, zoo: bool, compile: bool = False) -> dict:
         config = DQNConfig()
         config.run.seed = seed
     # each benchmark run replaces the last one of its side and seed
-    quiet(config, output_dir, overwrite=True, compile=compile)
+    quiet(config, output_dir, overwrite=True, compile=compile, matmul_precision=matmul_precision)
     return summary_row(main(config))
 
 

@@ -60,7 +60,7 @@ def run_sb3(seed: int) -> dict:
     )
 
 
-def run_ours(seed: int, zoo: bool, compile: bool = False) -> dict:
+def run_ours(seed: int, zoo: bool, compile: bool = False, matmul_precision: str = "highest") -> dict:
     from recipes.ppo import CollectorConfig, LossConfig, NetworkConfig, OptimConfig, PPOConfig, main
     from training import RunConfig, quiet
 
@@ -98,9 +98,10 @@ def run_ours(seed: int, zoo: bool, compile: bool = False) -> dict:
     )
     quiet(
         config,
-        f"runs/bench-ppo-hopper-{'zoo' if zoo else 'default'}{'-compiled' if compile else ''}-{seed}",
+        f"runs/bench-ppo-hopper-{'zoo' if zoo else 'default'}{'-compiled' if compile else ''}{'-bf16' if matmul_precision == 'medium' else ''}-{seed}",
         overwrite=True,
         compile=compile,
+        matmul_precision=matmul_precision,
     )
     return summary_row(main(config))
 

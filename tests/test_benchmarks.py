@@ -1,8 +1,11 @@
 """The benchmarks' own runs of this toolkit (the SB3 sides need the bench extra and are not run here)."""
 
+import json
+
 import pytest
 
 from benchmarks import dqn_vs_sb3, ppo_hopper_vs_sb3, ppo_vs_sb3
+from training.seeding import set_matmul_precision
 
 
 @pytest.mark.parametrize(
@@ -31,3 +34,15 @@ def test_the_gradient_worker_scaling_model_splits_compute_not_the_learners_costs
     assert predict_sync(one_worker, 1, cores=2) == pytest.approx(0.115)
     assert predict_sync(one_worker, 2, cores=2) == pytest.approx(0.065)
     assert predict_sync(one_worker, 4, cores=2) == pytest.approx(0.065)  # no more cores: no more speed
+
+
+def test_the_bf16_side_runs_with_reduced_precision_in_a_folder_of_its_own(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(ppo_vs_sb3, "TOTAL_FRAMES", 256)
+    try:
+        ppo_vs_sb3.run_ours(0, zoo=True, matmul_precision="medium")
+    finally:
+        set_matmul_precision("highest")
+    config = json.loads((tmp_path / "runs" / "bench-ppo-zoo-bf16-0" / "config.json").read_text())
+    assert config["run"]["matmul_precision"] == "medium"
+    assert not (tmp_path / "runs" / "bench-ppo-zoo-0").exists()

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import gymnasium as gym
 import pytest
+import torch
 from run_helpers import interrupt_at
 
 from agents import Agent, files
@@ -20,6 +21,7 @@ from agents.files import remove_stale_temporaries, write_text
 from errors import InputError, WriteError
 from recipes import dqn, ppo
 from training import RunConfig, quiet
+from training.seeding import set_matmul_precision
 from training.state import TrainingState
 
 ROOT = Path(__file__).parents[1]
@@ -258,6 +260,7 @@ def test_run_config_refuses_seeds_numpy_cannot_take():
         ("logger", "mlflow", "wandb, csv, tensorboard, none"),
         ("env_backend", "jax", "gymnasium, torch"),
         ("vectorization", "threads", "sync, async"),
+        ("matmul_precision", "low", "highest, high, medium"),
     ],
 )
 def test_run_config_refuses_a_choice_it_does_not_have(option, value, choices, tmp_path):
@@ -269,6 +272,27 @@ def test_run_config_refuses_a_choice_it_does_not_have(option, value, choices, tm
     flag = "--" + option.replace("_", "-")
     assert str(error.value) == f"{flag} must be one of {choices}; got {value!r}."
     assert not (tmp_path / "run").exists()  # refused before any work
+
+
+@pytest.fixture
+def float32_products_restored():
+    yield
+    set_matmul_precision("highest")
+
+
+def test_matmul_precision_sets_torchs_products_and_convolutions_for_the_run(
+    tmp_path, float32_products_restored
+):
+    ppo.main(tiny_ppo(tmp_path / "reduced", matmul_precision="medium"))
+    assert torch.get_float32_matmul_precision() == "medium"
+    assert torch.backends.mkldnn.matmul.fp32_precision == torch.backends.mkldnn.conv.fp32_precision == "bf16"
+    assert (
+        json.loads((tmp_path / "reduced" / "config.json").read_text())["run"]["matmul_precision"] == "medium"
+    )
+    ppo.main(tiny_ppo(tmp_path / "default"))  # the next run, at the default, puts float32 back
+    assert torch.get_float32_matmul_precision() == "highest"
+    assert torch.backends.mkldnn.matmul.fp32_precision == "ieee"
+    assert torch.backends.mkldnn.conv.fp32_precision == "none"
 
 
 def test_a_link_among_the_csv_logs_of_a_continued_run_is_refused(tmp_path, monkeypatch):

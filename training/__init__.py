@@ -48,6 +48,7 @@ from training.gradient_workers import (
     refuse_loss_addons,
     train_on_gradient_workers,
 )
+from training.lean_collector import LeanCollector
 from training.learner import EpochMinibatches, Learner, average_gradients, set_learning_rates, stack_metrics
 from training.optim import OffPolicyOptimConfig, anneal_learning_rates
 from training.presets import apply_preset
@@ -61,6 +62,7 @@ __all__ = [
     "Callback",
     "EpochMinibatches",
     "FrameStackStorage",
+    "LeanCollector",
     "Learner",
     "OffPolicyCollectorConfig",
     "OffPolicyOptimConfig",

@@ -92,6 +92,11 @@ class RunConfig(Options):
     """Show a progress bar."""
     threads: int = 1
     """Torch CPU threads; 1 is fastest and steadiest for small networks on a few cores; 0 keeps torch's default."""
+    matmul_precision: Literal["highest", "high", "medium"] = "highest"
+    """Arithmetic of float32 matrix products (torch.set_float32_matmul_precision; on the CPU convolutions too):
+    'highest' float32; 'medium' lets them run in bfloat16 with float32 accumulation on CPUs with AVX512-BF16 or
+    AMX (oneDNN) and in TF32 on CUDA GPUs; 'high' TF32 where the hardware has it. Faster updates of large networks
+    for less exact products: check the learning curve before relying on it."""
     compile: bool = False
     """Compile the loss (its forward and backward) and the collector's policy with torch.compile: the first
     updates wait for a one-off compilation (seconds to a minute), later ones run faster where Python overhead,

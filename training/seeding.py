@@ -11,10 +11,18 @@ from training.config import RunConfig
 
 
 def prepare_process(run: RunConfig) -> None:
-    """Seed Python, NumPy and torch with ``run.seed`` and set torch's CPU threads (``run.threads``; 0 keeps
-    torch's default)."""
+    """Seed Python, NumPy and torch with ``run.seed``, set torch's CPU threads (``run.threads``; 0 keeps
+    torch's default) and the precision of float32 matrix products and CPU convolutions (``run.matmul_precision``)."""
     random.seed(run.seed)
     np.random.seed(run.seed)
     torch.manual_seed(run.seed)
     if run.threads > 0:
         torch.set_num_threads(run.threads)
+    set_matmul_precision(run.matmul_precision)
+
+
+def set_matmul_precision(precision: str) -> None:
+    """``torch.set_float32_matmul_precision(precision)``, and with ``"medium"`` oneDNN's CPU convolutions in
+    bfloat16 as well (torch's setting leaves them at float32; any other precision puts them back)."""
+    torch.set_float32_matmul_precision(precision)
+    torch.backends.mkldnn.conv.fp32_precision = "bf16" if precision == "medium" else "none"
