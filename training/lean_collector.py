@@ -21,6 +21,7 @@ import torch
 from tensordict import NestedKey, TensorDict, TensorDictBase
 from tensordict.nn.probabilistic import InteractionType
 from torchrl.collectors import Collector
+from torchrl.envs.utils import set_exploration_type
 
 from agents.fast_paths import LeanActor, LeanQPolicy
 from envs.specs import EPISODE_LENGTH_KEY, EPISODE_RETURN_KEY
@@ -129,9 +130,8 @@ class LeanCollector(Collector):
             key: (torch.zeros if random_actions or key in _ROOT_FLAGS else torch.empty)(shape, dtype=dtype)
             for key, shape, dtype in self._leaves
         }
-        arrays = {
-            key: tensor.numpy() for key, tensor in tensors.items()
-        }  # views: writing them fills the batch
+        # NumPy views of the batch's tensors: writing one fills the batch
+        arrays = {key: tensor.numpy() for key, tensor in tensors.items()}
         carrier = self._carrier
         observation = carrier.get("observation").numpy()
         episode_return = carrier.get(EPISODE_RETURN_KEY).numpy().copy()
@@ -139,31 +139,30 @@ class LeanCollector(Collector):
         batch_shape = env.batch_size
         actions = tensors["action"]
         step = None
-        for t in range(self.frames_per_batch):
-            arrays["observation"][:, t] = observation
-            arrays[EPISODE_RETURN_KEY][:, t] = episode_return
-            arrays[EPISODE_LENGTH_KEY][:, t] = episode_length
-            if random_actions:
-                arrays["action"][:, t] = (
-                    env.rand_action().get("action").numpy()
-                )  # the draw TorchRL's rollout makes
-            else:
-                for key, value in policy.act(torch.from_numpy(observation), batch_shape):
-                    arrays[key][:, t] = value.numpy()
-            step = env.step_arrays(actions[:, t])
-            reward = step.reward.astype(np.float32)[:, None]
-            episode_return += reward
-            episode_length += 1
-            arrays["next", "observation"][:, t] = step.final[None]
-            arrays["next", "reward"][:, t] = reward
-            arrays["next", "done"][:, t, 0] = step.done
-            arrays["next", "terminated"][:, t, 0] = step.terminated
-            arrays["next", "truncated"][:, t, 0] = step.truncated
-            arrays["next", EPISODE_RETURN_KEY][:, t] = episode_return
-            arrays["next", EPISODE_LENGTH_KEY][:, t] = episode_length
-            episode_return[step.done] = 0.0
-            episode_length[step.done] = 0
-            observation = step.current[None]
+        with set_exploration_type(self.exploration_type):  # as the parent's rollout calls the policy
+            for t in range(self.frames_per_batch):
+                arrays["observation"][:, t] = observation
+                arrays[EPISODE_RETURN_KEY][:, t] = episode_return
+                arrays[EPISODE_LENGTH_KEY][:, t] = episode_length
+                if random_actions:  # the draw TorchRL's rollout makes
+                    arrays["action"][:, t] = env.rand_action().get("action").numpy()
+                else:
+                    for key, value in policy.act(torch.from_numpy(observation), batch_shape):
+                        arrays[key][:, t] = value.numpy()
+                step = env.step_arrays(actions[:, t])
+                reward = step.reward.astype(np.float32)[:, None]
+                episode_return += reward
+                episode_length += 1
+                arrays["next", "observation"][:, t] = step.final[None]
+                arrays["next", "reward"][:, t] = reward
+                arrays["next", "done"][:, t, 0] = step.done
+                arrays["next", "terminated"][:, t, 0] = step.terminated
+                arrays["next", "truncated"][:, t, 0] = step.truncated
+                arrays["next", EPISODE_RETURN_KEY][:, t] = episode_return
+                arrays["next", EPISODE_LENGTH_KEY][:, t] = episode_length
+                episode_return[step.done] = 0.0
+                episode_length[step.done] = 0
+                observation = step.current[None]
         # the state TorchRL's rollout leaves: the env's current observation and episode statistics, its root
         env._observation = env._observation_tensor(step.current)
         env._episode_return = torch.from_numpy(episode_return)
