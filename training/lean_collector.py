@@ -5,11 +5,10 @@ TorchRL's rollout builds, for every step, the policy's output TensorDict, the en
 root of the following step, then stacks the steps into the batch. With one Gymnasium vector env and one of
 :mod:`agents.fast_paths`' lean policies, that plumbing costs more than the env step and the network together
 (about 0.1 ms a step on CartPole, where Gymnasium's own step costs 0.01 ms). :class:`LeanCollector` writes each
-step's policy outputs and env outputs straight into the batch's preallocated tensors instead, through NumPy views,
-and keeps the env's and the collector's state as TorchRL's rollout leaves them, so the two can take turns (a
-resumed run, an exploration type the lean policies hand back to their policy). Everything else (frame counting,
-the iterator, post-processing, ``state_dict``) is the parent's; every other configuration runs the parent's
-rollout.
+step's policy outputs and env outputs straight into a batch of its own instead, through NumPy views, and keeps the
+env's and the collector's state as TorchRL's rollout leaves them, so that the two rollouts can take turns on one
+collector and a resumed run restores the same state either way. Frame counting, post-processing and the saved
+state are the parent's; every other configuration runs the parent's rollout.
 """
 
 from __future__ import annotations
@@ -61,7 +60,8 @@ class LeanCollector(Collector):
     batch, compacted observations, split trajectories, a compiled policy or ``return_same_td`` in play. Then every
     batch holds the values TorchRL's rollout would give (tests compare them), each in tensors of its own (so the
     iterator does not copy it), and the env's state and the collector's carrier end as TorchRL's rollout leaves
-    them. Otherwise everything is the parent's. Takes the parent's arguments.
+    them. Otherwise everything is the parent's. Takes the parent's arguments; ``lean`` says whether the direct
+    rollout runs (setting it to False hands the next batches to the parent's rollout).
     """
 
     def __init__(self, *args, **kwargs):
