@@ -11,7 +11,12 @@ Agent steps per second of training (no evaluation) on ``ALE/Pong-v5``, each side
 * ``ours-compiled`` (only when asked for in ``--sides``): ``ours`` with ``--compile``, its compilation in the
   wall-clock.
 * ``ours-bf16`` (likewise): ``ours`` with ``--matmul-precision medium`` (the CNN's convolutions and matrix products
-  in bfloat16 on CPUs that have it).
+  in bfloat16 on CPUs that have it, TF32 on CUDA GPUs).
+* ``ours-async`` and ``sb3-subproc`` (likewise): each env in a process of its own (``--vectorization async``;
+  SB3's ``SubprocVecEnv``), the lever where cores are spare, as on a GPU machine.
+
+``--device cuda`` puts both sides' networks on the GPU (SB3's ``device="cuda"``, our ``--device cuda``); the envs
+step on the CPU either way.
 
 PPO: 8 envs x 128 steps, 4 epochs of minibatches of 256, lr 2.5e-4 and clip range 0.1 annealed, entropy 0.01.
 DQN: one gradient step of 32 per 4 agent steps, a 100k replay buffer, the target copied every 1000 agent steps;
@@ -22,6 +27,7 @@ mostly training. Peak resident memory of each process is printed too.
     python -m benchmarks.atari_vs_sb3 --algo ppo --frames 16384 --seeds 0
     python -m benchmarks.atari_vs_sb3 --algo dqn --frames 20000 --seeds 0
     python -m benchmarks.atari_vs_sb3 --algo ppo --sides sb3 ours ours-compiled
+    python -m benchmarks.atari_vs_sb3 --algo ppo --device cuda --sides sb3 ours sb3-subproc ours-async
 """
 
 from __future__ import annotations
@@ -39,7 +45,8 @@ import time
 import warnings
 
 ENV_ID = "ALE/Pong-v5"
-SIDES = ["sb3", "ours", "ours-compiled", "ours-bf16"]
+SIDES = ["sb3", "ours", "ours-compiled", "ours-bf16", "sb3-subproc", "ours-async"]
+OURS_SIDES = [side for side in SIDES if side.startswith("ours")]
 
 
 def peak_memory_mb() -> float:
@@ -51,28 +58,42 @@ def linear(start: float):
     return lambda progress_remaining: progress_remaining * start
 
 
-def run_sb3(algo: str, frames: int, seed: int, learning_starts: int) -> dict:
+def make_pong(**kwargs):
+    """Pong with ale-py's envs registered, also in SB3's ``SubprocVecEnv`` workers (fresh interpreters)."""
     import ale_py
     import gymnasium as gym
-    from stable_baselines3 import DQN, PPO
-    from stable_baselines3.common.env_util import make_atari_env
-    from stable_baselines3.common.vec_env import VecFrameStack
 
     gym.register_envs(ale_py)
+    return gym.make(ENV_ID, **kwargs)
+
+
+def run_sb3(
+    algo: str, frames: int, seed: int, learning_starts: int, device: str = "cpu", subprocesses: bool = False
+) -> dict:
+    from stable_baselines3 import DQN, PPO
+    from stable_baselines3.common.env_util import make_atari_env
+    from stable_baselines3.common.vec_env import DummyVecEnv, SubprocVecEnv, VecFrameStack
+
     # frameskip=1: AtariWrapper repeats each action 4 times itself; ALE v5's sticky actions stay, as in ours
     n_envs = 8 if algo == "ppo" else 1
-    env = VecFrameStack(make_atari_env(ENV_ID, n_envs=n_envs, seed=seed, env_kwargs={"frameskip": 1}), 4)
+    vec_env_cls = SubprocVecEnv if subprocesses else DummyVecEnv
+    env = VecFrameStack(
+        make_atari_env(
+            make_pong, n_envs=n_envs, seed=seed, env_kwargs={"frameskip": 1}, vec_env_cls=vec_env_cls
+        ),
+        4,
+    )
     if algo == "ppo":
         model = PPO(
             "CnnPolicy", env, n_steps=128, n_epochs=4, batch_size=256, learning_rate=linear(2.5e-4),
-            clip_range=linear(0.1), vf_coef=0.5, ent_coef=0.01, seed=seed, verbose=0, device="cpu",
+            clip_range=linear(0.1), vf_coef=0.5, ent_coef=0.01, seed=seed, verbose=0, device=device,
         )  # fmt: skip
     else:
         model = DQN(
             "CnnPolicy", env, buffer_size=100_000, learning_rate=1e-4, batch_size=32,
             learning_starts=learning_starts, target_update_interval=1000, train_freq=4, gradient_steps=1,
             exploration_fraction=0.1, exploration_final_eps=0.01, optimize_memory_usage=False, seed=seed,
-            verbose=0, device="cpu",
+            verbose=0, device=device,
         )  # fmt: skip
     start = time.perf_counter()
     model.learn(total_timesteps=frames)
@@ -93,6 +114,8 @@ def run_ours(
     threads: int = 0,
     compile: bool = False,
     matmul_precision: str = "highest",
+    device: str = "cpu",
+    vectorization: str = "sync",
 ) -> dict:
     import importlib
 
@@ -103,7 +126,8 @@ def run_ours(
     sys.argv = [
         algo, "--env-id", ENV_ID, "--seed", str(seed), "--total-frames", str(frames), "--eval-every", str(10**12),
         "--eval-episodes", "1", "--stop-at-return", "inf", "--logger", "csv", "--no-video", "--no-progress",
-        "--output-dir", output_dir, "--overwrite", "--threads", str(threads),
+        "--output-dir", output_dir, "--overwrite", "--threads", str(threads), "--device", device,
+        "--vectorization", vectorization,
     ]  # fmt: skip
     if algo == "dqn":
         sys.argv += ["--learning-starts", str(learning_starts)]
@@ -123,11 +147,14 @@ def run_ours(
     }
 
 
-def run_side(side: str, algo: str, frames: int, seed: int, learning_starts: int, threads: int) -> dict:
+def run_side(
+    side: str, algo: str, frames: int, seed: int, learning_starts: int, threads: int, device: str = "cpu"
+) -> dict:
     """One side in a fresh interpreter, so that imports and thread pools do not leak between runs."""
     command = [
         sys.executable, "-m", "benchmarks.atari_vs_sb3", "--child", side, "--algo", algo, "--frames", str(frames),
         "--seeds", str(seed), "--learning-starts", str(learning_starts), "--threads", str(threads),
+        "--device", device,
     ]  # fmt: skip
     result = subprocess.run(
         command, check=False, capture_output=True, text=True, env={**os.environ, "PYTHONWARNINGS": "ignore"}
@@ -151,12 +178,18 @@ def main() -> None:
     parser.add_argument(
         "--threads", type=int, default=0, help="our torch threads (0: torch's default, as SB3 runs)"
     )
+    parser.add_argument(
+        "--device", default="cpu", help="where both sides' networks run: cpu (default), cuda, cuda:1, ..."
+    )
     parser.add_argument("--child", choices=SIDES, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         warnings.filterwarnings("ignore")
-        if args.child == "sb3":
-            result = run_sb3(args.algo, args.frames, args.seeds[0], args.learning_starts)
+        if args.child.startswith("sb3"):
+            result = run_sb3(
+                args.algo, args.frames, args.seeds[0], args.learning_starts, args.device,
+                subprocesses=args.child == "sb3-subproc",
+            )  # fmt: skip
         else:
             result = run_ours(
                 args.algo,
@@ -166,32 +199,37 @@ def main() -> None:
                 args.threads,
                 compile=args.child == "ours-compiled",
                 matmul_precision="medium" if args.child == "ours-bf16" else "highest",
+                device=args.device,
+                vectorization="async" if args.child == "ours-async" else "sync",
             )
         print(json.dumps(result))
         return
     results: dict[str, list[dict]] = {side: [] for side in args.sides}
     for seed in args.seeds:
         for side in args.sides:  # alternating sides: a slow spell of the machine hits both
-            row = run_side(side, args.algo, args.frames, seed, args.learning_starts, args.threads)
+            row = run_side(
+                side, args.algo, args.frames, seed, args.learning_starts, args.threads, args.device
+            )
             results[side].append(row)
             print(
                 f"seed {seed} {side:13s} {row['frames']} agent steps in {row['wall_time_s']:7.1f} s: "
                 f"{row['fps']:6.1f} steps/s, peak memory {row['peak_mb']:.0f} MiB",
                 flush=True,
             )
-    print(f"\n{args.algo} on {ENV_ID}, {args.frames} agent steps, seeds {args.seeds}")
+    print(f"\n{args.algo} on {ENV_ID}, {args.frames} agent steps, seeds {args.seeds}, device {args.device}")
     print("| run | agent steps/s | peak memory (MiB) |\n|---|---|---|")
     for side, rows in results.items():
         print(
             f"| {side} | {statistics.mean(r['fps'] for r in rows):.1f} | "
             f"{max(r['peak_mb'] for r in rows):.0f} |"
         )
-    for side in ("ours", "ours-compiled", "ours-bf16"):
-        if "sb3" in results and side in results:
-            ratio = statistics.mean(r["fps"] for r in results[side]) / statistics.mean(
-                r["fps"] for r in results["sb3"]
-            )
-            print(f"agent steps/s {side} / SB3: {ratio:.2f}x")
+    for reference in ("sb3", "sb3-subproc"):
+        for side in OURS_SIDES:
+            if reference in results and side in results:
+                ratio = statistics.mean(r["fps"] for r in results[side]) / statistics.mean(
+                    r["fps"] for r in results[reference]
+                )
+                print(f"agent steps/s {side} / {reference}: {ratio:.2f}x")
 
 
 if __name__ == "__main__":

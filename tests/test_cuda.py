@@ -59,11 +59,13 @@ RUNS = {
         "sac",
         f"{OFF_POLICY} --use-sde --sde-at-warmup --normalize-obs --normalize-obs-warmup 500",
     ),
+    "sac-tf32": ("sac", f"{OFF_POLICY} --matmul-precision high"),
     "sac-discrete": ("sac", "--env-id CartPole-v1 --learning-starts 256 --batch-size 64"),
     "td3": ("td3", OFF_POLICY),
     "ddpg": ("ddpg", OFF_POLICY),
     "es": ("es", "--num-envs 8 --total-frames 8192 --eval-every 4096"),
     "ppo-atari": ("ppo", ATARI),
+    "ppo-atari-async": ("ppo", f"{ATARI} --vectorization async"),
     "dqn-atari": ("dqn", f"{ATARI} --learning-starts 256 --buffer-size 1000"),
 }
 
