@@ -147,6 +147,53 @@ def test_normalizer_matches_numpy_statistics():
     np.testing.assert_allclose(normalized.std(0).numpy(), 1.0, atol=1e-2)
 
 
+def test_normalizer_output_follows_every_change_of_its_statistics():
+    """The cached float32 statistics never go stale: each way the buffers change gives the uncached values."""
+    import copy
+
+    def expected(normalizer, observation):
+        mean = normalizer.mean.to(observation.dtype)
+        std = torch.sqrt(normalizer.var + normalizer.epsilon).to(observation.dtype)
+        return ((observation - mean) / std).clamp(-normalizer.clip, normalizer.clip)
+
+    def check(normalizer, observation):
+        torch.testing.assert_close(normalizer(observation), expected(normalizer, observation), rtol=0, atol=0)
+
+    torch.manual_seed(0)
+    normalizer, observation = ObservationNormalizer((3,)), torch.randn(5, 3) * 4 + 1
+    check(normalizer, observation)  # the identity statistics
+    normalizer.update(torch.randn(50, 3) * 3 + 2)
+    check(normalizer, observation)
+    with torch.inference_mode():
+        check(normalizer, observation)
+    other = ObservationNormalizer((3,))
+    other.update(torch.randn(20, 3) * 10 - 5)
+    normalizer.load_state_dict(other.state_dict())
+    check(normalizer, observation)
+    check(normalizer, observation.double())
+    with torch.no_grad():
+        normalizer.var.mul_(4)
+    check(normalizer, observation)
+    normalizer.epsilon = 1.0
+    check(normalizer, observation)
+    normalizer.register_buffer("mean", torch.full((3,), 7.0, dtype=torch.float64))
+    check(normalizer, observation)
+    duplicate = copy.deepcopy(normalizer)
+    duplicate.update(torch.randn(30, 3))
+    check(duplicate, observation)
+    check(normalizer, observation)
+    # made in inference mode, used by autograd after it: a gradient through the normaliser still flows
+    with torch.inference_mode():
+        normalizer(observation)
+    leaf = observation.clone().requires_grad_()
+    normalizer(leaf).sum().backward()
+    assert leaf.grad is not None and torch.isfinite(leaf.grad).all()
+    # under vmap (TorchRL's ensembles of critics) and torch.func transforms the values are the same
+    torch.testing.assert_close(
+        torch.vmap(normalizer)(observation.unsqueeze(1)).squeeze(1), expected(normalizer, observation)
+    )
+
+
 def test_agent_records_the_builder_a_recipe_called(tmp_path):
     from agents import make_q_actor
     from envs import make_env
