@@ -5,8 +5,8 @@ import torch
 from torchrl.collectors import Collector
 from torchrl.envs.utils import ExplorationType, set_exploration_type
 
-from agents import make_actor, make_gsde_actor, make_q_actor
-from agents.fast_paths import LeanActor, LeanQPolicy, lean_policy
+from agents import make_actor, make_deterministic_actor, make_gsde_actor, make_q_actor
+from agents.fast_paths import LeanActor, LeanDeterministicPolicy, LeanQPolicy, lean_policy
 from envs import make_env
 from training import RunConfig
 from training.collectors import make_collector
@@ -68,6 +68,37 @@ def test_the_lean_q_policy_explores_as_the_epsilon_greedy_policy_does(dueling):
     env.close()
 
 
+@pytest.mark.parametrize(
+    "env_id, sigma, normalize_obs",
+    [("Pendulum-v1", 0.1, False), ("MountainCarContinuous-v0", 1.5, True)],  # wide noise: projected often
+)
+def test_the_lean_deterministic_policy_adds_the_noise_the_gaussian_module_adds(env_id, sigma, normalize_obs):
+    env = make_env(env_id, num_envs=64, seed=0)
+    policy = make_deterministic_actor(
+        env.observation_spec["observation"], env.action_spec, noise_sigma=sigma, normalize_obs=normalize_obs
+    )
+    lean = lean_policy(policy)
+    assert isinstance(lean, LeanDeterministicPolicy) and lean.out_keys == policy.out_keys
+    step = env.reset()
+    with torch.no_grad(), set_exploration_type(ExplorationType.RANDOM):
+        seed = torch.seed()
+        expected = policy(step.clone())
+        torch.manual_seed(seed)
+        result = lean(step.clone())
+        assert not torch.equal(lean(step.clone())["action"], result["action"])  # a new draw each call
+    assert set(result.keys(True, True)) == set(expected.keys(True, True))
+    for key in expected.keys(True, True):
+        assert torch.equal(result[key], expected[key]), key
+    low, high = env.action_spec.space.low, env.action_spec.space.high
+    assert (result["action"] >= low).all() and (result["action"] <= high).all()
+    if sigma > 1:
+        assert (result["action"] == high).any() or (result["action"] == low).any()  # projected into the Box
+    with set_exploration_type(ExplorationType.DETERMINISTIC):  # no noise: the policy itself answers
+        assert torch.equal(lean(step.clone())["action"], policy(step.clone())["action"])
+    assert list(lean.parameters()) == list(policy.parameters())
+    env.close()
+
+
 def test_policies_of_other_shapes_are_left_as_they_are():
     env = make_env("Pendulum-v1", num_envs=2, seed=0)
     gsde = make_gsde_actor(env.observation_spec["observation"], env.action_spec)
@@ -75,6 +106,9 @@ def test_policies_of_other_shapes_are_left_as_they_are():
     discrete = make_env("CartPole-v1", num_envs=2, seed=0)
     noisy = make_q_actor(discrete.observation_spec["observation"], discrete.action_spec, noisy=True)
     assert lean_policy(noisy) is noisy  # its noise resampler has work of its own
+    spec = env.observation_spec["observation"]
+    ou = make_deterministic_actor(spec, env.action_spec, noise="ou")
+    assert lean_policy(ou) is ou  # Ornstein-Uhlenbeck noise keeps a state in the env
     env.close()
     discrete.close()
 

@@ -6,6 +6,7 @@ import pytest
 import torch
 from torchrl.collectors import Collector
 
+from agents.continuous import make_deterministic_actor
 from agents.fast_paths import lean_policy
 from agents.gsde import clip_env_actions
 from agents.networks import make_actor
@@ -28,6 +29,16 @@ CASES = {
         0,
     ),
     "gaussian-hopper": ("gaussian", "Hopper-v5", {}, 2, 64, 0),
+    # DDPG's and TD3's policy: tanh into the bounds, Gaussian noise, projected back into them (wide noise: often)
+    "noisy-deterministic-pendulum": ("deterministic", "Pendulum-v1", {"max_episode_steps": 25}, 2, 40, 40),
+    "wide-noise-deterministic-mountaincar": (
+        "deterministic-wide",
+        "MountainCarContinuous-v0",
+        {"max_episode_steps": 30},
+        3,
+        32,
+        0,
+    ),
 }
 
 
@@ -39,6 +50,9 @@ def make_collector(
     spec, action_spec = env.observation_spec["observation"], env.action_spec
     if kind == "q":
         policy = make_q_actor(spec, action_spec, hidden_sizes=(32,), epsilon=0.3)
+    elif kind.startswith("deterministic"):
+        sigma = 1.0 if kind == "deterministic-wide" else 0.1
+        policy = make_deterministic_actor(spec, action_spec, hidden_sizes=(32,), noise_sigma=sigma)
     else:
         policy = make_actor(spec, action_spec, hidden_sizes=(32,), squash=kind == "squashed")
     if kind == "clipped":

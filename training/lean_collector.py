@@ -22,7 +22,7 @@ from tensordict.nn.probabilistic import InteractionType
 from torchrl.collectors import Collector
 from torchrl.envs.utils import set_exploration_type
 
-from agents.fast_paths import LeanActor, LeanQPolicy
+from agents.fast_paths import LeanActor, LeanDeterministicPolicy, LeanQPolicy
 from envs.specs import EPISODE_LENGTH_KEY, EPISODE_RETURN_KEY
 from envs.vector import GymnasiumVectorEnv
 
@@ -54,8 +54,8 @@ class LeanCollector(Collector):
     """A ``Collector`` whose rollout writes each step straight into the batch where it can.
 
     The direct rollout runs when the env is a :class:`envs.vector.GymnasiumVectorEnv` with one observation tensor
-    and no action mask, the policy a :class:`agents.fast_paths.LeanActor` or :class:`agents.fast_paths.LeanQPolicy`
-    sampling (``ExplorationType.RANDOM``; uniformly random actions during ``init_random_frames``), the env, the
+    and no action mask, the policy a :class:`agents.fast_paths.LeanActor`, :class:`agents.fast_paths.LeanQPolicy`
+    or :class:`agents.fast_paths.LeanDeterministicPolicy` sampling (``ExplorationType.RANDOM``; uniformly random actions during ``init_random_frames``), the env, the
     policy and the batches on the CPU, and none of a replay buffer, trajectory ids, an interruptor, resets at each
     batch, compacted observations, split trajectories, a compiled policy or ``return_same_td`` in play. Then every
     batch holds the values TorchRL's rollout would give (tests compare them), each in tensors of its own (so the
@@ -77,7 +77,7 @@ class LeanCollector(Collector):
             type(env) is GymnasiumVectorEnv
             and not env.has_action_mask
             and list(env._observation_entries) == [None]
-            and isinstance(policy, (LeanActor, LeanQPolicy))
+            and isinstance(policy, (LeanActor, LeanQPolicy, LeanDeterministicPolicy))
             and self.exploration_type == InteractionType.RANDOM
             and self._use_buffers
             and self.replay_buffer is None
@@ -186,7 +186,7 @@ class LeanCollector(Collector):
 
 
 def _policy_entries(
-    policy: LeanActor | LeanQPolicy, env: GymnasiumVectorEnv
+    policy: LeanActor | LeanQPolicy | LeanDeterministicPolicy, env: GymnasiumVectorEnv
 ) -> list[tuple[NestedKey, torch.Tensor]]:
     """What ``policy`` writes for one step of ``env`` (from its fake observation; the policy's random draws are
     put back afterwards)."""
