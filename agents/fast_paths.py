@@ -101,7 +101,25 @@ def install() -> None:
     TensorDictBase.from_any = classmethod(from_any)
 
 
-class LeanActor(TensorDictModuleBase):
+class _LeanPolicy(TensorDictModuleBase):
+    """What the lean policies share: under ``ExplorationType.RANDOM`` (collection) their ``act`` writes the
+    entries, under any other exploration type the policy they run (``policy``) answers."""
+
+    policy: TensorDictModuleBase
+    network_in_key: NestedKey
+
+    def act(self, observation: torch.Tensor, batch_shape: torch.Size) -> list[tuple[NestedKey, torch.Tensor]]:
+        raise NotImplementedError
+
+    def forward(self, tensordict: TensorDictBase) -> TensorDictBase:
+        if interaction_type() is not InteractionType.RANDOM:
+            return self.policy(tensordict)
+        for key, value in self.act(tensordict.get(self.network_in_key), tensordict.shape):
+            tensordict.set(key, value)
+        return tensordict
+
+
+class LeanActor(_LeanPolicy):
     """A ``ProbabilisticActor`` of a network and a distribution, run in one call: what a collector calls.
 
     Under ``ExplorationType.RANDOM`` (collection) it reads the observation, runs the network, builds the
@@ -168,15 +186,13 @@ class LeanActor(TensorDictModuleBase):
             (self.log_prob_key, log_prob),
         ]
 
-    def forward(self, tensordict: TensorDictBase) -> TensorDictBase:
-        if interaction_type() is not InteractionType.RANDOM:
-            return self.actor(tensordict)
-        for key, value in self.act(tensordict.get(self.network_in_key), tensordict.shape):
-            tensordict.set(key, value)
-        return tensordict
+    @property
+    def policy(self) -> ProbabilisticActor:
+        """The actor this one runs."""
+        return self.actor
 
 
-class LeanQPolicy(TensorDictModuleBase):
+class LeanQPolicy(_LeanPolicy):
     """An epsilon-greedy Q policy (``TensorDictSequential(QValueActor, EGreedyModule)``) run in one call.
 
     Under ``ExplorationType.RANDOM`` it computes the Q-values, the greedy action and its value with the
@@ -205,13 +221,6 @@ class LeanQPolicy(TensorDictModuleBase):
         self.action_spec = spec[exploration.action_key] if isinstance(spec, Composite) else spec
         self._random_actions: dict[torch.Size, object] = {}
 
-    def forward(self, tensordict: TensorDictBase) -> TensorDictBase:
-        if interaction_type() is not InteractionType.RANDOM:
-            return self.policy(tensordict)
-        for key, value in self.act(tensordict.get(self.network_in_key), tensordict.shape):
-            tensordict.set(key, value)
-        return tensordict
-
     def act(self, observation: torch.Tensor, batch_shape: torch.Size) -> list[tuple[NestedKey, torch.Tensor]]:
         """The entries a collection call writes for ``observation`` (a batch of ``batch_shape``): the action, the
         Q-values and the chosen action's value."""
@@ -236,7 +245,7 @@ class LeanQPolicy(TensorDictModuleBase):
         return list(zip(q_values.out_keys, (action, values, chosen_value), strict=True))
 
 
-class LeanDeterministicPolicy(TensorDictModuleBase):
+class LeanDeterministicPolicy(_LeanPolicy):
     """A deterministic actor with additive Gaussian exploration noise (``TensorDictSequential(TensorDictSequential(
     network, TanhModule), AdditiveGaussianModule)``, :func:`agents.make_deterministic_actor`) run in one call.
 
@@ -261,13 +270,6 @@ class LeanDeterministicPolicy(TensorDictModuleBase):
         self.squash, self.exploration = squash, exploration
         self.action_key = squash.out_keys[0]
         self.in_keys, self.out_keys = list(policy.in_keys), list(policy.out_keys)
-
-    def forward(self, tensordict: TensorDictBase) -> TensorDictBase:
-        if interaction_type() is not InteractionType.RANDOM:
-            return self.policy(tensordict)
-        for key, value in self.act(tensordict.get(self.network_in_key), tensordict.shape):
-            tensordict.set(key, value)
-        return tensordict
 
     def act(self, observation: torch.Tensor, batch_shape: torch.Size) -> list[tuple[NestedKey, torch.Tensor]]:
         """The entries a collection call writes for ``observation`` (a batch of ``batch_shape``): the network's
