@@ -21,6 +21,7 @@ import functools
 import importlib
 import json
 import multiprocessing
+import signal
 import sys
 import warnings
 from dataclasses import dataclass
@@ -172,8 +173,9 @@ def objective(config: TuneConfig, space: dict[str, Any], trial: Any) -> float:
     return summary["eval_return_mean"]
 
 
-def run_worker(config: TuneConfig, index: int) -> None:
-    """Run trials until the study holds ``config.trials`` complete or pruned ones (one process's share)."""
+def run_worker(config: TuneConfig, index: int) -> bool:
+    """Run trials until the study holds ``config.trials`` complete or pruned ones (one process's share); returns
+    whether Ctrl-C (or SIGTERM) stopped them first."""
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -187,7 +189,7 @@ def run_worker(config: TuneConfig, index: int) -> None:
     space = read_search_space(config.algorithm, config.search_space)
     finished = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED)
     if len(study.get_trials(deepcopy=False, states=finished)) >= config.trials:
-        return
+        return False
     try:
         study.optimize(
             lambda trial: objective(config, space, trial),
@@ -196,7 +198,8 @@ def run_worker(config: TuneConfig, index: int) -> None:
             gc_after_trial=True,
         )
     except KeyboardInterrupt:
-        return
+        return True
+    return False
 
 
 def main(config: TuneConfig) -> dict[str, Any]:
@@ -227,8 +230,9 @@ def main(config: TuneConfig) -> dict[str, Any]:
                 "with its own settings, or give another --study-name."
             )
         study.set_user_attr(key, value)
+    interrupted = False
     if config.jobs == 1:
-        run_worker(config, 0)
+        interrupted = run_worker(config, 0)
     else:
         context = multiprocessing.get_context("spawn")
         workers = [context.Process(target=run_worker, args=(config, index)) for index in range(config.jobs)]
@@ -239,8 +243,9 @@ def main(config: TuneConfig) -> dict[str, Any]:
                 try:
                     worker.join()
                 except KeyboardInterrupt:  # the workers got it too: they finish their trials as failed
-                    continue
-    return write_results(config, optuna.load_study(study_name=config.name, storage=config.storage_url))
+                    interrupted = True
+    summary = write_results(config, optuna.load_study(study_name=config.name, storage=config.storage_url))
+    return summary | {"interrupted_by": "SIGINT" if interrupted else None}
 
 
 def write_results(config: TuneConfig, study: Any) -> dict[str, Any]:
@@ -315,3 +320,5 @@ if __name__ == "__main__":
             f"--preset-file {result['best_preset']}",
             file=sys.stderr,
         )
+    if result["interrupted_by"] is not None:  # the results so far are written; the same command continues
+        raise SystemExit(128 + signal.SIGINT)

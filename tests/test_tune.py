@@ -88,8 +88,10 @@ def test_ctrl_c_marks_the_running_trial_failed_and_the_study_goes_on(tmp_path, m
         interrupt_at(patch, 512)
         summary = tune.main(tiny(tmp_path))
     assert summary["trials"] == {"fail": 1} and states(tmp_path) == ["FAIL"]
+    assert summary["interrupted_by"] == "SIGINT"  # the command line exits 130 after writing the results
     summary = tune.main(tiny(tmp_path))
     assert states(tmp_path) == ["FAIL", "COMPLETE", "COMPLETE"] and summary["best_trial"] in (1, 2)
+    assert summary["interrupted_by"] is None
 
 
 def test_trials_run_in_worker_processes_from_the_command_line(tmp_path):
