@@ -31,6 +31,7 @@ from typing import Any
 import torch
 from tensordict import TensorDict, TensorDictBase
 from torch import nn
+from torch.distributions.kl import _dispatch_kl
 from torchrl.modules import ProbabilisticActor
 from torchrl.objectives import LossModule
 
@@ -145,6 +146,13 @@ class KLPenalty(LossModule):
     def __init__(self, actor: ProbabilisticActor, reference_actor: ProbabilisticActor, coef: float = 1.0):
         if coef < 0:
             raise InputError(f"KLPenalty coef must be >= 0, got {coef}.")
+        current, reference = _distribution_class(actor), _distribution_class(reference_actor)
+        if (
+            current is not None
+            and reference is not None
+            and _dispatch_kl(current, reference) is NotImplemented
+        ):
+            raise InputError(_no_closed_form(current, reference))  # before any frame is collected
         super().__init__()
         self.actor = actor
         self.reference_actor = copy.deepcopy(reference_actor).requires_grad_(False)
@@ -160,11 +168,24 @@ class KLPenalty(LossModule):
         try:
             kl = torch.distributions.kl_divergence(current, reference).mean()
         except NotImplementedError:
-            raise InputError(
-                f"KLPenalty needs a closed-form KL between {type(current).__name__} and "
-                f"{type(reference).__name__} distributions (torch.distributions.kl_divergence has none)."
-            ) from None
+            raise InputError(_no_closed_form(type(current), type(reference))) from None
         return TensorDict({"loss_kl": self.coef * kl, "kl": kl.detach()})
+
+
+def _distribution_class(actor: nn.Module) -> type | None:
+    """The distribution class of a ``ProbabilisticActor`` (its last module's), if it is a class."""
+    modules = getattr(actor, "module", None)
+    last = modules[-1] if isinstance(modules, nn.ModuleList) and len(modules) else None
+    distribution_class = getattr(last, "distribution_class", None)
+    return distribution_class if isinstance(distribution_class, type) else None
+
+
+def _no_closed_form(current: type, reference: type) -> str:
+    return (
+        f"KLPenalty needs a closed-form KL between {current.__name__} and {reference.__name__} distributions "
+        "(torch.distributions.kl_divergence has none): give the policy the reference's kind of distribution (the same "
+        "--use-sde and --squash / --no-squash)."
+    )
 
 
 @dataclass

@@ -240,6 +240,19 @@ def test_bad_kl_options_are_refused(tmp_path, options, message):
         ppo.main(config)
 
 
+def test_a_reference_of_another_kind_of_distribution_is_refused_before_collecting():
+    from agents import make_gsde_actor
+
+    env = make_env("Pendulum-v1", num_envs=2, seed=0)
+    spec, action_spec = env.observation_spec["observation"], env.action_spec
+    tanh_normal = make_actor(spec, action_spec)
+    for policy in (make_gsde_actor(spec, action_spec), make_actor(spec, action_spec, squash=False)):
+        with pytest.raises(InputError, match="closed-form KL between .* and TanhNormal"):
+            KLPenalty(policy, tanh_normal)
+    KLPenalty(make_actor(spec, action_spec), tanh_normal)  # the same kind: accepted
+    env.close()
+
+
 def test_kl_options_are_flat_command_line_flags():
     import tyro
 
