@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import torch
 from torch import nn
-from torch._C._functorch import is_functorch_wrapped_tensor
 
 
 class ObservationNormalizer(nn.Module):
@@ -55,35 +54,9 @@ class ObservationNormalizer(nn.Module):
         self.count.copy_(total)
 
     def forward(self, observation: torch.Tensor) -> torch.Tensor:
-        mean, std = self._statistics(observation.dtype)
+        mean = self.mean.to(observation.dtype)
+        std = torch.sqrt(self.var + self.epsilon).to(observation.dtype)
         return ((observation - mean) / std).clamp(-self.clip, self.clip)
-
-    def _statistics(self, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """The mean and standard deviation in ``dtype``, computed once per state of the statistics: a policy call
-        at batch 1 otherwise spends about as long on them as on a 64-unit layer. The cache is keyed on the buffers
-        themselves (identity, storage and in-place version: :meth:`update`, ``load_state_dict`` and device moves
-        each change one), the dtype, ``epsilon`` and inference mode (a tensor made under it cannot join autograd
-        later). Traced code and buffers swapped for functorch's wrapped tensors compute them afresh."""
-        mean, var = self.mean, self.var
-        if (
-            torch.compiler.is_compiling()
-            or is_functorch_wrapped_tensor(mean)
-            or is_functorch_wrapped_tensor(var)
-        ):
-            return self._compute_statistics(dtype)
-        key = (
-            mean.data_ptr(), var.data_ptr(), mean._version, var._version, dtype, self.epsilon,
-            torch.is_inference_mode_enabled(),
-        )  # fmt: skip
-        cached = self.__dict__.get("_cached_statistics")
-        if cached is None or cached[0] is not mean or cached[1] is not var or cached[2] != key:
-            with torch.no_grad():
-                cached = (mean, var, key, self._compute_statistics(dtype))
-            self.__dict__["_cached_statistics"] = cached
-        return cached[3]
-
-    def _compute_statistics(self, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.mean.to(dtype), torch.sqrt(self.var + self.epsilon).to(dtype)
 
 
 class RewardNormalizer(nn.Module):
