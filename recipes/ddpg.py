@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Literal
 
 import torch
-from torchrl.data import LazyTensorStorage, TensorDictReplayBuffer
+from torchrl.data import LazyTensorStorage
 from torchrl.objectives import SoftUpdate
 
 from agents import (
@@ -45,6 +45,7 @@ from agents.options import Options, defaults
 from errors import InputError
 from training import (
     Callback,
+    LeanReplayBuffer,
     OffPolicyCollectorConfig,
     OffPolicyOptimConfig,
     Run,
@@ -205,7 +206,7 @@ def main(config: DDPGConfig, *, callbacks: Sequence[Callback] = ()) -> dict:
     )
 
     # buffer
-    replay_buffer = TensorDictReplayBuffer(
+    replay_buffer = LeanReplayBuffer(
         storage=LazyTensorStorage(min(buffer_config.buffer_size, run_config.total_frames), device=device),
         batch_size=buffer_config.batch_size,
     )

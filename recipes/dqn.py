@@ -36,7 +36,7 @@ from typing import ClassVar, Literal
 import gymnasium as gym
 import torch
 from tensordict import TensorDict
-from torchrl.data import LazyTensorStorage, RandomSampler, TensorDictReplayBuffer
+from torchrl.data import LazyTensorStorage, RandomSampler
 from torchrl.envs.utils import ExplorationType
 from torchrl.modules import reset_noise
 
@@ -59,6 +59,7 @@ from errors import InputError
 from training import (
     Callback,
     FrameStackStorage,
+    LeanReplayBuffer,
     Learner,
     Run,
     RunConfig,
@@ -335,7 +336,7 @@ def main(config: DQNConfig, *, callbacks: Sequence[Callback] = ()) -> dict:
         storage = FrameStackStorage(buffer_config.buffer_size, device=device)
     else:
         storage = LazyTensorStorage(buffer_config.buffer_size, device=device)
-    replay_buffer = TensorDictReplayBuffer(
+    replay_buffer = LeanReplayBuffer(
         storage=storage,
         sampler=sampler,
         priority_key="td_error",

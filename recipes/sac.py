@@ -32,7 +32,7 @@ from typing import Literal
 
 import gymnasium as gym
 import torch
-from torchrl.data import LazyTensorStorage, TensorDictReplayBuffer
+from torchrl.data import LazyTensorStorage
 from torchrl.objectives import DiscreteSACLoss, SACLoss, SoftUpdate
 
 from agents import (
@@ -52,6 +52,7 @@ from agents.options import Options, defaults
 from errors import InputError
 from training import (
     Callback,
+    LeanReplayBuffer,
     OffPolicyCollectorConfig,
     OffPolicyOptimConfig,
     Run,
@@ -321,7 +322,7 @@ def main(
     collector = make_off_policy_collector(run_config, env, actor, frames_per_batch, random_frames, device)
 
     # buffer
-    replay_buffer = TensorDictReplayBuffer(
+    replay_buffer = LeanReplayBuffer(
         storage=LazyTensorStorage(min(buffer_config.buffer_size, run_config.total_frames), device=device),
         batch_size=buffer_config.batch_size,
     )

@@ -52,6 +52,7 @@ from training.lean_collector import LeanCollector
 from training.learner import EpochMinibatches, Learner, average_gradients, set_learning_rates, stack_metrics
 from training.optim import OffPolicyOptimConfig, anneal_learning_rates
 from training.presets import apply_preset
+from training.replay import LeanReplayBuffer
 from training.run import Run
 from training.seeding import prepare_process
 from training.signals import recipe_main
@@ -63,6 +64,7 @@ __all__ = [
     "EpochMinibatches",
     "FrameStackStorage",
     "LeanCollector",
+    "LeanReplayBuffer",
     "Learner",
     "OffPolicyCollectorConfig",
     "OffPolicyOptimConfig",

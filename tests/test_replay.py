@@ -1,0 +1,172 @@
+"""LeanReplayBuffer: TorchRL's TensorDictReplayBuffer, same contents, draws and state through its direct path."""
+
+import pytest
+import torch
+from tensordict import LazyStackedTensorDict, TensorDict
+from tensordict.utils import assert_close
+from torchrl.data import (
+    LazyMemmapStorage,
+    LazyTensorStorage,
+    PrioritizedSampler,
+    SamplerWithoutReplacement,
+    TensorDictReplayBuffer,
+)
+
+from training.replay import LeanReplayBuffer
+from training.state import _load_replay_buffer_state, _replay_buffer_state
+
+CAPACITY = 10
+
+
+def transitions(count: int, start: int, extra: bool = False) -> TensorDict:
+    """``count`` distinct transitions (values from ``start``), with a nested ``next`` and a doubly nested entry."""
+    values = torch.arange(start, start + count, dtype=torch.float32)
+    data = TensorDict(
+        {
+            "observation": values[:, None].expand(count, 3).clone(),
+            "action": (values[:, None] * 10).long(),
+            "next": {
+                "observation": values[:, None].expand(count, 3) + 0.5,
+                "reward": -values[:, None],
+                "done": (values[:, None] % 3) == 0,
+                "info": {"cost": values[:, None, None].expand(count, 2, 2).clone()},
+            },
+        },
+        batch_size=[count],
+    )
+    if extra:
+        data["extra"] = values
+    return data
+
+
+def buffer_pair(**kwargs):
+    """A TorchRL buffer and a lean one over identical storages, each with a generator seeded the same."""
+    kwargs = {"batch_size": 4} | kwargs
+    storage = kwargs.pop("storage", lambda: LazyTensorStorage(CAPACITY))
+    return tuple(
+        cls(storage=storage(), generator=torch.Generator().manual_seed(7), **kwargs)
+        for cls in (TensorDictReplayBuffer, LeanReplayBuffer)
+    )
+
+
+def assert_same_state(reference, lean, last_cursor=True):
+    assert len(reference) == len(lean)
+    assert reference._writer._cursor == lean._writer._cursor
+    assert reference._writer._write_count == lean._writer._write_count
+    if last_cursor:  # not part of TorchRL's saved state
+        assert torch.equal(
+            torch.as_tensor(reference._storage._last_cursor), torch.as_tensor(lean._storage._last_cursor)
+        )
+    filled = len(reference)  # the rows beyond are uninitialised memory
+    assert_close(reference._storage._storage[:filled], lean._storage._storage[:filled])
+
+
+def test_the_direct_path_runs_for_uniform_sampling_from_a_lazy_tensor_storage():
+    _, lean = buffer_pair()
+    lean.extend(transitions(2, 0))  # the first write initialises the storage through the parent
+    assert lean._lean_entries() is not None
+    for reason in (
+        {"sampler": PrioritizedSampler(CAPACITY, alpha=0.6, beta=0.4)},
+        {"sampler": SamplerWithoutReplacement()},
+        {"storage": lambda: LazyMemmapStorage(CAPACITY)},
+    ):
+        _, other = buffer_pair(**reason)
+        other.extend(transitions(2, 0))
+        assert other._lean_entries() is None, reason
+
+
+def test_extend_writes_what_torchrl_writes_through_wrap_around_and_a_full_lap():
+    reference, lean = buffer_pair()
+    start = 0
+    for count in (1, 3, 4, 1, 5, CAPACITY, 2, 7):  # wraps the ring buffer, once by a whole lap
+        given_reference, given_lean = transitions(count, start), transitions(count, start)
+        index_reference = reference.extend(given_reference)
+        index_lean = lean.extend(given_lean)
+        assert torch.equal(index_reference, index_lean)
+        assert set(given_reference.keys(True)) == set(given_lean.keys(True))  # the caller's data left alike
+        assert_same_state(reference, lean)
+        start += count
+
+
+@pytest.mark.filterwarnings("ignore:Got conflicting batch_sizes")
+def test_sample_draws_what_torchrl_draws():
+    reference, lean = buffer_pair()
+    for start in range(0, 23, 3):
+        reference.extend(transitions(3, start))
+        lean.extend(transitions(3, start))
+        for batch_size in (None, 1, 6):
+            sample_reference, info_reference = reference.sample(batch_size, return_info=True)
+            sample_lean, info_lean = lean.sample(batch_size, return_info=True)
+            assert_close(sample_reference, sample_lean)
+            assert sample_reference.device == sample_lean.device
+            assert sample_lean["next"].batch_size == sample_lean.batch_size
+            assert torch.equal(info_reference["index"], info_lean["index"])
+    sample = lean.sample()  # rows whole: every entry of a row comes from the same transition
+    assert torch.equal(sample["next", "reward"], -sample["observation"][:, :1])
+    assert torch.equal(sample["index"], lean._storage._storage["index"][sample["index"]])
+
+
+def test_lean_sampling_does_not_go_through_torchrl_storage_indexing(monkeypatch):
+    _, lean = buffer_pair()
+    lean.extend(transitions(6, 0))
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the direct path took TorchRL's route")
+
+    monkeypatch.setattr(TensorDictReplayBuffer, "_sample", refuse)
+    monkeypatch.setattr(LazyTensorStorage, "set", refuse)
+    lean.extend(transitions(3, 6))
+    assert lean.sample().batch_size == (4,)
+
+
+def test_inputs_outside_the_direct_path_are_the_parent_s():
+    reference, lean = buffer_pair()
+    for buffer in (reference, lean):
+        buffer.extend(transitions(4, 0))
+    for data in (
+        transitions(CAPACITY + 3, 10),  # more rows than the storage holds
+        LazyStackedTensorDict(*transitions(2, 30).unbind(0)),
+        transitions(2, 40).apply(lambda value: value.double() if value.is_floating_point() else value),
+        transitions(2, 50, extra=True),  # a key the storage has no room for
+    ):
+        outcomes = []
+        for buffer in (reference, lean):
+            try:
+                outcomes.append(buffer.extend(data.clone()))
+            except Exception as error:  # noqa: BLE001 - the parent's outcome, whatever it is
+                outcomes.append(type(error))
+        if isinstance(outcomes[0], torch.Tensor):
+            assert torch.equal(outcomes[0], outcomes[1])
+        else:
+            assert outcomes[0] is outcomes[1]
+        assert_same_state(reference, lean)
+    torch.manual_seed(0)
+    sample_reference = reference.sample()
+    torch.manual_seed(0)
+    assert_close(sample_reference, lean.sample())
+
+
+def test_an_empty_buffer_raises_torchrl_s_error():
+    reference, lean = buffer_pair()
+    errors = []
+    for buffer in (reference, lean):
+        with pytest.raises(Exception) as raised:
+            buffer.sample()
+        errors.append(type(raised.value))
+    assert errors[0] is errors[1]
+
+
+def test_a_saved_lean_buffer_loads_into_either_kind_and_carries_on_alike():
+    reference, lean = buffer_pair()
+    for start in range(0, 14, 2):
+        lean.extend(transitions(2, start))
+        reference.extend(transitions(2, start))
+    state = _replay_buffer_state(lean)
+    restored_reference, restored_lean = buffer_pair()
+    _load_replay_buffer_state(restored_reference, state)
+    _load_replay_buffer_state(restored_lean, state)
+    assert_same_state(reference, restored_lean, last_cursor=False)
+    assert_same_state(restored_reference, restored_lean, last_cursor=False)
+    for buffer in (restored_reference, restored_lean):
+        buffer.extend(transitions(3, 100))
+    assert_same_state(restored_reference, restored_lean)
