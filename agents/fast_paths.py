@@ -12,6 +12,11 @@ collection time on a MuJoCo task. :func:`install` makes ``from_any`` return tens
 for them anyway (a tensor is no dict, tuple, dataclass, array, DataFrame or HDF5 file); every other input takes
 TensorDict's own path. Importing :mod:`agents` installs it.
 
+:func:`unrolled` runs a network of the recipes' shape (``nn.Sequential`` or TorchRL ``MLP`` of ``nn.Linear``
+layers and activations) as one flat list of tensor operations, without a module call per layer: about 0.03 ms
+of a 0.05 ms Q-network call at batch 1 on a 2-core CPU. The lean policies, ``TensorDQNLoss`` and
+``TensorClipPPOLoss`` call their networks through it.
+
 :func:`compiled` is ``torch.compile`` as the recipes' ``--compile`` uses it: on the loss, and (through
 ``lean_policy(..., compile=True)``) on the collector's sampling step.
 """
@@ -24,12 +29,16 @@ from collections.abc import Callable
 from typing import TypeVar
 
 import torch
+import torch.nn.functional as F
 from tensordict import NestedKey, TensorDictBase, is_tensor_collection
 from tensordict.nn import TensorDictModule, TensorDictModuleBase, TensorDictSequential
 from tensordict.nn.probabilistic import InteractionType, interaction_type
 from tensordict.utils import expand_as_right
+from torch import nn
+from torch.nn.modules import module as torch_module
 from torchrl.data import Composite
 from torchrl.modules import (
+    MLP,
     AdditiveGaussianModule,
     EGreedyModule,
     ProbabilisticActor,
@@ -101,6 +110,49 @@ def install() -> None:
     TensorDictBase.from_any = classmethod(from_any)
 
 
+def unrolled(module: nn.Module) -> Callable[..., torch.Tensor]:
+    """``module``'s forward as a function of its inputs that runs containers and simple layers as tensor
+    operations, not module calls; it computes what ``module(*inputs)`` computes, with the same operations.
+
+    ``nn.Sequential`` and TorchRL ``MLP`` containers are flattened, ``nn.Linear`` runs as ``F.linear`` on the
+    layer's current weight and bias, ``nn.ReLU`` and ``nn.Tanh`` as their functions, ``nn.Identity`` not at
+    all, and any other submodule (a normaliser, ``NormalParamExtractor``, a layer with parameters of another
+    kind) is called as it is. A module with forward hooks is called as it is, and so is the whole network
+    while global module hooks are registered (``torch.nn.modules.module.register_module_forward_hook``).
+    Several inputs, and an ``MLP`` that reshapes its output, go through ``module`` itself.
+    """
+    steps = _unrolled_steps(module)
+    if steps == [module]:
+        return module.__call__  # a function either way: never registered as a submodule where it is kept
+
+    def forward(*inputs: torch.Tensor) -> torch.Tensor:
+        if len(inputs) != 1 or torch_module._global_forward_hooks or torch_module._global_forward_pre_hooks:
+            return module(*inputs)
+        x = inputs[0]
+        for step in steps:
+            x = step(x)
+        return x
+
+    return forward
+
+
+def _unrolled_steps(module: nn.Module) -> list[Callable[[torch.Tensor], torch.Tensor]]:
+    if module._forward_hooks or module._forward_pre_hooks or module._backward_hooks:
+        return [module]
+    kind = type(module)
+    if kind is nn.Linear:
+        return [lambda x: F.linear(x, module.weight, module.bias)]
+    if kind is nn.ReLU:
+        return [torch.relu_ if module.inplace else torch.relu]
+    if kind is nn.Tanh:
+        return [torch.tanh]
+    if kind is nn.Identity:
+        return []
+    if kind is nn.Sequential or (kind is MLP and not module._reshape_out):
+        return [step for child in module for step in _unrolled_steps(child)]
+    return [module]
+
+
 class _LeanPolicy(TensorDictModuleBase):
     """What the lean policies share: under ``ExplorationType.RANDOM`` (collection) their ``act`` writes the
     entries, under any other exploration type the policy they run (``policy``) answers."""
@@ -139,6 +191,7 @@ class LeanActor(_LeanPolicy):
         network, distribution = actor.module[0], actor.module[1]
         self.actor = actor
         self.network = network.module
+        self._network = unrolled(self.network)
         self.in_keys, self.out_keys = list(actor.in_keys), list(actor.out_keys)
         self.network_in_key = network.in_keys[0]
         self.parameter_keys = list(network.out_keys)
@@ -156,7 +209,7 @@ class LeanActor(_LeanPolicy):
         self, observation: torch.Tensor
     ) -> tuple[tuple[torch.Tensor, ...], torch.distributions.Distribution]:
         """The network's outputs (the distribution's parameters) for ``observation``, and the distribution."""
-        outputs = self.network(observation)
+        outputs = self._network(observation)
         if isinstance(outputs, torch.Tensor):
             outputs = (outputs,)
         distribution = self.distribution_class(
@@ -213,7 +266,7 @@ class LeanQPolicy(_LeanPolicy):
         self.policy = policy
         self.network_in_key = q_actor.module[0].in_keys[0]
         self.network = q_actor.module[0].module
-        self._compiled_network = compiled(self.network.forward) if compile else None
+        self._network = compiled(self.network.forward) if compile else unrolled(self.network)
         self.q_values = q_actor.module[1]
         self.exploration = exploration
         self.in_keys, self.out_keys = list(policy.in_keys), list(policy.out_keys)
@@ -225,7 +278,7 @@ class LeanQPolicy(_LeanPolicy):
         """The entries a collection call writes for ``observation`` (a batch of ``batch_shape``): the action, the
         Q-values and the chosen action's value."""
         q_values = self.q_values
-        values = (self._compiled_network or self.network)(observation)
+        values = self._network(observation)
         action = q_values.action_func_mapping[q_values.action_space](values)
         value_of = q_values.action_value_func_mapping.get(
             q_values.action_space, q_values._default_action_value
@@ -265,7 +318,7 @@ class LeanDeterministicPolicy(_LeanPolicy):
         network, squash = actor.module
         self.policy = policy
         self.network = network.module
-        self._compiled_network = compiled(self.network.forward) if compile else None
+        self._network = compiled(self.network.forward) if compile else unrolled(self.network)
         self.network_in_key, self.preactivation_key = network.in_keys[0], network.out_keys[0]
         self.squash, self.exploration = squash, exploration
         self.action_key = squash.out_keys[0]
@@ -274,7 +327,7 @@ class LeanDeterministicPolicy(_LeanPolicy):
     def act(self, observation: torch.Tensor, batch_shape: torch.Size) -> list[tuple[NestedKey, torch.Tensor]]:
         """The entries a collection call writes for ``observation`` (a batch of ``batch_shape``): the network's
         output and the noisy action."""
-        preactivation = (self._compiled_network or self.network)(observation)
+        preactivation = self._network(observation)
         squash = self.squash
         action = preactivation.tanh()  # TanhModule.forward, for its one key
         if squash.clamp:

@@ -12,25 +12,26 @@ runs the parent's forward unchanged. Tests check losses and gradients against th
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 from tensordict import TensorDict, TensorDictBase
 from tensordict.nn import TensorDictModule
-from torch import nn
 from torchrl.objectives import ClipPPOLoss
 from torchrl.objectives.utils import _clip_value_loss, distance_loss
 
-from agents.fast_paths import LeanActor, lean_policy
+from agents.fast_paths import LeanActor, lean_policy, unrolled
 
 
 @dataclass
 class _Networks:
     """The plain modules the loss calls (kept outside ``nn.Module`` registration: the loss's state dict and
-    parameters stay the parent's)."""
+    parameters stay the parent's): the actor, and the critic's network as :func:`agents.fast_paths.unrolled`
+    runs it."""
 
     actor: LeanActor
-    critic: nn.Module
+    critic: Callable[..., torch.Tensor]
 
 
 class TensorClipPPOLoss(ClipPPOLoss):
@@ -64,7 +65,7 @@ class TensorClipPPOLoss(ClipPPOLoss):
             and self.tensor_keys.action == actor.action_key
             and self.tensor_keys.sample_log_prob == actor.log_prob_key
         )
-        return _Networks(actor, critic.module) if covered else None
+        return _Networks(actor, unrolled(critic.module)) if covered else None
 
     def forward(self, tensordict: TensorDictBase) -> TensorDictBase:
         keys = self.tensor_keys

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import copy
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -31,6 +31,7 @@ from torchrl.objectives.utils import distance_loss
 from torchrl.objectives.value import TD0Estimator
 from torchrl.objectives.value.functional import td0_return_estimate
 
+from agents.fast_paths import unrolled
 from agents.networks import ACTIVATIONS, observation_encoder
 from agents.options import Options
 from envs.specs import ACTION_MASK_KEY
@@ -383,6 +384,7 @@ class TensorDQNLoss(DQNLoss):
         super().__init__(value_network, **{"delay_value": True, **kwargs})
         q_module = value_network[0]
         self._q_network = q_module.module
+        self._q_forward = unrolled(self._q_network)  # the network's forward without a module call per layer
         self._observation_keys = list(q_module.in_keys)
         self._target_network: nn.Module | None = None  # see _target
         self._target()
@@ -393,8 +395,9 @@ class TensorDQNLoss(DQNLoss):
             self._target()  # rebuilt on the moved target tensors, ready for a compiled forward
         return module
 
-    def _target(self) -> nn.Module:
-        """A copy of the Q-network whose parameters and buffers are the target tensors themselves.
+    def _target(self) -> Callable[..., torch.Tensor]:
+        """The forward (:func:`agents.fast_paths.unrolled`) of a copy of the Q-network whose parameters and
+        buffers are the target tensors themselves.
 
         Target updaters and ``load_state_dict`` write those tensors in place, so the copy always computes with
         the current target values, without swapping parameters in and out on every call. It is rebuilt if the
@@ -402,7 +405,7 @@ class TensorDQNLoss(DQNLoss):
         (``--compile``) uses the copy as it is, since building one inside a compiled graph would break it.
         """
         if torch.compiler.is_compiling():
-            return self._target_network
+            return self._target_forward
         # the target tensors themselves (the attribute would warn while no target updater is attached yet)
         target_params = self._modules["target_value_network_params"]
         tensor = next(iter(target_params.values(True, True)))
@@ -416,10 +419,11 @@ class TensorDQNLoss(DQNLoss):
             target_params.to_module(actor)
             # kept out of the module tree: its tensors are already the loss module's target parameters
             object.__setattr__(self, "_target_network", actor[0].module)
+            object.__setattr__(self, "_target_forward", unrolled(actor[0].module))
             object.__setattr__(self, "_target_anchor", anchor)
         if self._target_network.training != self._q_network.training:
             self._target_network.train(self._q_network.training)
-        return self._target_network
+        return self._target_forward
 
     def _chosen(self, action_values: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
         if self.action_space == "categorical":
@@ -442,7 +446,7 @@ class TensorDQNLoss(DQNLoss):
         target_network = self._target()
         observations = [tensordict.get(key) for key in self._observation_keys]
         next_observations = [tensordict.get(("next", key)) for key in self._observation_keys]
-        chosen_value_B = self._chosen(self._q_network(*observations), tensordict.get(keys.action))
+        chosen_value_B = self._chosen(self._q_forward(*observations), tensordict.get(keys.action))
 
         with torch.no_grad():
             # the next state's allowed actions, when the env gives them: the bootstrap takes the best of those
@@ -452,7 +456,7 @@ class TensorDQNLoss(DQNLoss):
                 return values_BA if next_mask_BA is None else values_BA.masked_fill(~next_mask_BA, -torch.inf)
 
             if self.double_dqn:  # the online network picks the next action, the target network values it
-                next_action_B1 = allowed(self._q_network(*next_observations)).argmax(-1, keepdim=True)
+                next_action_B1 = allowed(self._q_forward(*next_observations)).argmax(-1, keepdim=True)
             next_values_BA = target_network(*next_observations)
             if self.double_dqn:
                 next_value_B1 = next_values_BA.gather(-1, next_action_B1)

@@ -55,6 +55,7 @@ from training import (
     apply_preset,
     check_batch_fits_buffer,
     check_ranges,
+    clip_gradients,
     make_off_policy_collector,
     make_training_env,
     prepare_process,
@@ -240,8 +241,8 @@ def main(config: DDPGConfig, *, callbacks: Sequence[Callback] = ()) -> dict:
         critic_optimizer.zero_grad(set_to_none=True)
         (loss["loss_actor"] + loss["loss_value"]).backward()  # each term reaches only its own network
         if clip:
-            torch.nn.utils.clip_grad_norm_(actor_parameters, max_grad_norm)
-            torch.nn.utils.clip_grad_norm_(critic_parameters, max_grad_norm)
+            clip_gradients(actor_parameters, max_grad_norm)
+            clip_gradients(critic_parameters, max_grad_norm)
         actor_optimizer.step()
         critic_optimizer.step()
         target_updater.step()

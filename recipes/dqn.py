@@ -70,6 +70,7 @@ from training import (
     check_batch_fits_buffer,
     check_gradient_workers,
     check_ranges,
+    fused_adam,
     make_collector,
     make_training_env,
     prepare_process,
@@ -345,9 +346,7 @@ def main(config: DQNConfig, *, callbacks: Sequence[Callback] = ()) -> dict:
 
     # optimizer
     parameters = [p for p in loss_module.value_network_params.values(True, True) if p.requires_grad]
-    optimizer = torch.optim.Adam(
-        parameters, lr=config.optim.lr, eps=config.optim.adam_eps, fused=device.type in ("cpu", "cuda")
-    )
+    optimizer = fused_adam(parameters, lr=config.optim.lr, eps=config.optim.adam_eps)
 
     max_grad_norm = config.optim.max_grad_norm
     learning_starts, updates_per_batch = config.collector.learning_starts, config.collector.updates_per_batch

@@ -70,6 +70,7 @@ from training import (
     apply_preset,
     check_gradient_workers,
     check_ranges,
+    fused_adam,
     make_collector,
     make_training_env,
     prepare_process,
@@ -375,11 +376,10 @@ def main(
 
     # optimizer: one Adam, the actor's and the critic's parameters in groups of their own learning rates
     actor_parameters, critic_parameters = split_parameters([actor, addons], [loss_module])
-    optimizer = torch.optim.Adam(
+    optimizer = fused_adam(
         [{"params": actor_parameters}, {"params": critic_parameters}],
         lr=optim_config.lr,
         eps=optim_config.adam_eps,
-        fused=device.type in ("cpu", "cuda"),
     )
     budget = num_batches * frames_per_batch  # the schedules' frames
 

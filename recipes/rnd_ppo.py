@@ -72,6 +72,7 @@ from training import (
     apply_preset,
     check_gradient_workers,
     check_ranges,
+    fused_adam,
     make_collector,
     make_training_env,
     prepare_process,
@@ -306,9 +307,7 @@ def main(
 
     # optimizer: actor, both critics, the RND predictor (the RND target is frozen) and any add-on parameters
     parameters = trainable_parameters(loss_module, intrinsic_critic, rnd, addons)
-    optimizer = torch.optim.Adam(
-        parameters, lr=optim_config.lr, eps=optim_config.adam_eps, fused=device.type in ("cpu", "cuda")
-    )
+    optimizer = fused_adam(parameters, lr=optim_config.lr, eps=optim_config.adam_eps)
     budget = num_batches * frames_per_batch  # the schedules' frames
 
     loss_keys = ["loss_objective", "loss_critic"] + (["loss_entropy"] if loss_config.entropy_coef > 0 else [])

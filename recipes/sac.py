@@ -62,6 +62,7 @@ from training import (
     apply_preset,
     check_batch_fits_buffer,
     check_ranges,
+    clip_gradients,
     make_off_policy_collector,
     make_training_env,
     prepare_process,
@@ -365,8 +366,8 @@ def main(
             optimizer.zero_grad(set_to_none=True)
         total.backward()
         if clip:
-            torch.nn.utils.clip_grad_norm_(actor_parameters, max_grad_norm)
-            torch.nn.utils.clip_grad_norm_(critic_parameters, max_grad_norm)
+            clip_gradients(actor_parameters, max_grad_norm)
+            clip_gradients(critic_parameters, max_grad_norm)
         for optimizer in optimizers:
             optimizer.step()
         target_updater.step()

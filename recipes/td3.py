@@ -53,6 +53,7 @@ from training import (
     apply_preset,
     check_batch_fits_buffer,
     check_ranges,
+    clip_gradients,
     make_off_policy_collector,
     make_training_env,
     prepare_process,
@@ -246,7 +247,7 @@ def main(config: TD3Config, *, callbacks: Sequence[Callback] = ()) -> dict:
         critic_optimizer.zero_grad(set_to_none=True)
         loss_qvalue.backward()
         if clip:
-            torch.nn.utils.clip_grad_norm_(critic_parameters, max_grad_norm)
+            clip_gradients(critic_parameters, max_grad_norm)
         critic_optimizer.step()
         if not update_actor:
             return loss_qvalue.detach(), None
@@ -254,7 +255,7 @@ def main(config: TD3Config, *, callbacks: Sequence[Callback] = ()) -> dict:
         actor_optimizer.zero_grad(set_to_none=True)
         loss_actor.backward()
         if clip:
-            torch.nn.utils.clip_grad_norm_(actor_parameters, max_grad_norm)
+            clip_gradients(actor_parameters, max_grad_norm)
         actor_optimizer.step()
         target_updater.step()
         return loss_qvalue.detach(), loss_actor.detach()

@@ -2,11 +2,14 @@
 
 import pytest
 import torch
+from torch import nn
 from torchrl.collectors import Collector
 from torchrl.envs.utils import ExplorationType, set_exploration_type
+from torchrl.modules import MLP
 
 from agents import make_actor, make_deterministic_actor, make_gsde_actor, make_q_actor
-from agents.fast_paths import LeanActor, LeanDeterministicPolicy, LeanQPolicy, lean_policy
+from agents.fast_paths import LeanActor, LeanDeterministicPolicy, LeanQPolicy, lean_policy, unrolled
+from agents.normalization import ObservationNormalizer
 from envs import make_env
 from training import RunConfig
 from training.collectors import make_collector
@@ -133,3 +136,62 @@ def test_the_single_process_collector_collects_what_the_plain_actor_would():
     assert set(lean_batch.keys(True, True)) == set(actor_batch.keys(True, True))
     for key in actor_batch.keys(True, True):
         assert torch.equal(lean_batch[key], actor_batch[key]), key
+
+
+def _networks():
+    normalizer = ObservationNormalizer((3,))
+    normalizer.update(torch.randn(64, 3, dtype=torch.float64) * 4 + 1)
+    yield "sequential", nn.Sequential(nn.Linear(3, 8), nn.ReLU(), nn.Linear(8, 8), nn.Tanh(), nn.Linear(8, 2))
+    yield (
+        "nested, normaliser, other layers",
+        nn.Sequential(
+            nn.Sequential(normalizer, nn.Identity()),
+            MLP(in_features=3, out_features=4, num_cells=[8, 8], activation_class=nn.ELU),
+            nn.LayerNorm(4),
+            nn.ReLU(inplace=True),
+        ),
+    )
+    yield "reshaping MLP", MLP(in_features=3, out_features=(2, 2), num_cells=[8])
+
+
+@pytest.mark.parametrize("name", ["sequential", "nested, normaliser, other layers", "reshaping MLP"])
+def test_unrolled_computes_what_the_module_computes(name):
+    torch.manual_seed(0)
+    network = dict(_networks())[name]
+    forward = unrolled(network)
+    inputs = torch.randn(5, 3)
+    expected = network(inputs)
+    result = forward(inputs)
+    assert torch.equal(result, expected)
+    expected.square().sum().backward()
+    expected_grads = [parameter.grad.clone() for parameter in network.parameters()]
+    network.zero_grad()
+    forward(inputs).square().sum().backward()
+    for parameter, grad in zip(network.parameters(), expected_grads, strict=True):
+        assert torch.equal(parameter.grad, grad)
+    with torch.no_grad():  # the layers' current parameters, not copies: an update shows at once
+        next(network.parameters()).add_(1.0)
+    assert torch.equal(forward(inputs), network(inputs))
+
+
+def test_unrolled_calls_modules_with_hooks_and_under_global_hooks():
+    network = nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 1))
+    calls = []
+    network[2].register_forward_hook(lambda module, args, output: calls.append("layer"))
+    forward = unrolled(network)
+    forward(torch.randn(2, 3))
+    assert calls == ["layer"]
+    handle = nn.modules.module.register_module_forward_hook(
+        lambda module, args, output: calls.append("global")
+    )
+    try:
+        forward(torch.randn(2, 3))
+    finally:
+        handle.remove()
+    assert calls.count("global") == 4  # the container and its three layers, as a module call runs them
+    two_inputs = (
+        torch.randn(2, 1),
+        torch.randn(2, 2),
+    )  # several inputs: the module itself (MLP concatenates)
+    mlp = MLP(in_features=3, out_features=1, num_cells=[4])
+    assert torch.equal(unrolled(mlp)(*two_inputs), mlp(*two_inputs))

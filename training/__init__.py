@@ -19,7 +19,8 @@
 ``tuning``         Optuna search spaces, trials reporting evaluations to their pruner, the best trial as a preset
 ``learner``        :class:`Learner`: a recipe's update as compute_gradients / apply_gradients / weights / parameters
 ``gradient_workers`` learning on Ray gradient workers (``--gradient-workers``), synchronous or asynchronous
-``optim``          the off-policy recipes' optimiser options, the --anneal-lr schedule
+``optim``          the off-policy recipes' optimiser options, the --anneal-lr schedule, the lean fused Adam step
+                   and gradient clipping
 ``frame_storage``  a replay storage that keeps each frame of stacked image observations once (Atari)
 ``presets``        hyperparameters per (recipe, env) from the recipes' preset tables
 ``cli``            the command line and its exit codes
@@ -50,7 +51,7 @@ from training.gradient_workers import (
 )
 from training.lean_collector import LeanCollector
 from training.learner import EpochMinibatches, Learner, average_gradients, set_learning_rates, stack_metrics
-from training.optim import OffPolicyOptimConfig, anneal_learning_rates
+from training.optim import LeanAdam, OffPolicyOptimConfig, anneal_learning_rates, clip_gradients, fused_adam
 from training.presets import apply_preset
 from training.replay import LeanReplayBuffer
 from training.run import Run
@@ -63,6 +64,7 @@ __all__ = [
     "Callback",
     "EpochMinibatches",
     "FrameStackStorage",
+    "LeanAdam",
     "LeanCollector",
     "LeanReplayBuffer",
     "Learner",
@@ -78,8 +80,10 @@ __all__ = [
     "check_batch_fits_buffer",
     "check_gradient_workers",
     "check_ranges",
+    "clip_gradients",
     "config_to_dict",
     "evaluation_seed",
+    "fused_adam",
     "make_collector",
     "make_off_policy_collector",
     "make_training_env",

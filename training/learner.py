@@ -25,6 +25,7 @@ from tensordict import TensorDictBase
 from torch import nn
 
 from errors import InputError
+from training.optim import clip_gradients
 
 LossFunction = Callable[[TensorDictBase], tuple[torch.Tensor, TensorDictBase]]
 """``minibatch -> (total loss to minimise, detached metrics to log)``."""
@@ -146,7 +147,7 @@ class Learner:
                 [parameter.grad for parameter in self.parameters if parameter.grad is not None]
             )
         else:
-            grad_norm = torch.nn.utils.clip_grad_norm_(self.parameters, self.max_grad_norm)
+            grad_norm = clip_gradients(self.parameters, self.max_grad_norm)
         self.optimizer.step()
         self.steps += 1
         if self.after_step is not None:

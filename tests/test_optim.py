@@ -1,0 +1,149 @@
+"""LeanAdam and clip_gradients against torch's Adam and clip_grad_norm_: the same parameters, moments, step
+counters and norms, and the shortcut really taken where it applies."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+
+from training import LeanAdam, clip_gradients, fused_adam
+
+
+def _network(seed: int = 0) -> nn.Module:
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(5, 16), nn.Tanh(), nn.Linear(16, 3), nn.Tanh(), nn.Linear(3, 1))
+
+
+def _backward(network: nn.Module, seed: int, skip_last: bool = False) -> None:
+    generator = torch.Generator().manual_seed(seed)
+    inputs = torch.randn(32, 5, generator=generator)
+    loss = (network(inputs) - torch.randn(32, 1, generator=generator)).pow(2).mean() * 50.0
+    loss.backward()
+    if skip_last:  # a parameter without a gradient on this step
+        network[4].bias.grad = None
+
+
+def _assert_same(
+    left: torch.optim.Optimizer, right: torch.optim.Optimizer, a: nn.Module, b: nn.Module
+) -> None:
+    for parameter_a, parameter_b in zip(a.parameters(), b.parameters(), strict=True):
+        torch.testing.assert_close(parameter_a, parameter_b, rtol=0, atol=0)
+    state_a, state_b = left.state_dict()["state"], right.state_dict()["state"]
+    assert state_a.keys() == state_b.keys()
+    for key in state_a:
+        for name in state_a[key]:
+            torch.testing.assert_close(state_a[key][name], state_b[key][name], rtol=0, atol=0)
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"lr": 1e-2},
+        {"lr": 3e-3, "eps": 1e-5, "betas": (0.8, 0.95), "weight_decay": 1e-2},
+        {"lr": 3e-3, "amsgrad": True, "maximize": True},
+        {"lr": 3e-3, "weight_decay": 1e-2, "decoupled_weight_decay": True},
+    ],
+)
+def test_lean_adam_steps_as_fused_adam(options: dict) -> None:
+    reference_network, lean_network = _network(), _network()
+    reference = torch.optim.Adam(
+        [
+            {"params": reference_network[0].parameters()},
+            {"params": reference_network[2:].parameters(), "lr": 1e-3},
+        ],
+        fused=True,
+        **options,
+    )
+    lean = LeanAdam(
+        [{"params": lean_network[0].parameters()}, {"params": lean_network[2:].parameters(), "lr": 1e-3}],
+        fused=True,
+        **options,
+    )
+    for step in range(6):
+        for network, optimizer in ((reference_network, reference), (lean_network, lean)):
+            optimizer.zero_grad(set_to_none=True)
+            _backward(network, step, skip_last=step == 3)
+            optimizer.step()
+        if step == 2:  # a learning-rate change between steps, as schedules make
+            for optimizer in (reference, lean):
+                optimizer.param_groups[0]["lr"] *= 0.5
+        _assert_same(reference, lean, reference_network, lean_network)
+
+
+def test_lean_adam_takes_the_shortcut_after_the_first_step(monkeypatch: pytest.MonkeyPatch) -> None:
+    network = _network()
+    optimizer = fused_adam(network.parameters(), lr=1e-3)
+    assert type(optimizer) is LeanAdam
+    _backward(network, 0)
+    optimizer.step()  # Adam's own step creates the state
+    calls = []
+    monkeypatch.setattr(torch.optim.Adam, "step", lambda *args, **kwargs: calls.append(args))
+    optimizer.zero_grad()
+    assert all(parameter.grad is None for parameter in network.parameters())
+    _backward(network, 1)
+    optimizer.step()
+    assert not calls, "the shortcut fell back to Adam's step"
+    assert all(int(state["step"]) == 2 for state in optimizer.state.values())
+
+
+def test_lean_adam_falls_back_where_the_shortcut_does_not_apply() -> None:
+    reference_network, lean_network = _network(), _network()
+    reference = torch.optim.Adam(reference_network.parameters(), lr=torch.tensor(1e-2), fused=True)
+    lean = LeanAdam(lean_network.parameters(), lr=torch.tensor(1e-2), fused=True)  # a tensor learning rate
+    for step in range(3):
+        for network, optimizer in ((reference_network, reference), (lean_network, lean)):
+            optimizer.zero_grad(set_to_none=False)  # zeroed, not dropped: Adam's own zero_grad
+            _backward(network, step)
+            optimizer.step()
+        _assert_same(reference, lean, reference_network, lean_network)
+    with pytest.raises(ValueError, match="fused=True"):
+        LeanAdam(lean_network.parameters(), lr=1e-3)
+
+
+def test_lean_adam_resumes_from_adams_state_dict() -> None:
+    reference_network, lean_network = _network(), _network()
+    reference = torch.optim.Adam(reference_network.parameters(), lr=1e-2, fused=True)
+    _backward(reference_network, 0)
+    reference.step()
+    lean_network.load_state_dict(reference_network.state_dict())
+    lean = LeanAdam(lean_network.parameters(), lr=1e-2, fused=True)
+    lean.load_state_dict(copy.deepcopy(reference.state_dict()))
+    for step in range(1, 4):
+        for network, optimizer in ((reference_network, reference), (lean_network, lean)):
+            optimizer.zero_grad()
+            _backward(network, step)
+            optimizer.step()
+        _assert_same(reference, lean, reference_network, lean_network)
+
+
+@pytest.mark.parametrize("max_norm", [1e-3, 0.5, 1e6])
+def test_clip_gradients_is_clip_grad_norm(max_norm: float) -> None:
+    reference_network, lean_network = _network(), _network()
+    for network in (reference_network, lean_network):
+        _backward(network, 0, skip_last=True)
+    expected = torch.nn.utils.clip_grad_norm_(reference_network.parameters(), max_norm)
+    total = clip_gradients(lean_network.parameters(), max_norm)
+    torch.testing.assert_close(total, expected, rtol=0, atol=0)
+    for reference, lean in zip(reference_network.parameters(), lean_network.parameters(), strict=True):
+        assert (reference.grad is None) == (lean.grad is None)
+        if lean.grad is not None:
+            torch.testing.assert_close(lean.grad, reference.grad, rtol=0, atol=0)
+    if max_norm < 1.0:
+        clipped = torch.linalg.vector_norm(
+            torch.stack([p.grad.norm() for p in lean_network.parameters() if p.grad is not None])
+        )
+        assert clipped == pytest.approx(max_norm, rel=1e-4)
+
+
+def test_clip_gradients_mixed_dtypes_and_no_gradients() -> None:
+    first, second = nn.Parameter(torch.ones(3)), nn.Parameter(torch.ones(2, dtype=torch.float64))
+    first.grad, second.grad = torch.full((3,), 2.0), torch.full((2,), 2.0, dtype=torch.float64)
+    total = clip_gradients([first, second], 1.0)  # torch's own function for several dtypes
+    assert total.item() == pytest.approx(20**0.5)
+    assert torch.linalg.vector_norm(first.grad).item() ** 2 + torch.linalg.vector_norm(
+        second.grad
+    ).item() ** 2 == pytest.approx(1.0, rel=1e-5)
+    assert clip_gradients([nn.Parameter(torch.ones(2))], 1.0).item() == 0.0
