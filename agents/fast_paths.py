@@ -13,7 +13,7 @@ for them anyway (a tensor is no dict, tuple, dataclass, array, DataFrame or HDF5
 TensorDict's own path. Importing :mod:`agents` installs it.
 
 :func:`unrolled` runs a network of the recipes' shape (``nn.Sequential`` or TorchRL ``MLP`` of ``nn.Linear``
-layers and activations) as one flat list of tensor operations, without a module call per layer: about 0.03 ms
+layers and activations) as one flat list of tensor operations, without a module call per layer: about 0.02 ms
 of a 0.05 ms Q-network call at batch 1 on a 2-core CPU. The lean policies, ``TensorDQNLoss`` and
 ``TensorClipPPOLoss`` call their networks through it.
 
