@@ -200,6 +200,38 @@ def test_epoch_minibatches_match_torchrl_sampler_without_replacement(length, siz
             assert len(drawn.unique()) == len(drawn) == size * (length // size)
 
 
+@pytest.mark.parametrize("shape", [(48,), (48, 2)])
+def test_epoch_minibatches_are_what_indexing_the_items_gives(shape):
+    import math
+
+    import torch
+    from tensordict import TensorDict
+
+    from training import EpochMinibatches
+
+    items = TensorDict(
+        {
+            "x": torch.randn(*shape, 3),
+            "flag": torch.rand(*shape, 1) < 0.5,
+            "nested": TensorDict({"y": torch.arange(2 * math.prod(shape)).reshape(*shape, 2)}, shape),
+        },
+        shape,
+    )
+    lazy = TensorDict.lazy_stack(list(items.unbind(0)))  # not plain: TensorDict's own indexing
+    for source in (items, lazy):
+        torch.manual_seed(3)
+        minibatches = list(EpochMinibatches(16)(source, 6))
+        torch.manual_seed(3)
+        permutations = [torch.randperm(shape[0]) for _ in range(3)]
+        for number, minibatch in enumerate(minibatches):
+            index = permutations[number // 3][(number % 3) * 16 : (number % 3 + 1) * 16]
+            expected = items[index]
+            assert minibatch.batch_size == expected.batch_size
+            assert set(minibatch.keys(True, True)) == set(expected.keys(True, True))
+            for key in expected.keys(True, True):
+                assert torch.equal(minibatch[key], expected[key]), key
+
+
 def test_epoch_minibatches_resume_where_they_stopped_and_refuse_bad_state():
     import torch
     from tensordict import TensorDict

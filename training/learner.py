@@ -21,11 +21,12 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import torch
-from tensordict import TensorDictBase
+from tensordict import TensorDict, TensorDictBase
 from torch import nn
 
 from errors import InputError
 from training.optim import clip_gradients
+from training.replay import _entries, _gather
 
 LossFunction = Callable[[TensorDictBase], tuple[torch.Tensor, TensorDictBase]]
 """``minibatch -> (total loss to minimise, detached metrics to log)``."""
@@ -239,8 +240,10 @@ class EpochMinibatches:
     The same indices, from the same random draws, as TorchRL's ``SamplerWithoutReplacement(drop_last=True)``
     over a ``LazyTensorStorage`` holding the batch (the next permutation is drawn as soon as one runs out, and a
     pending one carries over to the next batch of the same size), without copying the batch into a storage first
-    and indexing it through the replay buffer on every sample: a fifth of a small-network PPO step. Its state
-    (the pending permutation) is saved for resume.
+    and indexing it through the replay buffer on every sample: a fifth of a small-network PPO step. Where the
+    items are plain tensors in plain TensorDicts, each minibatch is gathered entry by entry with ``index_select``
+    (what ``items[index]`` returns, about 0.1 ms sooner for PPO's dozen entries). Its state (the pending
+    permutation) is saved for resume.
 
     Examples:
         >>> minibatches = EpochMinibatches(64)
@@ -262,13 +265,15 @@ class EpochMinibatches:
             raise ValueError(f"EpochMinibatches: {length} items cannot fill a minibatch of {self.size}.")
         if self._pending is not None and self._pending.device != items.device:  # resumed onto another device
             self._pending = self._pending.to(items.device)
+        # plain tensors in plain TensorDicts: each entry gathered with index_select, as items[index] gathers them
+        plain = type(items) is TensorDict and _entries(items, items.batch_size) is not None
         for _ in range(count):
             if self._pending is None or self._length != length:
                 self._pending, self._length = torch.randperm(length, device=items.device), length
             index, self._pending = self._pending[: self.size], self._pending[self.size :]
             if len(self._pending) < self.size:  # the epoch is over: the next one's permutation, drawn now
                 self._pending = torch.randperm(length, device=self._pending.device)
-            yield items[index]
+            yield _gather(items, index) if plain else items[index]
 
     def state_dict(self) -> dict[str, Any]:
         return {"pending": self._pending, "length": self._length}

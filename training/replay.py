@@ -159,7 +159,8 @@ def _entries(data: TensorDict, batch_size: torch.Size, prefix: tuple[str, ...] =
 
 
 def _gather(data: TensorDict, index: torch.Tensor, skip: str | None = None) -> TensorDict:
-    """``data[index]`` for a 1-D ``index``, for the TensorDicts :func:`_entries` accepts, without ``skip``."""
+    """``data[index]`` for a 1-D ``index`` along the first dimension, for the TensorDicts :func:`_entries`
+    accepts, without ``skip``."""
     return TensorDict._new_unsafe(
         {
             name: torch.index_select(value, 0, index)
@@ -168,6 +169,6 @@ def _gather(data: TensorDict, index: torch.Tensor, skip: str | None = None) -> T
             for name, value in data._tensordict.items()
             if name != skip
         },
-        batch_size=index.shape,
+        batch_size=index.shape + data.batch_size[1:],
         device=data.device,
     )
