@@ -66,8 +66,16 @@ class StackedNetwork:
         flat = {name: parameters.get(key) for key, name in self.names.items()}
         if not stacked:
             return self._call(flat, inputs)
-        members = len(next(iter(flat.values())))
-        return torch.stack([self.member(parameters, k, *inputs) for k in range(members)])
+        # each stacked tensor unbound once: its gradient comes back as one stack of the members' gradients, where
+        # indexing member by member zero-fills a gradient of the whole stack for each member and adds them
+        unbound = {name: value.unbind(0) for name, value in flat.items()}
+        members = len(next(iter(unbound.values())))
+        return torch.stack(
+            [
+                self._call({name: values[k] for name, values in unbound.items()}, inputs)
+                for k in range(members)
+            ]
+        )
 
     def member(self, parameters: TensorDictBase, index: int, *inputs: torch.Tensor) -> torch.Tensor:
         """The output of member ``index`` alone, with stacked parameters."""
