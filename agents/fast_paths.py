@@ -119,29 +119,36 @@ def unrolled(module: nn.Module) -> Callable[..., torch.Tensor]:
     all, and any other submodule (a normaliser, ``NormalParamExtractor``, a layer with parameters of another
     kind) is called as it is. A module with forward hooks is called as it is, and so is the whole network
     while global module hooks are registered (``torch.nn.modules.module.register_module_forward_hook``).
-    Several inputs, and an ``MLP`` that reshapes its output, go through ``module`` itself.
+    Several inputs, and an ``MLP`` that reshapes its output, go through ``module`` itself. The function holds
+    the modules themselves (not closures over them), so a deep copy of its owner computes with the copied
+    modules.
     """
-    steps = _unrolled_steps(module)
-    if steps == [module]:
-        return module.__call__  # a function either way: never registered as a submodule where it is kept
+    return _Unrolled(module)
 
-    def forward(*inputs: torch.Tensor) -> torch.Tensor:
+
+class _Unrolled:
+    """What :func:`unrolled` returns: ``module`` and its steps, each a layer (``nn.Linear``: ``F.linear`` on its
+    parameters), an activation function, or a submodule to call."""
+
+    def __init__(self, module: nn.Module):
+        self.module = module
+        self.steps = _unrolled_steps(module)
+
+    def __call__(self, *inputs: torch.Tensor) -> torch.Tensor:
         if len(inputs) != 1 or torch_module._global_forward_hooks or torch_module._global_forward_pre_hooks:
-            return module(*inputs)
+            return self.module(*inputs)
         x = inputs[0]
-        for step in steps:
-            x = step(x)
+        for step in self.steps:
+            x = F.linear(x, step.weight, step.bias) if type(step) is nn.Linear else step(x)
         return x
-
-    return forward
 
 
 def _unrolled_steps(module: nn.Module) -> list[Callable[[torch.Tensor], torch.Tensor]]:
     if module._forward_hooks or module._forward_pre_hooks or module._backward_hooks:
-        return [module]
+        return [module.__call__]  # called with its hooks (a bound method, never mistaken for a bare layer)
     kind = type(module)
     if kind is nn.Linear:
-        return [lambda x: F.linear(x, module.weight, module.bias)]
+        return [module]  # run as F.linear by _Unrolled
     if kind is nn.ReLU:
         return [torch.relu_ if module.inplace else torch.relu]
     if kind is nn.Tanh:

@@ -195,3 +195,21 @@ def test_unrolled_calls_modules_with_hooks_and_under_global_hooks():
     )  # several inputs: the module itself (MLP concatenates)
     mlp = MLP(in_features=3, out_features=1, num_cells=[4])
     assert torch.equal(unrolled(mlp)(*two_inputs), mlp(*two_inputs))
+
+
+def test_unrolled_in_a_deep_copy_computes_with_the_copied_modules():
+    import copy
+
+    holder = nn.Module()
+    holder.network = nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 1))
+    holder.network[0].register_forward_hook(
+        lambda module, args, output: output * 2
+    )  # a hooked layer keeps its hook
+    holder.forward_fn = unrolled(holder.network)
+    inputs = torch.randn(2, 3)
+    assert torch.equal(holder.forward_fn(inputs), holder.network(inputs))
+    copied = copy.deepcopy(holder)
+    with torch.no_grad():
+        copied.network[2].bias.add_(1.0)
+    assert torch.equal(copied.forward_fn(inputs), copied.network(inputs))
+    assert not torch.equal(copied.forward_fn(inputs), holder.forward_fn(inputs))
