@@ -147,3 +147,28 @@ def test_clip_gradients_mixed_dtypes_and_no_gradients() -> None:
         second.grad
     ).item() ** 2 == pytest.approx(1.0, rel=1e-5)
     assert clip_gradients([nn.Parameter(torch.ones(2))], 1.0).item() == 0.0
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_lean_adam_and_clip_gradients_on_cuda() -> None:
+    """The shortcut's fused kernel and the clipping on a GPU give what Adam's fused step and torch's clipping give."""
+    reference_network, lean_network = _network().cuda(), _network().cuda()
+    reference = torch.optim.Adam(reference_network.parameters(), lr=3e-3, weight_decay=1e-2, fused=True)
+    lean = fused_adam(lean_network.parameters(), lr=3e-3, weight_decay=1e-2)
+    assert type(lean) is LeanAdam
+    generator = torch.Generator().manual_seed(0)
+    for _ in range(5):
+        inputs, targets = (
+            torch.randn(32, 5, generator=generator).cuda(),
+            torch.randn(32, 1, generator=generator),
+        )
+        for network, optimizer, clip in (
+            (reference_network, reference, torch.nn.utils.clip_grad_norm_),
+            (lean_network, lean, clip_gradients),
+        ):
+            optimizer.zero_grad(set_to_none=True)
+            ((network(inputs) - targets.cuda()).pow(2).mean() * 50.0).backward()
+            norm = clip(network.parameters(), 0.5)
+            assert norm.device.type == "cuda"
+            optimizer.step()
+        _assert_same(reference, lean, reference_network, lean_network)

@@ -105,7 +105,8 @@ class LeanReplayBuffer(TensorDictReplayBuffer):
         storage, writer = self._storage, self._writer
         with self._replay_lock, self._write_lock:
             count, capacity, cursor = len(tensordicts), storage.max_size, writer._cursor
-            index = torch.arange(cursor, cursor + count, dtype=torch.long, device=storage.device) % capacity
+            device = tensordicts.device or "cpu"  # where TorchRL's writer puts the indices: the data's device
+            index = torch.arange(cursor, cursor + count, dtype=torch.long, device=device) % capacity
             writer._cursor = (cursor + count) % capacity
             writer._write_count += count
             storage._set_last_cursor(index)
@@ -118,7 +119,7 @@ class LeanReplayBuffer(TensorDictReplayBuffer):
                     whole.narrow(0, cursor, count).copy_(value)
             else:
                 for whole, value in pairs:
-                    whole.index_copy_(0, index, value.to(whole.device))
+                    whole.index_copy_(0, index.to(whole.device), value.to(whole.device))
             storage._bump_mutation_revision()
             writer._mark_update_entities(index)  # the buffers reading this storage: their samplers
             self._sampler.extend(index)
