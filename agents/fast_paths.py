@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import math
 from collections.abc import Callable
 from typing import TypeVar
 
@@ -47,6 +48,7 @@ from torchrl.modules import (
     SafeProbabilisticModule,
     TanhModule,
 )
+from torchrl.modules.distributions import IndependentNormal
 from torchrl.modules.distributions.utils import sample_and_log_prob
 
 from errors import InputError
@@ -184,7 +186,9 @@ class LeanActor(_LeanPolicy):
     Under ``ExplorationType.RANDOM`` (collection) it reads the observation, runs the network, builds the
     distribution, draws the action and its log-probability with TorchRL's ``sample_and_log_prob`` and writes
     the same entries as the actor, from the same random draws; it skips the per-call dispatch, key checks and
-    context managers of the actor's three TensorDict modules. Any other exploration type calls the actor
+    context managers of the actor's three TensorDict modules. For an ``IndependentNormal`` policy (PPO's and
+    A2C's unsquashed Gaussian) it runs the draw's and the log-probability's arithmetic without building the
+    distribution objects (:meth:`log_prob` too), which at batch 1 cost as much as the network. Any other exploration type calls the actor
     itself. It holds the actor's parameters, not copies, so training the actor trains it.
 
     Args:
@@ -210,7 +214,25 @@ class LeanActor(_LeanPolicy):
         self.distribution_class = distribution.distribution_class
         self.distribution_kwargs = dict(distribution.distribution_kwargs)
         self.action_key, self.log_prob_key = distribution.dist_sample_keys[0], distribution.log_prob_key
+        self._gaussian_event_dims = self._independent_normal_event_dims()
         self._sample = compiled(self.sample, compile)
+
+    def _independent_normal_event_dims(self) -> int | None:
+        """The event dims of an ``IndependentNormal`` built from the network's ``(loc, scale)`` with no other
+        argument (then :func:`_gaussian_sample` draws what the distribution would); None for any other policy."""
+        kwargs = dict(self.distribution_kwargs)
+        event_dims = kwargs.pop("event_dim", 1)
+        if (
+            self.distribution_class is not IndependentNormal
+            or set(kwargs)
+            - {"tanh_loc", "upscale"}  # read only by IndependentNormal.update, not on construction
+            or self.arguments != [("loc", 0), ("scale", 1)]
+            or len(self.parameter_keys) != 2
+            or not isinstance(event_dims, int)
+            or event_dims < 1
+        ):
+            return None
+        return event_dims
 
     def parameters_and_distribution(
         self, observation: torch.Tensor
@@ -228,10 +250,22 @@ class LeanActor(_LeanPolicy):
         """The policy's action distribution for ``observation`` (what the actor's ``get_dist`` returns)."""
         return self.parameters_and_distribution(observation)[1]
 
+    def log_prob(self, observation: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
+        """The log-probability of ``action`` under the policy's distribution for ``observation``: the
+        distribution's ``log_prob`` (for an ``IndependentNormal`` policy, its arithmetic on the network's outputs)."""
+        if self._gaussian_event_dims is not None:
+            loc, scale = self._network(observation)
+            return _gaussian_log_prob(loc, scale, action, self._gaussian_event_dims)
+        return self.distribution(observation).log_prob(action)
+
     def sample(
         self, observation: torch.Tensor
     ) -> tuple[tuple[torch.Tensor, ...], torch.Tensor, torch.Tensor]:
         """The network's outputs for ``observation``, an action drawn from the distribution, its log-probability."""
+        if self._gaussian_event_dims is not None:
+            outputs = self._network(observation)
+            action, log_prob = _gaussian_sample(*outputs, self._gaussian_event_dims)
+            return outputs, action, log_prob
         outputs, distribution = self.parameters_and_distribution(observation)
         action, log_prob = sample_and_log_prob(distribution, reparameterize=distribution.has_rsample)
         return outputs, action, log_prob
@@ -250,6 +284,30 @@ class LeanActor(_LeanPolicy):
     def policy(self) -> ProbabilisticActor:
         """The actor this one runs."""
         return self.actor
+
+
+def _gaussian_sample(
+    loc: torch.Tensor, scale: torch.Tensor, event_dims: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A reparameterised draw of ``IndependentNormal(loc, scale, event_dim=event_dims)`` and its log-probability:
+    the operations ``rsample`` and ``log_prob`` of ``Independent(Normal)`` run (the same generator draw, the same
+    arithmetic in the same order), without building the two distribution objects and their broadcast views."""
+    shape = torch.broadcast_shapes(loc.shape, scale.shape)
+    noise = torch.empty(shape, dtype=loc.dtype, device=loc.device).normal_()
+    action = loc + noise * scale
+    return action, _gaussian_log_prob(loc, scale, action, event_dims)
+
+
+def _gaussian_log_prob(
+    loc: torch.Tensor, scale: torch.Tensor, value: torch.Tensor, event_dims: int
+) -> torch.Tensor:
+    """``IndependentNormal(loc, scale, event_dim=event_dims).log_prob(value)``: ``Normal.log_prob``'s arithmetic,
+    summed over the event dims as ``Independent`` sums them."""
+    log_prob = -((value - loc) ** 2) / (2 * scale**2) - scale.log() - _LOG_SQRT_2PI
+    return log_prob.reshape(*log_prob.shape[: log_prob.dim() - event_dims], -1).sum(-1)
+
+
+_LOG_SQRT_2PI = math.log(math.sqrt(2 * math.pi))  # as torch.distributions.Normal.log_prob writes it
 
 
 class LeanQPolicy(_LeanPolicy):

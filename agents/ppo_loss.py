@@ -82,9 +82,12 @@ class TensorClipPPOLoss(ClipPPOLoss):
         if action.requires_grad:
             raise RuntimeError(f"tensordict stored {keys.action} requires grad.")
 
-        # the policy's log-probability of the collected actions, as _log_weight computes it
-        distribution = actor.distribution(observation)
-        log_prob = distribution.log_prob(action)
+        # the policy's log-probability of the collected actions, as _log_weight computes it (the distribution
+        # itself only where the entropy is needed too)
+        distribution = actor.distribution(observation) if self.entropy_bonus else None
+        log_prob = (
+            actor.log_prob(observation, action) if distribution is None else distribution.log_prob(action)
+        )
         log_weight = (log_prob - prev_log_prob).unsqueeze(-1)
         kl_approx = (prev_log_prob - log_prob).unsqueeze(-1)
         gain1 = log_weight.exp() * advantage

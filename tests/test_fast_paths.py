@@ -5,10 +5,19 @@ import torch
 from torch import nn
 from torchrl.collectors import Collector
 from torchrl.envs.utils import ExplorationType, set_exploration_type
-from torchrl.modules import MLP
+from torchrl.modules import MLP, IndependentNormal
+from torchrl.modules.distributions.utils import sample_and_log_prob
 
 from agents import make_actor, make_deterministic_actor, make_gsde_actor, make_q_actor
-from agents.fast_paths import LeanActor, LeanDeterministicPolicy, LeanQPolicy, lean_policy, unrolled
+from agents.fast_paths import (
+    LeanActor,
+    LeanDeterministicPolicy,
+    LeanQPolicy,
+    _gaussian_log_prob,
+    _gaussian_sample,
+    lean_policy,
+    unrolled,
+)
 from agents.normalization import ObservationNormalizer
 from envs import make_env
 from training import RunConfig
@@ -43,6 +52,43 @@ def test_the_lean_actor_writes_what_the_actor_writes_from_the_same_draws(name):
     with set_exploration_type(ExplorationType.DETERMINISTIC):  # not collection: the actor itself answers
         assert torch.equal(lean(step.clone())["action"], actor(step.clone())["action"])
     assert list(lean.parameters()) == list(actor.parameters())  # shared, not copied
+    env.close()
+
+
+@pytest.mark.parametrize(
+    ("loc_shape", "scale_shape", "event_dims"),
+    [((5, 3), (5, 3), 1), ((1, 3), (1, 3), 1), ((4, 3), (3,), 1), ((2, 4, 3), (2, 4, 3), 2)],
+)
+def test_the_direct_gaussian_draw_is_independent_normal_s(loc_shape, scale_shape, event_dims):
+    generator = torch.Generator().manual_seed(1)
+    loc = torch.randn(loc_shape, generator=generator, requires_grad=True)
+    scale = torch.rand(scale_shape, generator=generator).add(0.1).requires_grad_()
+    torch.manual_seed(3)
+    expected = sample_and_log_prob(IndependentNormal(loc, scale, event_dim=event_dims), reparameterize=True)
+    torch.manual_seed(3)
+    result = _gaussian_sample(loc, scale, event_dims)
+    for got, want in zip(result, expected, strict=True):
+        assert got.shape == want.shape
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+    value = torch.randn(torch.broadcast_shapes(loc_shape, scale_shape), generator=generator)
+    torch.testing.assert_close(
+        _gaussian_log_prob(loc, scale, value, event_dims),
+        IndependentNormal(loc, scale, event_dim=event_dims).log_prob(value),
+        rtol=0,
+        atol=0,
+    )
+    gradients = [
+        torch.autograd.grad(sum(part.sum() for part in pair), (loc, scale)) for pair in (result, expected)
+    ]
+    for got, want in zip(*gradients, strict=True):  # reparameterised: gradients reach loc and scale alike
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+def test_the_lean_actor_draws_gaussians_directly_only_for_independent_normal_policies():
+    env = make_env("Pendulum-v1", num_envs=2, seed=0)
+    spec = env.observation_spec["observation"]
+    assert lean_policy(make_actor(spec, env.action_spec, squash=False))._gaussian_event_dims == 1
+    assert lean_policy(make_actor(spec, env.action_spec))._gaussian_event_dims is None  # tanh-normal
     env.close()
 
 

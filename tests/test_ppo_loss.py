@@ -23,6 +23,11 @@ CASES = {
         {"squash": False, "normalize_obs": True},
         {"normalize_advantage": False, "loss_critic_type": "smooth_l1"},
     ),
+    "unsquashed normal, entropy bonus": (
+        "Pendulum-v1",
+        {"squash": False},
+        {"entropy_bonus": True, "entropy_coeff": 0.01},
+    ),
 }
 
 
