@@ -188,8 +188,9 @@ class LeanActor(_LeanPolicy):
     the same entries as the actor, from the same random draws; it skips the per-call dispatch, key checks and
     context managers of the actor's three TensorDict modules. For an ``IndependentNormal`` policy (PPO's and
     A2C's unsquashed Gaussian) it runs the draw's and the log-probability's arithmetic without building the
-    distribution objects (:meth:`log_prob` too), which at batch 1 cost as much as the network. Any other exploration type calls the actor
-    itself. It holds the actor's parameters, not copies, so training the actor trains it.
+    distribution objects (:meth:`log_prob` too), which at batch 1 cost as much as the network. Any other
+    exploration type calls the actor itself. It holds the actor's parameters, not copies, so training the actor
+    trains it.
 
     Args:
         actor: a ``ProbabilisticActor`` of a ``TensorDictModule`` (the network) and a ``SafeProbabilisticModule``
@@ -222,10 +223,10 @@ class LeanActor(_LeanPolicy):
         argument (then :func:`_gaussian_sample` draws what the distribution would); None for any other policy."""
         kwargs = dict(self.distribution_kwargs)
         event_dims = kwargs.pop("event_dim", 1)
+        unread = {"tanh_loc", "upscale"}  # read by IndependentNormal.update only, not on construction
         if (
             self.distribution_class is not IndependentNormal
-            or set(kwargs)
-            - {"tanh_loc", "upscale"}  # read only by IndependentNormal.update, not on construction
+            or not set(kwargs) <= unread
             or self.arguments != [("loc", 0), ("scale", 1)]
             or len(self.parameter_keys) != 2
             or not isinstance(event_dims, int)
