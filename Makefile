@@ -25,6 +25,8 @@ bench: install
 	$(PYTHON) -m benchmarks.sac_vs_sb3
 	$(PYTHON) -m benchmarks.td3_vs_sb3
 	$(PYTHON) -m benchmarks.ppo_hopper_vs_sb3 --sides sb3 ours-zoo
+	$(PYTHON) -m benchmarks.sac_halfcheetah_vs_sb3 --sides sb3 ours-zoo
+	$(PYTHON) -m benchmarks.td3_halfcheetah_vs_sb3 --sides sb3 ours-zoo
 	$(PYTHON) -m benchmarks.atari_vs_sb3 --algo ppo
 	$(PYTHON) -m benchmarks.atari_vs_sb3 --algo dqn
 

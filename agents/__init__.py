@@ -1,7 +1,7 @@
 """Networks built from env specs, and the Agent that predicts, evaluates, saves and loads."""
 
 import envs  # noqa: F401  (first: it unsets an unusable MUJOCO_GL before TorchRL imports MuJoCo)
-from agents.actor_critic import TensorDDPGLoss, TensorSACLoss, TensorTD3Loss
+from agents.actor_critic import ForeachSoftUpdate, TensorDDPGLoss, TensorSACLoss, TensorTD3Loss
 from agents.advantages import OneCallGAE, OneCallTD1
 from agents.agent import POLICY_BUILDERS, Agent, EvaluationResult, write_video
 from agents.continuous import make_deterministic_actor, make_exploration_env, make_qvalue_critic
@@ -46,6 +46,7 @@ __all__ = [
     "DuelingHead",
     "EvaluationResult",
     "ExplorationConfig",
+    "ForeachSoftUpdate",
     "KLPenalty",
     "LossAddon",
     "NStepReturns",

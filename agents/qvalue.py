@@ -24,13 +24,13 @@ from torchrl.objectives import (
     DQNLoss,
     HardUpdate,
     LossModule,
-    SoftUpdate,
     TargetNetUpdater,
 )
 from torchrl.objectives.utils import distance_loss
 from torchrl.objectives.value import TD0Estimator
 from torchrl.objectives.value.functional import td0_return_estimate
 
+from agents.actor_critic import ForeachSoftUpdate
 from agents.fast_paths import unrolled
 from agents.networks import ACTIVATIONS, observation_encoder
 from agents.options import Options
@@ -514,7 +514,7 @@ def make_target_updater(loss_module: LossModule, update_interval: int, tau: floa
         tau: below 1, Polyak-average the target towards the online parameters by ``tau`` at every call instead.
     """
     if tau < 1:
-        return SoftUpdate(loss_module, tau=tau)
+        return ForeachSoftUpdate(loss_module, tau=tau)
     # TorchRL's HardUpdate copies on the (value_network_update_interval + 1)-th call
     return HardUpdate(loss_module, value_network_update_interval=update_interval - 1)
 

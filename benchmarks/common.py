@@ -72,6 +72,49 @@ def summary_row(summary: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def run_ours_off_policy(
+    algorithm: str,
+    env_id: str,
+    seed: int,
+    zoo: bool,
+    *,
+    total_frames: int,
+    learning_starts: int,
+    hidden_sizes: tuple[int, ...],
+    eval_episodes: int,
+    compile: bool = False,
+    matmul_precision: str = "highest",
+) -> dict[str, Any]:
+    """One run of ``recipes.sac`` or ``recipes.td3`` on ``env_id`` for a same-settings benchmark, torch's default
+    threads (as SB3's) and no early stop. ``zoo``: the recipe's defaults with no preset, one step then one
+    gradient step, ``learning_starts`` random frames and ``hidden_sizes``; otherwise: the env's preset."""
+    from recipes import sac, td3
+    from training import RunConfig, quiet
+
+    recipe, config_class = {"sac": (sac, sac.SACConfig), "td3": (td3, td3.TD3Config)}[algorithm]
+    run = RunConfig(
+        env_id=env_id,
+        num_envs=1,
+        total_frames=total_frames,
+        eval_every=total_frames,
+        eval_episodes=eval_episodes,
+        seed=seed,
+        stop_at_return=float("inf"),
+        threads=0,
+    )
+    config = config_class(run=run)
+    if zoo:
+        run.preset = "none"
+        config.collector.steps_per_env, config.collector.learning_starts = 1, learning_starts
+        config.network.hidden_sizes = hidden_sizes
+    name = env_id.split("-")[0].lower()
+    suffix = f"{'-compiled' if compile else ''}{'-bf16' if matmul_precision == 'medium' else ''}"
+    output_dir = f"runs/bench-{algorithm}-{name}-{'zoo' if zoo else 'default'}{suffix}-{seed}"
+    # each benchmark run replaces the last one of its side and seed
+    quiet(config, output_dir, overwrite=True, compile=compile, matmul_precision=matmul_precision)
+    return summary_row(recipe.main(config))
+
+
 def time_to_return(output_dir: str, target: float) -> float | None:
     """Wall-clock seconds at the first evaluation of a run whose mean return reached ``target`` (None if none did),
     read from the run's evaluations.csv: the time to a target of a run that went on to spend its whole budget."""

@@ -30,9 +30,15 @@ SIZES = {"sac": (256, 256), "td3": (400, 300)}
 
 def ours_update(algo: str, env_id: str) -> Callable[[], None]:
     from tensordict import TensorDict
-    from torchrl.objectives import SoftUpdate
 
-    from agents import TensorSACLoss, TensorTD3Loss, make_actor, make_deterministic_actor, make_qvalue_critic
+    from agents import (
+        ForeachSoftUpdate,
+        TensorSACLoss,
+        TensorTD3Loss,
+        make_actor,
+        make_deterministic_actor,
+        make_qvalue_critic,
+    )
     from agents.continuous import default_target_entropy
     from envs import make_env
     from training.optim import OffPolicyOptimConfig
@@ -66,7 +72,7 @@ def ours_update(algo: str, env_id: str) -> Callable[[], None]:
             delay_qvalue=True,
         )
     loss.make_value_estimator(gamma=0.99)
-    target_updater = SoftUpdate(loss, tau=0.005)
+    target_updater = ForeachSoftUpdate(loss, tau=0.005)
     actor_optimizer = optim.adam(loss.actor_network_params.values(True, True), actor=True)
     critic_optimizer = optim.adam(loss.qvalue_network_params.values(True, True))
     optimizers = [actor_optimizer, critic_optimizer]

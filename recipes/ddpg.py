@@ -28,11 +28,11 @@ from typing import Literal
 
 import torch
 from torchrl.data import LazyTensorStorage
-from torchrl.objectives import SoftUpdate
 
 from agents import (
     TRANSITION_KEYS,
     Agent,
+    ForeachSoftUpdate,
     TensorDDPGLoss,
     compiled,
     find_normalizer,
@@ -199,7 +199,7 @@ def main(config: DDPGConfig, *, callbacks: Sequence[Callback] = ()) -> dict:
         actor, critic, loss_function=loss_config.loss_function, delay_actor=True, delay_value=True
     )
     loss_module.make_value_estimator(gamma=loss_config.gamma)
-    target_updater = SoftUpdate(loss_module, tau=loss_config.tau)
+    target_updater = ForeachSoftUpdate(loss_module, tau=loss_config.tau)
 
     # collector: uniformly random actions until learning starts
     collector = make_off_policy_collector(

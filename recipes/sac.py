@@ -33,10 +33,11 @@ from typing import Literal
 import gymnasium as gym
 import torch
 from torchrl.data import LazyTensorStorage
-from torchrl.objectives import DiscreteSACLoss, SACLoss, SoftUpdate
+from torchrl.objectives import DiscreteSACLoss, SACLoss
 
 from agents import (
     Agent,
+    ForeachSoftUpdate,
     NStepReturns,
     TensorSACLoss,
     compiled,
@@ -310,7 +311,7 @@ def main(
             **common,
         )
     loss_module.make_value_estimator(gamma=loss_config.gamma)
-    target_updater = SoftUpdate(loss_module, tau=loss_config.tau)
+    target_updater = ForeachSoftUpdate(loss_module, tau=loss_config.tau)
     # extra actor-loss terms, e.g. a KL penalty (given in Python, or by --kl-to)
     loss_addons = [
         *loss_addons,

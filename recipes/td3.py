@@ -27,11 +27,11 @@ from typing import Literal
 
 import torch
 from torchrl.data import LazyTensorStorage
-from torchrl.objectives import SoftUpdate
 
 from agents import (
     TRANSITION_KEYS,
     Agent,
+    ForeachSoftUpdate,
     TensorTD3Loss,
     compiled,
     find_normalizer,
@@ -202,7 +202,7 @@ def main(config: TD3Config, *, callbacks: Sequence[Callback] = ()) -> dict:
         delay_qvalue=True,
     )
     loss_module.make_value_estimator(gamma=loss_config.gamma)
-    target_updater = SoftUpdate(loss_module, tau=loss_config.tau)
+    target_updater = ForeachSoftUpdate(loss_module, tau=loss_config.tau)
 
     # collector: uniformly random actions until learning starts
     collector = make_off_policy_collector(

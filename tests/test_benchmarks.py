@@ -4,18 +4,25 @@ import json
 
 import pytest
 
-from benchmarks import dqn_vs_sb3, ppo_hopper_vs_sb3, ppo_vs_sb3
+from benchmarks import (
+    dqn_vs_sb3,
+    ppo_hopper_vs_sb3,
+    ppo_vs_sb3,
+    sac_halfcheetah_vs_sb3,
+    td3_halfcheetah_vs_sb3,
+)
 from training.seeding import set_matmul_precision
 
 
 @pytest.mark.parametrize(
-    "module", [ppo_vs_sb3, dqn_vs_sb3, ppo_hopper_vs_sb3]
+    "module", [ppo_vs_sb3, dqn_vs_sb3, ppo_hopper_vs_sb3, sac_halfcheetah_vs_sb3, td3_halfcheetah_vs_sb3]
 )  # the budgets they take from TOTAL_FRAMES
 def test_a_benchmark_side_runs_again_in_the_same_folder(module, tmp_path, monkeypatch):
     """Each side writes runs/bench-...-SEED: a second benchmark run replaces it instead of stopping with an error."""
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(module, "TOTAL_FRAMES", 256, raising=False)
     monkeypatch.setattr(module, "EVAL_EPISODES", 1, raising=False)
+    monkeypatch.setattr(module, "LEARNING_STARTS", 128, raising=False)
     for _ in range(2):
         row = module.run_ours(0, zoo=True)
     assert row["frames"] >= 256 and row["wall_time_s"] > 0

@@ -12,6 +12,7 @@ from torchrl.objectives import DDPGLoss, SACLoss, SoftUpdate, TD3Loss
 
 from agents import (
     Agent,
+    ForeachSoftUpdate,
     ObservationNormalizer,
     TensorDDPGLoss,
     TensorSACLoss,
@@ -218,11 +219,12 @@ def test_each_loss_term_reaches_only_its_own_parameters(name, owner):
             assert reached == (group == own), f"{key} {'missed' if group == own else 'reached'} the {group}"
 
 
+@pytest.mark.parametrize("updater", [SoftUpdate, ForeachSoftUpdate])
 @pytest.mark.parametrize("name", list(LOSSES))
-def test_target_parameters_get_no_gradient_and_move_only_by_the_soft_update(name):
+def test_target_parameters_get_no_gradient_and_move_only_by_the_soft_update(name, updater):
     loss = LOSSES[name][0]()
     tau = 0.1
-    target_updater = SoftUpdate(loss, tau=tau)  # copies the online parameters into the targets
+    target_updater = updater(loss, tau=tau)  # copies the online parameters into the targets
     perturb_targets(loss)
     targets = [p for key, p in loss.named_buffers() if key.startswith("target_")]
     assert targets and not any(p.requires_grad for p in targets)
@@ -245,6 +247,36 @@ def test_target_parameters_get_no_gradient_and_move_only_by_the_soft_update(name
         torch.testing.assert_close(p, (1 - tau) * old + tau * source.detach())
         moved += 1
     assert moved > 0
+
+
+@pytest.mark.parametrize("name", list(LOSSES))
+def test_foreach_soft_update_equals_torchrls_bit_for_bit(name):
+    """Same losses, same training of the online parameters: the targets of both updaters agree exactly, also
+    after a module has its parameters' data replaced (as ``module.to`` does) and after a state round trip."""
+    torch.manual_seed(0)
+    theirs = LOSSES[name][0]()
+    torch.manual_seed(0)
+    ours = LOSSES[name][0]()
+    their_updater, our_updater = SoftUpdate(theirs, eps=0.9), ForeachSoftUpdate(ours, eps=0.9)
+    our_updater.load_state_dict(their_updater.state_dict())
+
+    def targets(loss):
+        return [p for key, p in loss.named_buffers() if key.startswith("target_")]
+
+    initial = [p.clone() for p in targets(ours)]
+    for step in range(4):
+        generator = torch.Generator().manual_seed(step)
+        for losses in (theirs, ours):
+            with torch.no_grad():
+                for p in losses.parameters():
+                    if step == 2:  # fresh storage behind the same Parameter objects
+                        p.data = p.data.clone()
+                    p.add_(torch.randn(p.shape, generator=generator.clone_state()))
+        their_updater.step()
+        our_updater.step()
+        for a, b in zip(targets(theirs), targets(ours), strict=True):
+            assert torch.equal(a, b)
+    assert any(not torch.equal(a, b) for a, b in zip(targets(ours), initial))
 
 
 @pytest.mark.parametrize("name", list(LOSSES))

@@ -311,3 +311,19 @@ def test_a_run_that_fails_leaves_the_callers_signal_handlers_in_place(output_dir
     with pytest.raises(RuntimeError, match="a loss that fails"):
         ppo.main(tiny_ppo(output_dir))
     assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == before
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64])
+@pytest.mark.parametrize("bad", [None, float("nan"), float("inf"), -float("inf")])
+def test_all_finite_agrees_with_torch(dtype, bad):
+    from training.metrics import all_finite
+
+    for shape in [(1, 1, 3), (4, 7, 2), (0, 3)]:
+        value = torch.randn(shape).to(dtype)
+        if bad is not None and value.numel():
+            value.view(-1)[value.numel() // 2] = bad
+        assert all_finite(value) == bool(torch.isfinite(value).all())
+        assert all_finite(value[..., ::2]) == bool(torch.isfinite(value[..., ::2]).all())  # a strided view
+    assert all_finite(torch.tensor([1.0, bad if bad is not None else 2.0], requires_grad=True)) == (
+        bad is None
+    )

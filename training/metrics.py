@@ -8,6 +8,7 @@ import time
 from collections import deque
 from typing import Any
 
+import numpy as np
 import torch
 from tensordict import TensorDictBase
 from tqdm import tqdm
@@ -119,11 +120,24 @@ class Metrics:
         )  # absent from older checkpoints
 
 
+def all_finite(value: torch.Tensor) -> bool:
+    """Whether every element of a floating-point tensor is finite. A CPU float32/float64 tensor is checked
+    through its NumPy view: for the one-frame batches of off-policy recipes that costs a few microseconds where
+    the three torch calls cost about 25."""
+    if (
+        value.device.type == "cpu"
+        and value.dtype in (torch.float32, torch.float64)
+        and not value.requires_grad
+    ):
+        return bool(np.isfinite(value.numpy()).all())
+    return bool(torch.isfinite(value).all())
+
+
 def find_non_finite(batch: TensorDictBase, metrics: dict[str, float]) -> str | None:
     """Where NaN or Inf first appears, observations, rewards or named metrics, or None if nowhere."""
     for key, where in CHECKED_KEYS:
         value = batch.get(key, None)
-        if value is not None and value.is_floating_point() and not torch.isfinite(value).all():
+        if value is not None and value.is_floating_point() and not all_finite(value):
             return where
     non_finite = [f"{name} ({value})" for name, value in metrics.items() if not math.isfinite(value)]
     return ", ".join(non_finite) or None
