@@ -567,10 +567,13 @@ class NStepReturns(MultiStepTransform):
         Returns:
             The number of transitions stored (0 while the first window is incomplete).
         """
-        transitions = self.inv(batch.select(*TRANSITION_KEYS, ("next", ACTION_MASK_KEY), strict=False))
-        if transitions is None:
-            return 0
-        transitions = transitions.exclude(*N_STEP_WORKING_KEYS).reshape(-1)
+        transitions = batch.select(*TRANSITION_KEYS, ("next", ACTION_MASK_KEY), strict=False)
+        if self.n_steps > 1:  # one-step transitions are the batch's own
+            transitions = self.inv(transitions)
+            if transitions is None:
+                return 0
+            transitions = transitions.exclude(*N_STEP_WORKING_KEYS)
+        transitions = transitions.reshape(-1)
         replay_buffer.extend(transitions)
         return transitions.numel()
 

@@ -389,8 +389,11 @@ def main(
         if optim_config.anneal_lr:
             anneal_learning_rates(optimizers, learning_rates, frames / run_config.total_frames)
         if frames >= learning_starts and len(replay_buffer) >= buffer_config.batch_size:
-            losses = torch.stack([update(replay_buffer.sample()) for _ in range(updates_per_batch)])
-            metrics = {f"train/{key}": value.item() for key, value in losses.mean().items()}
+            losses = [update(replay_buffer.sample()) for _ in range(updates_per_batch)]
+            keys = list(losses[0].keys())  # (iterating a TensorDict runs over its rows)
+            metrics = {
+                f"train/{key}": torch.stack([loss[key] for loss in losses]).mean().item() for key in keys
+            }
         if run.record_batch(batch, metrics):
             break
     collector.shutdown()
