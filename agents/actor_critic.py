@@ -356,9 +356,8 @@ class ForeachSoftUpdate(SoftUpdate):
     def step(self) -> None:
         if not self.initialized:
             raise RuntimeError(f"{type(self).__name__} must be initialized (init_()) before step().")
-        with (
-            torch.no_grad()
-        ):  # .data each step, as the parent: a module moved since keeps its Parameter objects
+        # .data at each step, as the parent takes it: a module moved since keeps its Parameter objects
+        with torch.no_grad():
             torch._foreach_lerp_(
                 [target.data for target in self._target_list],
                 [source.data for source in self._source_list],
