@@ -8,7 +8,8 @@ trial's periodic evaluations), in a study stored in a database that the same com
 
 Each trial samples the recipe's search space (recipes/presets/search_spaces.toml, or --search-space FILE), trains
 for --frames-per-trial frames in OUTPUT_DIR/trials/trial-NNNN (kept), reports every evaluation to its pruner and
-scores the mean return of its last evaluation. --jobs processes run trials side by side (default 2: both cores
+scores the mean return of its last evaluation; with --seeds-per-trial N it trains N seeds one after another
+(trial-NNNN/seed-S) and scores the mean of their last evaluations, so that one lucky seed does not win the study. --jobs processes run trials side by side (default 2: both cores
 here). The study ends once it holds --trials complete or pruned trials; Ctrl-C marks the running trials failed and
 stops, and the same command continues the study. The results go to OUTPUT_DIR: results.md (the best trials),
 optimization_history.png, param_importances.png and best_preset.json, a preset every recipe takes with
@@ -93,8 +94,11 @@ class TuneConfig:
     """The recipe preset each trial starts from ('auto': the env's; 'none'); the sampled options win."""
     output_dir: Path | None = None
     """Where the study writes (trials/, results); default: runs/tune-STUDY."""
+    seeds_per_trial: int = 1
+    """Seeds each trial trains, one run after another; the trial scores the mean of their last evaluations."""
     seed: int = 0
-    """Seed of the sampler (worker i: seed + i) and of the trials (trial n: seed + n)."""
+    """Seed of the sampler (worker i: seed + i) and of the trials (trial n, its k-th run: seed + n * N + k, N the
+    seeds per trial)."""
 
     @property
     def name(self) -> str:
@@ -105,6 +109,11 @@ class TuneConfig:
         return self.output_dir or Path("runs") / f"tune-{self.name}"
 
     @property
+    def trial_frames(self) -> int:
+        """Frames a whole trial trains, over all its seeds: the pruners' steps run up to it."""
+        return self.frames_per_trial * self.seeds_per_trial
+
+    @property
     def storage_url(self) -> str:
         return self.storage or f"sqlite:///{self.folder / 'study.db'}"
 
@@ -112,6 +121,7 @@ class TuneConfig:
         require_positive(
             trials=self.trials,
             frames_per_trial=self.frames_per_trial,
+            seeds_per_trial=self.seeds_per_trial,
             jobs=self.jobs,
             eval_episodes=self.eval_episodes,
         )
@@ -134,43 +144,57 @@ def make_pruner(config: TuneConfig) -> Any:
     eval_every = config.eval_every or max(1, config.frames_per_trial // 10)
     if config.pruner == "median":  # RL Zoo's: 5 whole trials set the medians; none pruned in its first third
         return optuna.pruners.MedianPruner(
-            n_startup_trials=5, n_warmup_steps=max(eval_every, config.frames_per_trial // 3)
+            n_startup_trials=5, n_warmup_steps=max(eval_every, config.trial_frames // 3)
         )
     if config.pruner == "hyperband":
-        return optuna.pruners.HyperbandPruner(min_resource=eval_every, max_resource=config.frames_per_trial)
+        return optuna.pruners.HyperbandPruner(min_resource=eval_every, max_resource=config.trial_frames)
     if config.pruner == "threshold":
         return optuna.pruners.ThresholdPruner(lower=config.prune_below)
     return optuna.pruners.NopPruner()
 
 
 def objective(config: TuneConfig, space: dict[str, Any], trial: Any) -> float:
-    """One trial: a recipe run with sampled options, scored by its last evaluation's mean return."""
+    """One trial: a recipe run with sampled options per seed, scored by the mean over its seeds of the last
+    evaluation's mean return."""
     import optuna
 
     params = suggest(trial, space)
-    run_config = recipe_config(config)
-    run = run_config.run
-    run.env_id, run.env_kwargs, run.preset = config.env_id, tuple(config.env_kwargs), config.preset
-    run.seed, run.total_frames = config.seed + trial.number, config.frames_per_trial
-    run.eval_every = config.eval_every or max(1, config.frames_per_trial // 10)
-    run.eval_episodes, run.logger, run.video, run.progress = config.eval_episodes, "none", False, False
-    run.output_dir, run.overwrite = config.folder / "trials" / f"trial-{trial.number:04d}", True
-    set_options(run_config, params)
-    reporter = ReportEvaluations(trial)
     main = importlib.import_module(f"recipes.{config.algorithm}").main
-    try:
-        summary = main(run_config, callbacks=[reporter])
-    except (InputError, NonFiniteError) as error:  # options that do not combine, or a diverging run: failed
-        trial.set_user_attr("error", str(error))
-        raise
-    trial.set_user_attr("frames", summary["frames"])
-    trial.set_user_attr("preset_set", run.preset_applied["set"])  # what the base preset set beside the sample
-    trial.set_user_attr("output_dir", summary["output_dir"])
-    if summary["interrupted_by"] is not None:
-        raise KeyboardInterrupt  # Optuna marks the trial failed; the study goes on next time
-    if reporter.pruned:
-        raise optuna.TrialPruned()
-    return summary["eval_return_mean"]
+    reporter = ReportEvaluations(trial)  # steps count the frames of the trial's earlier seeds too
+    folder = config.folder / "trials" / f"trial-{trial.number:04d}"
+    returns = []
+    for index in range(config.seeds_per_trial):
+        run_config = recipe_config(config)
+        run = run_config.run
+        run.env_id, run.env_kwargs, run.preset = config.env_id, tuple(config.env_kwargs), config.preset
+        run.seed = config.seed + trial.number * config.seeds_per_trial + index
+        run.total_frames = config.frames_per_trial
+        run.eval_every = config.eval_every or max(1, config.frames_per_trial // 10)
+        run.eval_episodes, run.logger, run.video, run.progress = config.eval_episodes, "none", False, False
+        run.output_dir = folder if config.seeds_per_trial == 1 else folder / f"seed-{run.seed}"
+        run.overwrite = True
+        set_options(run_config, params)
+        reporter.frames_before = index * config.frames_per_trial
+        try:
+            summary = main(run_config, callbacks=[reporter])
+        except (
+            InputError,
+            NonFiniteError,
+        ) as error:  # options that do not combine, or a diverging run: failed
+            trial.set_user_attr("error", str(error))
+            raise
+        trial.set_user_attr("frames", summary["frames"])
+        trial.set_user_attr(
+            "preset_set", run.preset_applied["set"]
+        )  # what the base preset set beside the sample
+        trial.set_user_attr("output_dir", str(folder))
+        if summary["interrupted_by"] is not None:
+            raise KeyboardInterrupt  # Optuna marks the trial failed; the study goes on next time
+        if reporter.pruned:
+            raise optuna.TrialPruned()
+        returns.append(summary["eval_return_mean"])
+        trial.set_user_attr("returns", returns)
+    return sum(returns) / len(returns)
 
 
 def run_worker(config: TuneConfig, index: int) -> bool:
@@ -221,9 +245,13 @@ def main(config: TuneConfig) -> dict[str, Any]:
         "env_id": config.env_id,
         "env_kwargs": list(config.env_kwargs),
         "frames_per_trial": config.frames_per_trial,
+        "seeds_per_trial": config.seeds_per_trial,
     }
+    stored = dict(study.user_attrs)
     for key, value in describe.items():
-        saved = study.user_attrs.get(key, value)
+        # a study stored before --seeds-per-trial existed ran one seed per trial
+        missing = 1 if key == "seeds_per_trial" and "frames_per_trial" in stored else value
+        saved = stored.get(key, missing)
         if saved != value:
             raise InputError(
                 f"Study {config.name!r} in {config.storage_url} tunes {key}={saved!r}, not {value!r}; continue it "
@@ -264,11 +292,12 @@ def write_results(config: TuneConfig, study: Any) -> dict[str, Any]:
     if not complete:
         return summary
     ranked = sorted(complete, key=lambda t: t.value, reverse=True)
-    lines = ["| trial | mean return | frames | options |", "|---|---|---|---|"]
+    lines = ["| trial | mean return | per seed | frames | options |", "|---|---|---|---|---|"]
     for trial in ranked[:10]:
         options = ", ".join(f"{name}={value}" for name, value in trial.params.items())
+        per_seed = ", ".join(f"{value:.2f}" for value in trial.user_attrs.get("returns", [trial.value]))
         lines.append(
-            f"| {trial.number} | {trial.value:.2f} | {trial.user_attrs.get('frames', '')} | {options} |"
+            f"| {trial.number} | {trial.value:.2f} | {per_seed} | {trial.user_attrs.get('frames', '')} | {options} |"
         )
     write_text(config.folder / "results.md", "\n".join(lines) + "\n")
     preset = best_preset(study, config.env_id, parse_env_kwargs(config.env_kwargs), f"tuned-{config.name}")

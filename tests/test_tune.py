@@ -189,3 +189,38 @@ def test_results_replace_a_link_instead_of_writing_through_it(tmp_path):
     (tmp_path / "study" / "results.md").symlink_to(outside)
     tune.main(tiny(tmp_path, trials=1))
     assert outside.read_text() == "precious" and not (tmp_path / "study" / "results.md").is_symlink()
+
+
+def test_a_trial_over_several_seeds_scores_their_mean_and_its_steps_run_on(tmp_path):
+    summary = tune.main(tiny(tmp_path, trials=1, seeds_per_trial=2))
+    trial_folder = tmp_path / "study" / "trials" / "trial-0000"
+    assert sorted(path.name for path in trial_folder.iterdir()) == ["seed-0", "seed-1"]
+    finals = []
+    for seed in (0, 1):
+        rows = (trial_folder / f"seed-{seed}" / "evaluations.csv").read_text().splitlines()
+        header = rows[0].split(",")
+        finals.append(float(rows[-1].split(",")[header.index("return_mean")]))
+        assert json.loads((trial_folder / f"seed-{seed}" / "config.json").read_text())["run"]["seed"] == seed
+    study = optuna.load_study(
+        study_name="ppo-CartPole-v1", storage=f"sqlite:///{tmp_path / 'study' / 'study.db'}"
+    )
+    (trial,) = study.get_trials(deepcopy=False)
+    assert trial.value == pytest.approx(sum(finals) / 2) and trial.user_attrs["returns"] == pytest.approx(
+        finals
+    )
+    # the second seed's evaluations are reported after the first's: the pruner compares like with like
+    steps = sorted(trial.intermediate_values)
+    assert len(steps) == 4 and steps[1] <= 1_024 < steps[2] and steps[-1] <= 2_048
+    assert (
+        "over 2 seeds"
+        in json.loads(Path(summary["best_preset"]).read_text())["tuned-ppo-CartPole-v1"]["source"]
+    )
+    assert "| 0 |" in (tmp_path / "study" / "results.md").read_text()
+    # the next trial trains the next seeds; a study is continued only with its own seeds per trial
+    tune.main(tiny(tmp_path, trials=2, seeds_per_trial=2))
+    assert sorted(path.name for path in (trial_folder.parent / "trial-0001").iterdir()) == [
+        "seed-2",
+        "seed-3",
+    ]
+    with pytest.raises(InputError, match="tunes seeds_per_trial=2, not 1"):
+        tune.main(tiny(tmp_path, trials=3))

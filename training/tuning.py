@@ -117,15 +117,17 @@ def set_options(config: Any, options: dict[str, Any]) -> None:
 
 
 class ReportEvaluations(Callback):
-    """Report each evaluation's mean return to an Optuna trial (step: frames); stop the run when the trial's
-    pruner says so (``pruned`` is then True)."""
+    """Report each evaluation's mean return to an Optuna trial (step: ``frames_before`` plus the run's frames, so
+    that a trial's later seeds continue its steps); stop the run when the trial's pruner says so (``pruned`` is
+    then True)."""
 
     def __init__(self, trial: Any):
         self.trial = trial
         self.pruned = False
+        self.frames_before = 0
 
     def on_evaluation(self, run: Any, evaluation: dict[str, float]) -> bool | None:
-        self.trial.report(evaluation["return_mean"], step=int(evaluation["frames"]))
+        self.trial.report(evaluation["return_mean"], step=self.frames_before + int(evaluation["frames"]))
         if self.trial.should_prune():
             self.pruned = True
             return False
@@ -136,9 +138,15 @@ def best_preset(study: Any, env_id: str, env_kwargs: dict[str, Any], name: str) 
     """The best completed trial of ``study`` as a preset file's content (JSON, read by ``--preset-file``): its
     sampled options over those its base preset set."""
     best = study.best_trial
+    returns = best.user_attrs.get("returns", [best.value])
+    seeds = (
+        f" over {len(returns)} seeds ({', '.join(f'{value:.2f}' for value in returns)})"
+        if len(returns) > 1
+        else ""
+    )
     source = (
-        f"recipes.tune study {study.study_name!r}, trial {best.number}: mean evaluation return {best.value:.2f} "
-        f"after {best.user_attrs.get('frames', '?')} frames"
+        f"recipes.tune study {study.study_name!r}, trial {best.number}: mean evaluation return {best.value:.2f}"
+        f"{seeds} after {best.user_attrs.get('frames', '?')} frames"
     )
     table = {"source": source, "env_id": env_id, **({"env_kwargs": env_kwargs} if env_kwargs else {})}
     # the options the trial's base preset set come too, and its budget: the preset reproduces the trial
