@@ -30,6 +30,7 @@ from torchrl.objectives.value import TD0Estimator
 from torchrl.objectives.value.functional import td0_return_estimate
 
 from agents.continuous import StateActionNet
+from agents.fast_paths import tanh_normal_arguments, tanh_normal_sample
 from errors import InputError
 
 
@@ -176,11 +177,17 @@ class TensorSACLoss(SACLoss):
         self._actor = StackedNetwork(actor_network[0], prefix=("module", "0"))
         self._distribution_class = actor_network[-1].distribution_class
         self._distribution_kwargs = actor_network[-1].distribution_kwargs
+        self._tanh_normal = tanh_normal_arguments(self._distribution_class, self._distribution_kwargs)
         self._qvalue = StackedNetwork(qvalue_network)
 
-    def _distribution(self, observation: torch.Tensor):
+    def _sample(self, observation: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """A reparameterised action for ``observation`` and its log-probability (a ``TanhNormal`` with TorchRL's
+        defaults drawn without its distribution objects: the same operations, see
+        :func:`agents.fast_paths.tanh_normal_sample`)."""
         loc, scale = self._actor(self.actor_network_params, observation, stacked=False)
-        return self._distribution_class(loc, scale, **self._distribution_kwargs)
+        if self._tanh_normal is not None:
+            return tanh_normal_sample(loc, scale, *self._tanh_normal)
+        return compute_rsample_log_prob(self._distribution_class(loc, scale, **self._distribution_kwargs))
 
     def forward(self, tensordict: TensorDictBase) -> TensorDictBase:
         """The actor, critic and entropy-coefficient losses of a batch of transitions."""
@@ -193,7 +200,7 @@ class TensorSACLoss(SACLoss):
         # critic: both Q networks regress on r + gamma * (min target Q(s', a') - alpha log pi(a'|s'))
         with torch.no_grad():
             next_observation = tensordict.get(("next", "observation"))
-            next_action, next_log_prob_B = compute_rsample_log_prob(self._distribution(next_observation))
+            next_action, next_log_prob_B = self._sample(next_observation)
             next_q_KB1 = self._qvalue(self.target_qvalue_network_params, next_observation, next_action)
             next_value_B1 = (next_q_KB1 - alpha * next_log_prob_B.unsqueeze(-1)).min(0).values
             target_B = _td0_target(self, tensordict, next_value_B1)
@@ -202,7 +209,7 @@ class TensorSACLoss(SACLoss):
         tensordict.set(keys.priority, (q_KB - target_B).abs().detach().max(0).values)
 
         # actor: alpha log pi(a|s) - min Q(s, a) with a reparameterised a; the critics' parameters are detached
-        action, log_prob_B = compute_rsample_log_prob(self._distribution(observation))
+        action, log_prob_B = self._sample(observation)
         new_q_KB = self._qvalue(self._cached_detached_qvalue_params, observation, action).squeeze(-1)
         loss_actor = alpha * log_prob_B - new_q_KB.min(0).values
 

@@ -100,9 +100,12 @@ def test_the_compiled_loss_of_each_recipe_returns_the_eager_losses_and_gradients
     assert len(checked) >= 2
 
 
-def test_the_compiled_lean_actor_samples_what_the_eager_one_samples():
+@pytest.mark.parametrize("squash", [False, True])  # the direct Gaussian draw, the direct tanh-normal draw
+def test_the_compiled_lean_actor_samples_what_the_eager_one_samples(squash):
     env = make_env("Pendulum-v1", num_envs=4, seed=0)
-    actor = make_actor(env.observation_spec["observation"], env.action_spec, squash=False, normalize_obs=True)
+    actor = make_actor(
+        env.observation_spec["observation"], env.action_spec, squash=squash, normalize_obs=True
+    )
     eager, compiled = lean_policy(actor), lean_policy(actor, compile=True)
     assert isinstance(compiled, LeanActor) and list(compiled.parameters()) == list(actor.parameters())
     step = env.reset()

@@ -5,7 +5,7 @@ import torch
 from torch import nn
 from torchrl.collectors import Collector
 from torchrl.envs.utils import ExplorationType, set_exploration_type
-from torchrl.modules import MLP, IndependentNormal
+from torchrl.modules import MLP, IndependentNormal, TanhNormal
 from torchrl.modules.distributions.utils import sample_and_log_prob
 
 from agents import make_actor, make_deterministic_actor, make_gsde_actor, make_q_actor
@@ -16,6 +16,8 @@ from agents.fast_paths import (
     _gaussian_log_prob,
     _gaussian_sample,
     lean_policy,
+    tanh_normal_arguments,
+    tanh_normal_sample,
     unrolled,
 )
 from agents.normalization import ObservationNormalizer
@@ -84,11 +86,61 @@ def test_the_direct_gaussian_draw_is_independent_normal_s(loc_shape, scale_shape
         torch.testing.assert_close(got, want, rtol=0, atol=0)
 
 
-def test_the_lean_actor_draws_gaussians_directly_only_for_independent_normal_policies():
+@pytest.mark.parametrize(
+    ("loc_shape", "event_dims", "bounds"),
+    [
+        ((5, 3), 1, None),
+        ((1, 6), 1, ([-2.0] * 6, [2.0] * 6)),
+        ((4, 3), 1, ([-1.0, 0.0, -3.0], [1.0, 5.0, -2.0])),
+        ((2, 4, 3), 2, ([-0.5] * 3, [0.5] * 3)),
+    ],
+)
+def test_the_direct_tanh_normal_draw_is_tanh_normal_s(loc_shape, event_dims, bounds):
+    generator = torch.Generator().manual_seed(2)
+    loc = (
+        torch.randn(loc_shape, generator=generator) * 3
+    ).requires_grad_()  # some draws in tanh's flat tails
+    scale = torch.rand(loc_shape, generator=generator).add(0.1).requires_grad_()
+    kwargs = {} if bounds is None else {"low": torch.tensor(bounds[0]), "high": torch.tensor(bounds[1])}
+    torch.manual_seed(3)
+    expected = sample_and_log_prob(
+        TanhNormal(loc, scale, event_dims=event_dims, **kwargs), reparameterize=True
+    )
+    affine = (
+        None
+        if bounds is None
+        else ((kwargs["high"] + kwargs["low"]) / 2, (kwargs["high"] - kwargs["low"]) / 2)
+    )
+    torch.manual_seed(3)
+    result = tanh_normal_sample(loc, scale, event_dims, affine)
+    with torch.no_grad():  # as in collection: the safe tanh's forward without its autograd function
+        torch.manual_seed(3)
+        without_grad = tanh_normal_sample(loc, scale, event_dims, affine)
+    for got, got_without_grad, want in zip(result, without_grad, expected, strict=True):
+        assert got.shape == want.shape
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+        torch.testing.assert_close(got_without_grad, want, rtol=0, atol=0)
+    gradients = [
+        torch.autograd.grad(sum(part.sum() for part in pair), (loc, scale)) for pair in (result, expected)
+    ]
+    for got, want in zip(*gradients, strict=True):
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+def test_the_lean_actor_draws_directly_only_for_the_distributions_it_knows():
     env = make_env("Pendulum-v1", num_envs=2, seed=0)
     spec = env.observation_spec["observation"]
-    assert lean_policy(make_actor(spec, env.action_spec, squash=False))._gaussian_event_dims == 1
-    assert lean_policy(make_actor(spec, env.action_spec))._gaussian_event_dims is None  # tanh-normal
+    gaussian = lean_policy(make_actor(spec, env.action_spec, squash=False))
+    assert gaussian._gaussian_event_dims == 1 and gaussian._tanh_normal is None
+    squashed = lean_policy(make_actor(spec, env.action_spec))
+    assert squashed._gaussian_event_dims is None and squashed._tanh_normal[0] == 1
+    center, half_range = squashed._tanh_normal[1]  # Pendulum's torque is in [-2, 2]
+    assert torch.equal(center, torch.zeros(1)) and torch.equal(half_range, torch.full((1,), 2.0))
+    # TanhNormal with options the direct draw does not follow, bounds it refuses, other distributions: theirs
+    for kwargs in ({"tanh_loc": True}, {"safe_tanh": False}, {"event_dims": 0}, {"low": 1.0, "high": 1.0}):
+        assert tanh_normal_arguments(TanhNormal, kwargs) is None, kwargs
+    assert tanh_normal_arguments(IndependentNormal, {}) is None
+    assert tanh_normal_arguments(TanhNormal, {"upscale": 3.0, "event_dims": 2}) == (2, None)
     env.close()
 
 
