@@ -315,8 +315,7 @@ def _gaussian_log_prob(
 ) -> torch.Tensor:
     """``IndependentNormal(loc, scale, event_dim=event_dims).log_prob(value)``: ``Normal.log_prob``'s arithmetic,
     summed over the event dims as ``Independent`` sums them."""
-    log_prob = -((value - loc) ** 2) / (2 * scale**2) - scale.log() - _LOG_SQRT_2PI
-    return log_prob.reshape(*log_prob.shape[: log_prob.dim() - event_dims], -1).sum(-1)
+    return _sum_rightmost(-((value - loc) ** 2) / (2 * scale**2) - scale.log() - _LOG_SQRT_2PI, event_dims)
 
 
 _LOG_SQRT_2PI = math.log(math.sqrt(2 * math.pi))  # as torch.distributions.Normal.log_prob writes it
