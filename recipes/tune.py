@@ -21,6 +21,7 @@ from __future__ import annotations
 import functools
 import importlib
 import json
+import math
 import multiprocessing
 import signal
 import sys
@@ -77,6 +78,10 @@ class TuneConfig:
     """Frames between a trial's evaluations (each reported to the pruner); default: a tenth of its frames."""
     eval_episodes: int = 10
     """Episodes per evaluation."""
+    stop_at_return: float = float("inf")
+    """End a trial's run once an evaluation reaches this return (scored by that evaluation); default: never, so
+    that every trial is scored after the same frames (the recipes' own default, the env's reward threshold, would
+    end a run at its first evaluation above it and score one lucky evaluation)."""
     storage: str | None = None
     """Optuna storage URL (e.g. sqlite:///tune.db); default: sqlite:///OUTPUT_DIR/study.db."""
     study_name: str | None = None
@@ -118,6 +123,8 @@ class TuneConfig:
         return self.storage or f"sqlite:///{self.folder / 'study.db'}"
 
     def validate(self) -> None:
+        if math.isnan(self.stop_at_return):
+            raise InputError("--stop-at-return must be a number (inf: never stop a trial early), not nan.")
         require_positive(
             trials=self.trials,
             frames_per_trial=self.frames_per_trial,
@@ -170,7 +177,8 @@ def objective(config: TuneConfig, space: dict[str, Any], trial: Any) -> float:
         run.seed = config.seed + trial.number * config.seeds_per_trial + index
         run.total_frames = config.frames_per_trial
         run.eval_every = config.eval_every or max(1, config.frames_per_trial // 10)
-        run.eval_episodes, run.logger, run.video, run.progress = config.eval_episodes, "none", False, False
+        run.eval_episodes, run.stop_at_return = config.eval_episodes, config.stop_at_return
+        run.logger, run.video, run.progress = "none", False, False
         run.output_dir = folder if config.seeds_per_trial == 1 else folder / f"seed-{run.seed}"
         run.overwrite = True
         set_options(run_config, params)

@@ -200,7 +200,9 @@ def test_a_trial_over_several_seeds_scores_their_mean_and_its_steps_run_on(tmp_p
         rows = (trial_folder / f"seed-{seed}" / "evaluations.csv").read_text().splitlines()
         header = rows[0].split(",")
         finals.append(float(rows[-1].split(",")[header.index("return_mean")]))
-        assert json.loads((trial_folder / f"seed-{seed}" / "config.json").read_text())["run"]["seed"] == seed
+        run = json.loads((trial_folder / f"seed-{seed}" / "config.json").read_text())["run"]
+        # every trial trains its whole budget: the env's reward threshold does not end it at a lucky evaluation
+        assert run["seed"] == seed and run["stop_at_return"] == float("inf")
     study = optuna.load_study(
         study_name="ppo-CartPole-v1", storage=f"sqlite:///{tmp_path / 'study' / 'study.db'}"
     )
@@ -224,3 +226,13 @@ def test_a_trial_over_several_seeds_scores_their_mean_and_its_steps_run_on(tmp_p
     ]
     with pytest.raises(InputError, match="tunes seeds_per_trial=2, not 1"):
         tune.main(tiny(tmp_path, trials=3))
+
+
+def test_a_trial_stops_at_a_given_return_and_nan_is_refused(tmp_path):
+    tune.main(
+        tiny(tmp_path, trials=1, stop_at_return=-1e9)
+    )  # any evaluation reaches it: the run ends at the first
+    rows = (tmp_path / "study" / "trials" / "trial-0000" / "evaluations.csv").read_text().splitlines()
+    assert len(rows) == 2
+    with pytest.raises(InputError, match="--stop-at-return must be a number"):
+        tune.main(tiny(tmp_path, stop_at_return=float("nan")))
