@@ -5,7 +5,7 @@ from agents.actor_critic import ForeachSoftUpdate, TensorDDPGLoss, TensorSACLoss
 from agents.advantages import OneCallGAE, OneCallTD1
 from agents.agent import POLICY_BUILDERS, Agent, EvaluationResult, write_video
 from agents.continuous import make_deterministic_actor, make_exploration_env, make_qvalue_critic
-from agents.fast_paths import compiled
+from agents.fast_paths import compiled, flat_select
 from agents.fast_paths import install as install_fast_paths
 from agents.gsde import make_gsde_actor, make_gsde_env
 from agents.loss_addons import KLPenalty, LossAddon, addon_losses, build_loss_addons, trainable_parameters
@@ -66,6 +66,7 @@ __all__ = [
     "build_loss_addons",
     "compiled",
     "find_normalizer",
+    "flat_select",
     "input_encoder",
     "is_image_spec",
     "make_actor",

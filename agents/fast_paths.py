@@ -17,6 +17,10 @@ layers and activations) as one flat list of tensor operations, without a module 
 of a 0.05 ms Q-network call at batch 1 on a 2-core CPU. The lean policies, ``TensorDQNLoss`` and
 ``TensorClipPPOLoss`` call their networks through it.
 
+:func:`flat_select` is ``select`` then ``reshape(-1)`` of a collected batch, built from the batch's own views:
+what an off-policy recipe stores of each batch, about 0.07 ms a batch cheaper, which at one frame per batch (SAC,
+TD3, DDPG at their usual settings) is paid once per frame.
+
 :func:`compiled` is ``torch.compile`` as the recipes' ``--compile`` uses it: on the loss, and (through
 ``lean_policy(..., compile=True)``) on the collector's sampling step.
 """
@@ -26,12 +30,12 @@ from __future__ import annotations
 import functools
 import logging
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TypeVar
 
 import torch
 import torch.nn.functional as F
-from tensordict import NestedKey, TensorDictBase, is_tensor_collection
+from tensordict import NestedKey, TensorDict, TensorDictBase, is_tensor_collection
 from tensordict.nn import TensorDictModule, TensorDictModuleBase, TensorDictSequential
 from tensordict.nn.probabilistic import InteractionType, interaction_type
 from tensordict.utils import expand_as_right
@@ -381,6 +385,54 @@ def tanh_normal_sample(
 def _sum_rightmost(value: torch.Tensor, dims: int) -> torch.Tensor:
     """``value`` summed over its last ``dims`` dimensions, as ``torch.distributions`` sums them."""
     return value.reshape(*value.shape[: value.dim() - dims], -1).sum(-1)
+
+
+def flat_select(data: TensorDictBase, keys: Sequence[NestedKey]) -> TensorDictBase:
+    """``data.select(*keys, strict=False).reshape(-1)``: the entries of ``keys`` that ``data`` holds, in that
+    order, with the batch dimensions flattened into one. A plain ``TensorDict`` of plain tensors (keys at most
+    two deep, no dimension names) is rebuilt directly from reshaped views; anything else goes through
+    ``select`` and ``reshape``."""
+    flat = _flat_select(data, keys) if type(data) is TensorDict and not data._has_names() else None
+    return data.select(*keys, strict=False).reshape(-1) if flat is None else flat
+
+
+def _flat_select(data: TensorDict, keys: Sequence[NestedKey]) -> TensorDict | None:
+    batch_size, batch_dims = torch.Size([data.batch_size.numel()]), data.batch_dims
+    selected: dict[str, torch.Tensor | dict[str, torch.Tensor]] = {}
+    for key in keys:
+        path = (key,) if isinstance(key, str) else tuple(key)
+        if not 1 <= len(path) <= 2:
+            return None
+        value = data._tensordict.get(path[0])
+        if len(path) == 2:
+            if value is None:
+                continue
+            if type(value) is not TensorDict or value.batch_size != data.batch_size or value._has_names():
+                return None
+            value = value._tensordict.get(path[1])
+        if value is None:
+            continue
+        if type(value) is not torch.Tensor:
+            return None
+        value = value.reshape(batch_size + value.shape[batch_dims:])
+        if len(path) == 1:
+            selected[path[0]] = value
+        else:
+            nested = selected.setdefault(path[0], {})
+            if not isinstance(nested, dict):  # the same key asked for whole and nested: TensorDict's rules
+                return None
+            nested[path[1]] = value
+    device = data.device
+    return TensorDict._new_unsafe(
+        {
+            name: TensorDict._new_unsafe(value, batch_size=batch_size, device=device)
+            if isinstance(value, dict)
+            else value
+            for name, value in selected.items()
+        },
+        batch_size=batch_size,
+        device=device,
+    )
 
 
 class LeanQPolicy(_LeanPolicy):

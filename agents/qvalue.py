@@ -31,7 +31,7 @@ from torchrl.objectives.value import TD0Estimator
 from torchrl.objectives.value.functional import td0_return_estimate
 
 from agents.actor_critic import ForeachSoftUpdate
-from agents.fast_paths import unrolled
+from agents.fast_paths import flat_select, unrolled
 from agents.networks import ACTIVATIONS, observation_encoder
 from agents.options import Options
 from envs.specs import ACTION_MASK_KEY
@@ -567,13 +567,14 @@ class NStepReturns(MultiStepTransform):
         Returns:
             The number of transitions stored (0 while the first window is incomplete).
         """
-        transitions = batch.select(*TRANSITION_KEYS, ("next", ACTION_MASK_KEY), strict=False)
-        if self.n_steps > 1:  # one-step transitions are the batch's own
-            transitions = self.inv(transitions)
+        keys = (*TRANSITION_KEYS, ("next", ACTION_MASK_KEY))
+        if self.n_steps == 1:  # one-step transitions are the batch's own
+            transitions = flat_select(batch, keys)
+        else:
+            transitions = self.inv(batch.select(*keys, strict=False))
             if transitions is None:
                 return 0
-            transitions = transitions.exclude(*N_STEP_WORKING_KEYS)
-        transitions = transitions.reshape(-1)
+            transitions = transitions.exclude(*N_STEP_WORKING_KEYS).reshape(-1)
         replay_buffer.extend(transitions)
         return transitions.numel()
 

@@ -36,6 +36,7 @@ from agents import (
     TensorDDPGLoss,
     compiled,
     find_normalizer,
+    flat_select,
     make_deterministic_actor,
     make_exploration_env,
     make_qvalue_critic,
@@ -58,6 +59,7 @@ from training import (
     clip_gradients,
     make_off_policy_collector,
     make_training_env,
+    mean_metrics,
     prepare_process,
     recipe_main,
     require_positive,
@@ -246,13 +248,13 @@ def main(config: DDPGConfig, *, callbacks: Sequence[Callback] = ()) -> dict:
         actor_optimizer.step()
         critic_optimizer.step()
         target_updater.step()
-        return loss.select("loss_actor", "loss_value").detach()
+        return {key: loss.get(key).detach() for key in ("loss_actor", "loss_value")}
 
     # loop
     frames = run.frames  # 0, or where a resumed run stopped
     for batch in collector:
         frames += batch.numel()
-        replay_buffer.extend(batch.select(*TRANSITION_KEYS).reshape(-1))
+        replay_buffer.extend(flat_select(batch, TRANSITION_KEYS))
         if normalizer is not None:  # the buffer keeps raw observations, normalised with the latest statistics
             normalizer.update(batch.get("observation"))
         metrics = {}
@@ -263,8 +265,9 @@ def main(config: DDPGConfig, *, callbacks: Sequence[Callback] = ()) -> dict:
                 frames / run_config.total_frames,
             )
         if frames >= learning_starts and len(replay_buffer) >= buffer_config.batch_size:
-            losses = torch.stack([update(replay_buffer.sample()) for _ in range(updates_per_batch)])
-            metrics = {f"train/{key}": value.item() for key, value in losses.mean().items()}
+            metrics = mean_metrics(
+                [update(replay_buffer.sample()) for _ in range(updates_per_batch)], "train/"
+            )
         if run.record_batch(batch, metrics):
             break
     collector.shutdown()

@@ -66,6 +66,7 @@ from training import (
     clip_gradients,
     make_off_policy_collector,
     make_training_env,
+    mean_metrics,
     prepare_process,
     recipe_main,
     refuse_loss_addons,
@@ -372,11 +373,11 @@ def main(
         for optimizer in optimizers:
             optimizer.step()
         target_updater.step()
-        return (
-            loss.select("loss_actor", "loss_qvalue", "loss_alpha", "alpha", "entropy")
-            .detach()
-            .update(addon_metrics)
-        )
+        logged = {
+            key: loss.get(key).detach()
+            for key in ("loss_actor", "loss_qvalue", "loss_alpha", "alpha", "entropy")
+        }
+        return {**logged, **dict(addon_metrics.items())}
 
     # loop
     frames = run.frames  # 0, or where a resumed run stopped
@@ -389,11 +390,9 @@ def main(
         if optim_config.anneal_lr:
             anneal_learning_rates(optimizers, learning_rates, frames / run_config.total_frames)
         if frames >= learning_starts and len(replay_buffer) >= buffer_config.batch_size:
-            losses = [update(replay_buffer.sample()) for _ in range(updates_per_batch)]
-            keys = list(losses[0].keys())  # (iterating a TensorDict runs over its rows)
-            metrics = {
-                f"train/{key}": torch.stack([loss[key] for loss in losses]).mean().item() for key in keys
-            }
+            metrics = mean_metrics(
+                [update(replay_buffer.sample()) for _ in range(updates_per_batch)], "train/"
+            )
         if run.record_batch(batch, metrics):
             break
     collector.shutdown()

@@ -35,6 +35,7 @@ from agents import (
     TensorTD3Loss,
     compiled,
     find_normalizer,
+    flat_select,
     make_deterministic_actor,
     make_qvalue_critic,
 )
@@ -56,6 +57,7 @@ from training import (
     clip_gradients,
     make_off_policy_collector,
     make_training_env,
+    mean_metrics,
     prepare_process,
     recipe_main,
     require_positive,
@@ -264,7 +266,7 @@ def main(config: TD3Config, *, callbacks: Sequence[Callback] = ()) -> dict:
     frames = run.frames  # 0, or where a resumed run stopped
     for batch in collector:
         frames += batch.numel()
-        replay_buffer.extend(batch.select(*TRANSITION_KEYS).reshape(-1))
+        replay_buffer.extend(flat_select(batch, TRANSITION_KEYS))
         if normalizer is not None:  # the buffer keeps raw observations, normalised with the latest statistics
             normalizer.update(batch.get("observation"))
         metrics = {}
@@ -284,9 +286,9 @@ def main(config: TD3Config, *, callbacks: Sequence[Callback] = ()) -> dict:
                 critic_losses.append(loss_qvalue)
                 if loss_actor is not None:
                     actor_losses.append(loss_actor)
-            metrics["train/loss_qvalue"] = torch.stack(critic_losses).mean().item()
+            metrics = mean_metrics([{"loss_qvalue": loss} for loss in critic_losses], "train/")
             if actor_losses:
-                metrics["train/loss_actor"] = torch.stack(actor_losses).mean().item()
+                metrics.update(mean_metrics([{"loss_actor": loss} for loss in actor_losses], "train/"))
         if run.record_batch(batch, metrics):
             break
     collector.shutdown()

@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+from tensordict import TensorDict
 from torch import nn
 from torchrl.collectors import Collector
 from torchrl.envs.utils import ExplorationType, set_exploration_type
@@ -15,6 +16,7 @@ from agents.fast_paths import (
     LeanQPolicy,
     _gaussian_log_prob,
     _gaussian_sample,
+    flat_select,
     lean_policy,
     tanh_normal_arguments,
     tanh_normal_sample,
@@ -311,3 +313,61 @@ def test_unrolled_in_a_deep_copy_computes_with_the_copied_modules():
         copied.network[2].bias.add_(1.0)
     assert torch.equal(copied.forward_fn(inputs), copied.network(inputs))
     assert not torch.equal(copied.forward_fn(inputs), holder.forward_fn(inputs))
+
+
+def collected_batch(names=None):
+    """A [2 envs, 3 steps] batch as a collector gives it: root entries, a nested "next", entries of several
+    shapes and dtypes."""
+    return TensorDict(
+        {
+            "observation": torch.randn(2, 3, 4),
+            "action": torch.randint(0, 5, (2, 3)),
+            "action_log_prob": torch.randn(2, 3),
+            "next": {
+                "observation": torch.randn(2, 3, 4),
+                "reward": torch.randn(2, 3, 1),
+                "done": torch.rand(2, 3, 1) < 0.5,
+                "episode_return": torch.randn(2, 3, 1),
+            },
+        },
+        batch_size=[2, 3],
+        names=names,
+    )
+
+
+@pytest.mark.parametrize(
+    "keys",
+    [
+        ("observation", "action", ("next", "observation"), ("next", "reward"), ("next", "done")),
+        (
+            ("next", "reward"),
+            "action",
+            ("observation",),
+            ("next", "absent"),
+            "absent",
+        ),  # order, 1-tuples, missing
+        ("next", "action"),  # a whole nested TensorDict
+    ],
+)
+def test_flat_select_is_select_then_reshape(keys):
+    batch = collected_batch()
+    expected, actual = batch.select(*keys, strict=False).reshape(-1), flat_select(batch, keys)
+    assert type(actual) is TensorDict and actual.batch_size == expected.batch_size == torch.Size([6])
+    assert list(actual.keys(True, True)) == list(expected.keys(True, True))
+    assert actual.device == expected.device
+    for key in expected.keys(True, True):
+        assert actual[key].dtype == expected[key].dtype and torch.equal(actual[key], expected[key]), key
+    # views of the batch, as TensorDict's reshape gives
+    assert actual["action"].data_ptr() == batch["action"].data_ptr()
+
+
+def test_flat_select_of_other_tensordicts_is_tensordict_s():
+    keys = ("observation", ("next", "reward"))
+    named = collected_batch(names=["env", "time"])
+    assert flat_select(named, keys).names == named.select(*keys).reshape(-1).names
+    deep = collected_batch()
+    deep["next", "info", "cost"] = torch.ones(2, 3)
+    expected = deep.select(("next", "info", "cost"), "action").reshape(-1)
+    actual = flat_select(deep, (("next", "info", "cost"), "action"))
+    assert list(actual.keys(True, True)) == list(expected.keys(True, True))
+    assert torch.equal(actual["next", "info", "cost"], expected["next", "info", "cost"])

@@ -88,6 +88,22 @@ def test_extend_writes_what_torchrl_writes_through_wrap_around_and_a_full_lap():
         start += count
 
 
+def test_entries_numpy_cannot_view_are_written_alike():
+    """A bfloat16 entry (no NumPy dtype) and a value that requires grad are copied as tensors, the rest through
+    NumPy: the same contents either way."""
+    reference, lean = buffer_pair()
+    start = 0
+    for count in (3, 4, 5):  # the last wraps around
+        data = transitions(count, start)
+        data["half"] = data["observation"].to(torch.bfloat16)
+        data["weight"] = data["next", "reward"].clone().requires_grad_()
+        reference.extend(data.clone())
+        assert lean._lean_entries() is None or lean._writable(data, lean._lean_entries()) is not None
+        lean.extend(data.clone())
+        assert_same_state(reference, lean)
+        start += count
+
+
 @pytest.mark.filterwarnings("ignore:Got conflicting batch_sizes")
 def test_sample_draws_what_torchrl_draws():
     reference, lean = buffer_pair()

@@ -5,12 +5,14 @@ import ast
 from pathlib import Path
 
 import pytest
+import torch
 
 from errors import InputError, check_ranges
 from recipes import dqn
 from training import quiet
 from training.config import parse_env_kwargs
 from training.evaluation import EVAL_SEED_OFFSET, EvaluationSchedule, evaluation_seed
+from training.learner import mean_metrics
 
 ROOT = Path(__file__).parents[1]
 LAYERS = {"errors": 0, "envs": 1, "agents": 2, "training": 3, "recipes": 4}
@@ -255,3 +257,12 @@ def test_epoch_minibatches_resume_where_they_stopped_and_refuse_bad_state():
         resumed.load_state_dict({"pending": torch.zeros(200, dtype=torch.int64), "length": 96})
     with pytest.raises(ValueError, match="cannot fill"):
         next(iter(EpochMinibatches(128)(items, 1)))
+
+
+def test_mean_metrics_averages_each_metric_over_the_steps():
+    steps = [{"loss": torch.tensor(float(i)), "alpha": torch.tensor(0.5 * i)} for i in range(1, 4)]
+    assert mean_metrics(steps, "train/") == {"train/loss": 2.0, "train/alpha": 1.0}
+    assert mean_metrics(steps[:1]) == {"loss": 1.0, "alpha": 0.5}
+    # a metric of several values (an add-on's): the mean of all of them, as before
+    vector = [{"loss": torch.tensor(1.0), "error": torch.tensor([1.0, 3.0])} for _ in range(2)]
+    assert mean_metrics(vector) == {"loss": 1.0, "error": 2.0}

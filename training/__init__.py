@@ -50,7 +50,14 @@ from training.gradient_workers import (
     train_on_gradient_workers,
 )
 from training.lean_collector import LeanCollector
-from training.learner import EpochMinibatches, Learner, average_gradients, set_learning_rates, stack_metrics
+from training.learner import (
+    EpochMinibatches,
+    Learner,
+    average_gradients,
+    mean_metrics,
+    set_learning_rates,
+    stack_metrics,
+)
 from training.optim import LeanAdam, OffPolicyOptimConfig, anneal_learning_rates, clip_gradients, fused_adam
 from training.presets import apply_preset
 from training.replay import LeanReplayBuffer
@@ -87,6 +94,7 @@ __all__ = [
     "make_collector",
     "make_off_policy_collector",
     "make_training_env",
+    "mean_metrics",
     "prepare_process",
     "quiet",
     "recipe_main",

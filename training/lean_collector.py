@@ -68,6 +68,9 @@ class LeanCollector(Collector):
         super().__init__(*args, **kwargs)
         self._leaves = self._lean_leaves()
         self.lean = self._leaves is not None
+        # the action spec whose draw env.rand_action() makes, when "action" is the env's only action entry
+        actions = self.env.full_action_spec
+        self._action_spec = actions["action"] if self.lean and list(actions.keys()) == ["action"] else None
 
     def _lean_leaves(self) -> list[tuple[NestedKey, torch.Size, torch.dtype]] | None:
         """The key, shape and dtype of each entry of a batch, when the direct rollout can produce it; else None."""
@@ -144,8 +147,15 @@ class LeanCollector(Collector):
                 arrays["observation"][:, t] = observation
                 arrays[EPISODE_RETURN_KEY][:, t] = episode_return
                 arrays[EPISODE_LENGTH_KEY][:, t] = episode_length
-                if random_actions:  # the draw TorchRL's rollout makes
-                    arrays["action"][:, t] = env.rand_action().get("action").numpy()
+                if (
+                    random_actions
+                ):  # the draw TorchRL's rollout makes (env.rand_action(), less its TensorDict)
+                    action = (
+                        env.rand_action().get("action")
+                        if self._action_spec is None
+                        else self._action_spec.rand(torch.Size([]))
+                    )
+                    arrays["action"][:, t] = action.numpy()
                 else:
                     for key, value in policy.act(torch.from_numpy(observation), batch_shape):
                         arrays[key][:, t] = value.numpy()

@@ -310,6 +310,17 @@ def set_learning_rates(optimizer: torch.optim.Optimizer, rates: Sequence[float],
         group["lr"] = rate * scale
 
 
+def mean_metrics(steps: Sequence[Mapping[str, torch.Tensor]], prefix: str = "") -> dict[str, float]:
+    """The mean over ``steps`` of each scalar metric (the first step's keys), as floats under ``prefix + key``:
+    one stack per step and one mean for all of them (a stack, a mean and a host copy per metric cost more than
+    the arithmetic when each step is one frame's update)."""
+    keys = list(steps[0].keys())
+    if not all(step[key].ndim == 0 for step in steps for key in keys):  # a metric of several values: its mean
+        return {prefix + key: torch.stack([step[key] for step in steps]).mean().item() for key in keys}
+    values = torch.stack([torch.stack([step[key] for key in keys]) for step in steps]).mean(0).tolist()
+    return {prefix + key: value for key, value in zip(keys, values, strict=True)}
+
+
 def stack_metrics(metrics: Sequence[TensorDictBase]) -> dict[str, float]:
     """The mean of each metric over steps, as floats."""
     return {key: value.item() for key, value in torch.stack(list(metrics)).mean().items()}
@@ -321,6 +332,7 @@ __all__ = [
     "LossFunction",
     "Schedule",
     "average_gradients",
+    "mean_metrics",
     "set_learning_rates",
     "stack_metrics",
 ]

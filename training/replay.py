@@ -106,7 +106,9 @@ class LeanReplayBuffer(TensorDictReplayBuffer):
         with self._replay_lock, self._write_lock:
             count, capacity, cursor = len(tensordicts), storage.max_size, writer._cursor
             device = tensordicts.device or "cpu"  # where TorchRL's writer puts the indices: the data's device
-            index = torch.arange(cursor, cursor + count, dtype=torch.long, device=device) % capacity
+            index = torch.arange(cursor, cursor + count, dtype=torch.long, device=device)
+            if cursor + count > capacity:
+                index = index % capacity
             writer._cursor = (cursor + count) % capacity
             writer._write_count += count
             storage._set_last_cursor(index)
@@ -116,7 +118,7 @@ class LeanReplayBuffer(TensorDictReplayBuffer):
             ]
             if cursor + count <= capacity:  # one contiguous block
                 for whole, value in pairs:
-                    whole.narrow(0, cursor, count).copy_(value)
+                    _write_rows(whole, cursor, value)
             else:
                 for whole, value in pairs:
                     whole.index_copy_(0, index.to(whole.device), value.to(whole.device))
@@ -138,6 +140,26 @@ class LeanReplayBuffer(TensorDictReplayBuffer):
             info = {"index": index}
             data = _gather(storage._storage, index, skip=INDEX_KEY)
         return data, info
+
+
+def _write_rows(whole: torch.Tensor, start: int, value: torch.Tensor) -> None:
+    """``whole[start : start + len(value)] = value`` for tensors of one dtype: through NumPy for CPU tensors
+    NumPy can view (a few microseconds less than a tensor copy, which at one frame per batch is paid for every
+    entry of every frame), else as a tensor copy."""
+    if (
+        whole.device.type == "cpu"
+        and value.device.type == "cpu"
+        and not (whole.requires_grad or value.requires_grad)
+        and whole.dtype in _NUMPY_DTYPES
+    ):
+        whole.numpy()[start : start + len(value)] = value.numpy()
+    else:
+        whole.narrow(0, start, len(value)).copy_(value)
+
+
+# the dtypes NumPy holds as they are
+_NUMPY_DTYPES = frozenset((torch.float16, torch.float32, torch.float64, torch.bool, torch.uint8, torch.int8))
+_NUMPY_DTYPES |= {torch.int16, torch.int32, torch.int64}
 
 
 def _entries(data: TensorDict, batch_size: torch.Size, prefix: tuple[str, ...] = ()) -> list | None:
