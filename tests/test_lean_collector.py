@@ -12,6 +12,8 @@ from agents.gsde import clip_env_actions
 from agents.networks import make_actor
 from agents.qvalue import make_q_actor
 from envs.vector import make_env
+from training import RunConfig
+from training.collectors import WARMUP_FRAMES_PER_BATCH, make_off_policy_collector
 from training.lean_collector import LeanCollector
 
 # (policy, env id, env kwargs, envs, frames per batch, random frames): episodes that terminate and that are
@@ -43,7 +45,7 @@ CASES = {
 
 
 def make_collector(
-    collector_class, kind, env_id, env_kwargs, num_envs, frames_per_batch, random_frames, batches
+    collector_class, kind, env_id, env_kwargs, num_envs, frames_per_batch, random_frames, batches, **options
 ):
     torch.manual_seed(0)
     env = make_env(env_id, num_envs, seed=0, env_kwargs=env_kwargs or None)
@@ -69,6 +71,7 @@ def make_collector(
         storing_device="cpu",
         track_traj_ids=False,
         auto_register_policy_transforms=False,
+        **options,
     )
 
 
@@ -94,6 +97,38 @@ def test_batches_equal_torchrl_collectors(case):
     for expected_batch, actual_batch in zip(expected, actual, strict=True):
         assert_same_tensordicts(expected_batch, actual_batch)
     assert_same_tensordicts(torchrl_collector._carrier, lean_collector._carrier)
+
+
+@pytest.mark.parametrize(
+    "batches, lean_sizes",
+    [
+        (8, [60, 40, 20, 20, 20]),  # 90 random frames: TorchRL's 5 random batches of 20, here 60 and 40
+        (2, [40]),  # a budget that ends inside the random frames
+    ],
+)
+def test_random_frames_in_longer_batches_are_torchrl_s_batches_end_to_end(batches, lean_sizes):
+    case = ("squashed", "Pendulum-v1", {"max_episode_steps": 25}, 2, 20, 90)
+    torchrl_collector = make_collector(Collector, *case, batches=batches)
+    expected = list(torchrl_collector)
+    lean_collector = make_collector(LeanCollector, *case, batches=batches, warmup_frames_per_batch=60)
+    actual = list(lean_collector)
+    assert [batch.numel() for batch in actual] == lean_sizes
+    random_batches = min(5, batches)  # TorchRL's random batches; then the lean ones hold as many frames
+    warmup = len(lean_sizes) - (batches - random_batches)
+    assert_same_tensordicts(torch.cat(expected[:random_batches], dim=1), torch.cat(actual[:warmup], dim=1))
+    for expected_batch, actual_batch in zip(expected[random_batches:], actual[warmup:], strict=True):
+        assert_same_tensordicts(expected_batch, actual_batch)
+    assert_same_tensordicts(torchrl_collector._carrier, lean_collector._carrier)
+
+
+def test_the_off_policy_recipes_collect_their_random_frames_in_longer_batches():
+    env = make_env("Pendulum-v1", 1, seed=0)
+    actor = make_actor(env.observation_spec["observation"], env.action_spec, hidden_sizes=(8,), squash=True)
+    collector = make_off_policy_collector(
+        RunConfig(env_id="Pendulum-v1", total_frames=1000), env, actor, 8, 100, torch.device("cpu")
+    )
+    assert collector.warmup_frames_per_batch == WARMUP_FRAMES_PER_BATCH // 8 * 8
+    assert [batch.numel() for batch in collector][:3] == [104, 8, 8]  # the random frames end at TorchRL's 104
 
 
 def test_the_lean_and_torchrl_rollouts_take_turns():

@@ -201,6 +201,10 @@ def warn_if_never_updated(frames: int, learning_starts: int, stored: int, batch_
         )
 
 
+# the longest batch of the off-policy recipes' random warm-up (a fraction of a second of env steps)
+WARMUP_FRAMES_PER_BATCH = 256
+
+
 def make_off_policy_collector(
     run: RunConfig,
     env: EnvBase,
@@ -211,8 +215,15 @@ def make_off_policy_collector(
 ):
     """The collector of an off-policy recipe: uniformly random actions for the first ``learning_starts`` frames,
     then ``policy``; batches of ``frames_per_batch`` on ``device`` until ``run.total_frames`` (rounded up to whole
-    batches)."""
+    batches). The single-process collector gathers the random frames in batches of up to
+    :data:`WARMUP_FRAMES_PER_BATCH` (rounded to whole batches): the same frames, in fewer batches, none of which
+    an update could fall inside (the recipes' updates wait for ``learning_starts``)."""
     num_batches = -(-run.total_frames // frames_per_batch)
+    options = {}
+    if run.collector_backend == "single" and run.gradient_worker is None:
+        options["warmup_frames_per_batch"] = (
+            max(1, WARMUP_FRAMES_PER_BATCH // frames_per_batch) * frames_per_batch
+        )
     return make_collector(
         run,
         env,
@@ -221,4 +232,5 @@ def make_off_policy_collector(
         frames_per_batch,
         num_batches * frames_per_batch,
         init_random_frames=learning_starts,
+        **options,
     )

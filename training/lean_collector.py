@@ -62,12 +62,19 @@ class LeanCollector(Collector):
     iterator does not copy it), and the env's state and the collector's carrier end as TorchRL's rollout leaves
     them. Otherwise everything is the parent's. Takes the parent's arguments; ``lean`` says whether the direct
     rollout runs (setting it to False hands the next batches to the parent's rollout).
+
+    ``warmup_frames_per_batch`` (a multiple of ``frames_per_batch``; None: off) lets the direct rollout collect the
+    uniformly random frames of ``init_random_frames``, where the policy plays no part, in batches of up to that
+    many frames: the same steps and draws as TorchRL's batches of ``frames_per_batch`` laid end to end, in fewer
+    batches (at one frame a batch, the per-batch work of storing and accounting costs more than the env step). The
+    random frames end where TorchRL's random batches end, and every batch after them is TorchRL's (tests compare).
     """
 
-    def __init__(self, *args, **kwargs):
+    def __init__(self, *args, warmup_frames_per_batch: int | None = None, **kwargs):
         super().__init__(*args, **kwargs)
         self._leaves = self._lean_leaves()
         self.lean = self._leaves is not None
+        self.warmup_frames_per_batch = warmup_frames_per_batch
         # the action spec whose draw env.rand_action() makes, when "action" is the env's only action entry
         actions = self.env.full_action_spec
         self._action_spec = actions["action"] if self.lean and list(actions.keys()) == ["action"] else None
@@ -119,6 +126,21 @@ class LeanCollector(Collector):
                 self.post_collect_hook(batch)
             yield batch
 
+    def _steps(self, random_actions: bool) -> int:
+        """Steps of each env in the next batch: ``frames_per_batch``'s, or during the random frames as many of
+        those as ``warmup_frames_per_batch`` allows, up to where TorchRL's random batches end and within
+        ``total_frames``."""
+        batch_frames, warmup = self.requested_frames_per_batch, self.warmup_frames_per_batch
+        if not random_actions or not warmup:
+            return self.frames_per_batch
+        random_end = (
+            -(-self.init_random_frames // batch_frames) * batch_frames
+        )  # TorchRL's last random batch's end
+        frames = min(warmup, random_end - self._frames)
+        if 0 < self.total_frames < float("inf"):
+            frames = min(frames, self.total_frames - self._frames)
+        return max(1, frames // batch_frames) * self.frames_per_batch
+
     @torch.no_grad()
     def rollout(self) -> TensorDictBase:
         if not self.lean:
@@ -127,10 +149,14 @@ class LeanCollector(Collector):
             self.pre_collect_hook()
         env, policy = self.env, self._wrapped_policy
         random_actions = self._should_use_random_frames()
+        steps = self._steps(random_actions)
+        time_dim = env.batch_dims  # where a batch's steps run: after the env's batch dims
         # a batch of its own: entries the steps leave unwritten are zero, as in TorchRL's zero-filled batch (the
         # root's done flags; the policy's outputs while actions are random, which happens only before any policy step)
         tensors = {
-            key: (torch.zeros if random_actions or key in _ROOT_FLAGS else torch.empty)(shape, dtype=dtype)
+            key: (torch.zeros if random_actions or key in _ROOT_FLAGS else torch.empty)(
+                shape[:time_dim] + (steps,) + shape[time_dim + 1 :], dtype=dtype
+            )
             for key, shape, dtype in self._leaves
         }
         # NumPy views of the batch's tensors: writing one fills the batch
@@ -143,7 +169,7 @@ class LeanCollector(Collector):
         actions = tensors["action"]
         step = None
         with set_exploration_type(self.exploration_type):  # as the parent's rollout calls the policy
-            for t in range(self.frames_per_batch):
+            for t in range(steps):
                 arrays["observation"][:, t] = observation
                 arrays[EPISODE_RETURN_KEY][:, t] = episode_return
                 arrays[EPISODE_LENGTH_KEY][:, t] = episode_length
@@ -180,15 +206,16 @@ class LeanCollector(Collector):
         self._carrier = env._root()
         if self._carrier_has_no_device:
             self._carrier.clear_device_()
+        batch_size = env.batch_size + (steps,)
         batch = TensorDict._new_unsafe(
             {key: value for key, value in tensors.items() if not isinstance(key, tuple)},
-            batch_size=self._final_rollout.batch_size,
+            batch_size=batch_size,
             device=self._final_rollout.device,
             names=self._final_rollout.names,
         )
         batch["next"] = TensorDict._new_unsafe(
             {key[1]: value for key, value in tensors.items() if isinstance(key, tuple)},
-            batch_size=self._final_rollout.batch_size,
+            batch_size=batch_size,
             device=self._final_rollout.device,
             names=self._final_rollout.names,
         )
