@@ -133,9 +133,8 @@ class LeanCollector(Collector):
         batch_frames, warmup = self.requested_frames_per_batch, self.warmup_frames_per_batch
         if not random_actions or not warmup:
             return self.frames_per_batch
-        random_end = (
-            -(-self.init_random_frames // batch_frames) * batch_frames
-        )  # TorchRL's last random batch's end
+        # TorchRL's random batches end at the first whole batch past init_random_frames
+        random_end = -(-self.init_random_frames // batch_frames) * batch_frames
         frames = min(warmup, random_end - self._frames)
         if 0 < self.total_frames < float("inf"):
             frames = min(frames, self.total_frames - self._frames)
@@ -173,9 +172,8 @@ class LeanCollector(Collector):
                 arrays["observation"][:, t] = observation
                 arrays[EPISODE_RETURN_KEY][:, t] = episode_return
                 arrays[EPISODE_LENGTH_KEY][:, t] = episode_length
-                if (
-                    random_actions
-                ):  # the draw TorchRL's rollout makes (env.rand_action(), less its TensorDict)
+                if random_actions:
+                    # the draw TorchRL's rollout makes (env.rand_action(), less its TensorDict)
                     action = (
                         env.rand_action().get("action")
                         if self._action_spec is None
