@@ -73,6 +73,7 @@ from training import (
     fused_adam,
     make_collector,
     make_training_env,
+    mean_metrics,
     prepare_process,
     recipe_main,
     refuse_loss_addons,
@@ -80,7 +81,6 @@ from training import (
     run_cli,
     set_learning_rates,
     single_collector_only,
-    stack_metrics,
     train_on_gradient_workers,
 )
 
@@ -456,7 +456,7 @@ def main(
             losses, grad_norm = learner.step(minibatch)
             metrics_list.append(losses.set("grad_norm", grad_norm))
         after_batch(batch)
-        metrics = {f"train/{key}": value for key, value in stack_metrics(metrics_list).items()}
+        metrics = mean_metrics(metrics_list, "train/")
         metrics["train/lr"] = optimizer.param_groups[0]["lr"]
         metrics["train/clip_epsilon"] = loss_module.clip_epsilon.item()
         if run.record_batch(batch, metrics):

@@ -57,7 +57,6 @@ from training import (
     clip_gradients,
     make_off_policy_collector,
     make_training_env,
-    mean_metrics,
     prepare_process,
     recipe_main,
     require_positive,
@@ -286,9 +285,9 @@ def main(config: TD3Config, *, callbacks: Sequence[Callback] = ()) -> dict:
                 critic_losses.append(loss_qvalue)
                 if loss_actor is not None:
                     actor_losses.append(loss_actor)
-            metrics = mean_metrics([{"loss_qvalue": loss} for loss in critic_losses], "train/")
+            metrics["train/loss_qvalue"] = torch.stack(critic_losses).mean().item()
             if actor_losses:
-                metrics.update(mean_metrics([{"loss_actor": loss} for loss in actor_losses], "train/"))
+                metrics["train/loss_actor"] = torch.stack(actor_losses).mean().item()
         if run.record_batch(batch, metrics):
             break
     collector.shutdown()

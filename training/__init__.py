@@ -56,7 +56,6 @@ from training.learner import (
     average_gradients,
     mean_metrics,
     set_learning_rates,
-    stack_metrics,
 )
 from training.optim import LeanAdam, OffPolicyOptimConfig, anneal_learning_rates, clip_gradients, fused_adam
 from training.presets import apply_preset
@@ -103,7 +102,6 @@ __all__ = [
     "run_cli",
     "set_learning_rates",
     "single_collector_only",
-    "stack_metrics",
     "train_on_gradient_workers",
     "warn_if_never_updated",
 ]

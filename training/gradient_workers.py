@@ -28,7 +28,7 @@ from tensordict import TensorDictBase
 from errors import InputError
 from training.config import config_to_dict
 from training.distributed import EPISODE_KEYS, WORKER_SEED_STRIDE, init_ray
-from training.learner import Learner, average_gradients, stack_metrics
+from training.learner import Learner, average_gradients, mean_metrics
 from training.run import Run
 
 MAX_WORKER_RESTARTS = 3  # fresh replacements of one worker before it is given up
@@ -317,7 +317,7 @@ def train_on_gradient_workers(
                 "train/dropped_gradients": counters["dropped"],
             }
             if number == 0:
-                losses = stack_metrics(step_metrics) if step_metrics else {}
+                losses = mean_metrics(step_metrics) if step_metrics else {}
                 step_metrics.clear()
                 metrics |= {f"train/{key}": value for key, value in losses.items()} | timing_metrics()
                 metrics |= {

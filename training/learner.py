@@ -321,11 +321,6 @@ def mean_metrics(steps: Sequence[Mapping[str, torch.Tensor]], prefix: str = "") 
     return {prefix + key: value for key, value in zip(keys, values, strict=True)}
 
 
-def stack_metrics(metrics: Sequence[TensorDictBase]) -> dict[str, float]:
-    """The mean of each metric over steps, as floats."""
-    return {key: value.item() for key, value in torch.stack(list(metrics)).mean().items()}
-
-
 __all__ = [
     "EpochMinibatches",
     "Learner",
@@ -334,5 +329,4 @@ __all__ = [
     "average_gradients",
     "mean_metrics",
     "set_learning_rates",
-    "stack_metrics",
 ]
