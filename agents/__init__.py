@@ -18,6 +18,7 @@ from agents.networks import (
     make_mlp,
     make_recurrent_critic,
     orthogonal_init,
+    without_log_prob,
 )
 from agents.normalization import ObservationNormalizer, RewardNormalizer
 from agents.ppo_loss import TensorClipPPOLoss
@@ -87,5 +88,6 @@ __all__ = [
     "orthogonal_init",
     "prioritized_sampler",
     "trainable_parameters",
+    "without_log_prob",
     "write_video",
 ]

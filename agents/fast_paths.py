@@ -188,8 +188,9 @@ class LeanActor(_LeanPolicy):
     """A ``ProbabilisticActor`` of a network and a distribution, run in one call: what a collector calls.
 
     Under ``ExplorationType.RANDOM`` (collection) it reads the observation, runs the network, builds the
-    distribution, draws the action and its log-probability with TorchRL's ``sample_and_log_prob`` and writes
-    the same entries as the actor, from the same random draws; it skips the per-call dispatch, key checks and
+    distribution, draws the action and its log-probability with TorchRL's ``sample_and_log_prob`` (only the
+    action, for an actor built without ``return_log_prob``) and writes the same entries as the actor, from the
+    same random draws; it skips the per-call dispatch, key checks and
     context managers of the actor's three TensorDict modules. For an ``IndependentNormal`` policy (PPO's and
     A2C's unsquashed Gaussian) and a ``TanhNormal`` one with TorchRL's defaults (SAC's squashed Gaussian) it runs
     the draw's and the log-probability's arithmetic without building the distribution objects (for the Gaussian,
@@ -200,7 +201,8 @@ class LeanActor(_LeanPolicy):
 
     Args:
         actor: a ``ProbabilisticActor`` of a ``TensorDictModule`` (the network) and a ``SafeProbabilisticModule``
-            that returns the log-probability (:func:`agents.make_actor` builds these); see :func:`lean_policy`.
+            (:func:`agents.make_actor` builds these; :func:`agents.without_log_prob` the same without the
+            log-probability); see :func:`lean_policy`.
         compile: run the sampling step (network, distribution, draw) through :func:`compiled`.
     """
 
@@ -220,7 +222,9 @@ class LeanActor(_LeanPolicy):
         ]
         self.distribution_class = distribution.distribution_class
         self.distribution_kwargs = dict(distribution.distribution_kwargs)
-        self.action_key, self.log_prob_key = distribution.dist_sample_keys[0], distribution.log_prob_key
+        self.action_key = distribution.dist_sample_keys[0]
+        # None: the actor returns no log-probability, and the draw skips it
+        self.log_prob_key = distribution.log_prob_key if distribution.return_log_prob else None
         self._gaussian_event_dims = self._independent_normal_event_dims()
         self._tanh_normal = (
             tanh_normal_arguments(self.distribution_class, self.distribution_kwargs)
@@ -272,17 +276,29 @@ class LeanActor(_LeanPolicy):
 
     def sample(
         self, observation: torch.Tensor
-    ) -> tuple[tuple[torch.Tensor, ...], torch.Tensor, torch.Tensor]:
-        """The network's outputs for ``observation``, an action drawn from the distribution, its log-probability."""
+    ) -> tuple[tuple[torch.Tensor, ...], torch.Tensor, torch.Tensor | None]:
+        """The network's outputs for ``observation``, an action drawn from the distribution, its log-probability
+        (None when the actor returns none: then only the draw runs)."""
+        with_log_prob = self.log_prob_key is not None
         if self._gaussian_event_dims is not None:
             outputs = self._network(observation)
+            if not with_log_prob:
+                return outputs, _gaussian_draw(*outputs), None
             action, log_prob = _gaussian_sample(*outputs, self._gaussian_event_dims)
             return outputs, action, log_prob
         if self._tanh_normal is not None:
             outputs = self._network(observation)
+            if not with_log_prob:
+                return outputs, tanh_normal_draw(*outputs, self._tanh_normal[1])[1], None
             action, log_prob = tanh_normal_sample(*outputs, *self._tanh_normal)
             return outputs, action, log_prob
         outputs, distribution = self.parameters_and_distribution(observation)
+        if not with_log_prob:  # the draw of ProbabilisticTensorDictModule under ExplorationType.RANDOM
+            return (
+                outputs,
+                distribution.rsample() if distribution.has_rsample else distribution.sample(),
+                None,
+            )
         action, log_prob = sample_and_log_prob(distribution, reparameterize=distribution.has_rsample)
         return outputs, action, log_prob
 
@@ -290,11 +306,10 @@ class LeanActor(_LeanPolicy):
         """The entries a collection call writes for ``observation`` (a batch of ``batch_shape``): the network's
         outputs, the action drawn and its log-probability."""
         outputs, action, log_prob = self._sample(observation)
-        return [
-            *zip(self.parameter_keys, outputs, strict=True),
-            (self.action_key, action),
-            (self.log_prob_key, log_prob),
-        ]
+        entries = [*zip(self.parameter_keys, outputs, strict=True), (self.action_key, action)]
+        if log_prob is not None:
+            entries.append((self.log_prob_key, log_prob))
+        return entries
 
     @property
     def policy(self) -> ProbabilisticActor:
@@ -308,10 +323,15 @@ def _gaussian_sample(
     """A reparameterised draw of ``IndependentNormal(loc, scale, event_dim=event_dims)`` and its log-probability:
     the operations ``rsample`` and ``log_prob`` of ``Independent(Normal)`` run (the same generator draw, the same
     arithmetic in the same order), without building the two distribution objects and their broadcast views."""
+    action = _gaussian_draw(loc, scale)
+    return action, _gaussian_log_prob(loc, scale, action, event_dims)
+
+
+def _gaussian_draw(loc: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """``Normal(loc, scale).rsample()``'s draw and arithmetic."""
     shape = loc.shape if loc.shape == scale.shape else torch.broadcast_shapes(loc.shape, scale.shape)
     noise = torch.empty(shape, dtype=loc.dtype, device=loc.device).normal_()
-    action = loc + noise * scale
-    return action, _gaussian_log_prob(loc, scale, action, event_dims)
+    return loc + noise * scale
 
 
 def _gaussian_log_prob(
@@ -361,6 +381,23 @@ def tanh_normal_sample(
     the operations of ``TanhNormal.rsample_and_log_prob`` (the Gaussian draw, TorchRL's safe tanh, the affine map,
     each transform's log-determinant summed as ``ComposeTransform`` sums them), without the distribution and
     transform objects."""
+    preimage, action = tanh_normal_draw(loc, scale, affine)
+    variance, log_scale = scale**2, scale.log()
+    log_prob = _sum_rightmost(
+        -((preimage - loc) ** 2) / (2 * variance) - log_scale - _LOG_SQRT_2PI, event_dims
+    )
+    jacobian = 2.0 * (math.log(2.0) - preimage - F.softplus(-2.0 * preimage))  # TanhTransform's
+    if affine is not None:
+        half_range = affine[1].to(preimage.device)
+        jacobian = jacobian + torch.abs(half_range).log().expand(preimage.shape)  # AffineTransform's
+    return action, log_prob - _sum_rightmost(jacobian, event_dims)
+
+
+def tanh_normal_draw(
+    loc: torch.Tensor, scale: torch.Tensor, affine: tuple[torch.Tensor, torch.Tensor] | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The Gaussian draw of :func:`tanh_normal_sample` (``TanhNormal.rsample``'s) and the action it maps to:
+    ``(preimage, action)``."""
     # in the distribution's order, so that backward accumulates each gradient in the same order too
     shape = loc.shape if loc.shape == scale.shape else torch.broadcast_shapes(loc.shape, scale.shape)
     preimage = loc + torch.empty(shape, dtype=loc.dtype, device=loc.device).normal_() * scale
@@ -372,14 +409,7 @@ def tanh_normal_sample(
     if affine is not None:
         center, half_range = (part.to(preimage.device) for part in affine)
         action = center + half_range * action
-    variance, log_scale = scale**2, scale.log()
-    log_prob = _sum_rightmost(
-        -((preimage - loc) ** 2) / (2 * variance) - log_scale - _LOG_SQRT_2PI, event_dims
-    )
-    jacobian = 2.0 * (math.log(2.0) - preimage - F.softplus(-2.0 * preimage))  # TanhTransform's
-    if affine is not None:
-        jacobian = jacobian + torch.abs(half_range).log().expand(preimage.shape)  # AffineTransform's
-    return action, log_prob - _sum_rightmost(jacobian, event_dims)
+    return preimage, action
 
 
 def _sum_rightmost(value: torch.Tensor, dims: int) -> torch.Tensor:
@@ -554,7 +584,7 @@ def lean_policy(policy: torch.nn.Module, compile: bool = False) -> torch.nn.Modu
     sampling step through :func:`compiled`), else the policy.
 
     Covered: a ``ProbabilisticActor`` of one single-input ``TensorDictModule`` and a ``SafeProbabilisticModule``
-    that samples once, returns the log-probability, has no safety projection and no generator key; a
+    that samples once (with or without the log-probability), has no safety projection and no generator key; a
     ``TensorDictSequential`` of a ``QValueActor`` (one single-input network, a ``QValueModule``) and an
     ``EGreedyModule`` on its action, neither with an action mask; a ``TensorDictSequential`` of a deterministic
     actor (one single-input, single-output ``TensorDictModule`` and a one-key ``TanhModule`` reading it) and an
@@ -571,7 +601,6 @@ def lean_policy(policy: torch.nn.Module, compile: bool = False) -> torch.nn.Modu
         type(network) is TensorDictModule
         and len(network.in_keys) == 1
         and type(distribution) is SafeProbabilisticModule
-        and distribution.return_log_prob
         and distribution.num_samples is None
         and not distribution.safe
         and distribution._generator is None

@@ -566,6 +566,38 @@ def make_actor(
     )
 
 
+def without_log_prob(actor: nn.Module) -> nn.Module:
+    """``actor`` for a collector whose batches nobody reads the log-probability of (SAC's: its loss draws its own
+    actions): a ``ProbabilisticActor`` of the same network (the same parameters, so it trains with ``actor``) and
+    the same distribution, drawing the same actions, without ``return_log_prob``. At batch 1 the log-probability
+    costs more than the draw. Any policy other than a two-module ``ProbabilisticActor`` of
+    :func:`make_actor`'s kind, or one already without the log-probability, is returned as it is."""
+    if type(actor) is not ProbabilisticActor or len(actor.module) != 2:
+        return actor
+    network, distribution = actor.module
+    if not (
+        distribution.return_log_prob
+        and not distribution.safe
+        and distribution.num_samples is None
+        and distribution._generator is None
+        and distribution._generator_key is None
+        and len(distribution.dist_sample_keys) == 1
+    ):
+        return actor
+    return ProbabilisticActor(
+        network,
+        in_keys=dict(zip(distribution.dist_keys, distribution.in_keys, strict=True)),
+        out_keys=list(distribution.dist_sample_keys),
+        spec=distribution.spec,
+        default_interaction_type=distribution.default_interaction_type,
+        distribution_class=distribution.distribution_class,
+        distribution_kwargs=dict(distribution.distribution_kwargs),
+        cache_dist=distribution.cache_dist,
+        n_empirical_estimate=distribution.n_empirical_estimate,
+        return_log_prob=False,
+    )
+
+
 def make_critic(
     observation_spec: TensorSpec,
     hidden_sizes: Sequence[int] = (64, 64),

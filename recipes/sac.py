@@ -45,6 +45,7 @@ from agents import (
     make_actor,
     make_gsde_actor,
     make_qvalue_critic,
+    without_log_prob,
 )
 from agents.continuous import check_box_actions, default_target_entropy
 from agents.gsde import check_sde_options, make_gsde_env
@@ -320,9 +321,12 @@ def main(
     ]
     addons = build_loss_addons(loss_addons, actor).to(device)
 
-    # collector: uniformly random actions until learning starts (--sde-at-warmup: the gSDE policy's)
+    # collector: uniformly random actions until learning starts (--sde-at-warmup: the gSDE policy's); the loss
+    # draws its own actions, so the collected batches leave out the log-probability
     random_frames = 0 if config.network.sde_at_warmup else config.collector.learning_starts
-    collector = make_off_policy_collector(run_config, env, actor, frames_per_batch, random_frames, device)
+    collector = make_off_policy_collector(
+        run_config, env, without_log_prob(actor), frames_per_batch, random_frames, device
+    )
 
     # buffer
     replay_buffer = LeanReplayBuffer(

@@ -9,7 +9,7 @@ from torchrl.envs.utils import ExplorationType, set_exploration_type
 from torchrl.modules import MLP, IndependentNormal, TanhNormal
 from torchrl.modules.distributions.utils import sample_and_log_prob
 
-from agents import make_actor, make_deterministic_actor, make_gsde_actor, make_q_actor
+from agents import make_actor, make_deterministic_actor, make_gsde_actor, make_q_actor, without_log_prob
 from agents.fast_paths import (
     LeanActor,
     LeanDeterministicPolicy,
@@ -35,11 +35,17 @@ ACTORS = {
 }
 
 
+@pytest.mark.parametrize("log_prob", [True, False])
 @pytest.mark.parametrize("name", ACTORS)
-def test_the_lean_actor_writes_what_the_actor_writes_from_the_same_draws(name):
+def test_the_lean_actor_writes_what_the_actor_writes_from_the_same_draws(name, log_prob):
     env_id, options = ACTORS[name]
     env = make_env(env_id, num_envs=4, seed=0)
     actor = make_actor(env.observation_spec["observation"], env.action_spec, **options)
+    if not log_prob:  # the same network and draws, without the log-probability
+        full, actor = actor, without_log_prob(actor)
+        assert list(actor.parameters()) == list(full.parameters())
+        assert actor.out_keys == [key for key in full.out_keys if key != full.module[1].log_prob_key]
+        assert without_log_prob(actor) is actor
     lean = lean_policy(actor)
     assert isinstance(lean, LeanActor)
     assert lean.out_keys == actor.out_keys and lean.in_keys == actor.in_keys
@@ -53,6 +59,10 @@ def test_the_lean_actor_writes_what_the_actor_writes_from_the_same_draws(name):
     assert set(result.keys(True)) == set(expected.keys(True))
     for key in expected.keys(True, True):
         assert torch.equal(result[key], expected[key]), key
+    if not log_prob:  # the full actor's action from the same draw
+        with torch.no_grad(), set_exploration_type(ExplorationType.RANDOM):
+            torch.manual_seed(5)
+            assert torch.equal(full(step.clone())["action"], result["action"])
     with set_exploration_type(ExplorationType.DETERMINISTIC):  # not collection: the actor itself answers
         assert torch.equal(lean(step.clone())["action"], actor(step.clone())["action"])
     assert list(lean.parameters()) == list(actor.parameters())  # shared, not copied

@@ -9,7 +9,7 @@ from torchrl.collectors import Collector
 from agents.continuous import make_deterministic_actor
 from agents.fast_paths import lean_policy
 from agents.gsde import clip_env_actions
-from agents.networks import make_actor
+from agents.networks import make_actor, without_log_prob
 from agents.qvalue import make_q_actor
 from envs.vector import make_env
 from training import RunConfig
@@ -31,6 +31,8 @@ CASES = {
         0,
     ),
     "gaussian-hopper": ("gaussian", "Hopper-v5", {}, 2, 64, 0),
+    # SAC's collection: one env, one frame a batch after the random frames, no log-probability
+    "sac-one-frame-hopper": ("squashed-no-log-prob", "Hopper-v5", {"max_episode_steps": 3}, 1, 1, 2),
     # DDPG's and TD3's policy: tanh into the bounds, Gaussian noise, projected back into them (wide noise: often)
     "noisy-deterministic-pendulum": ("deterministic", "Pendulum-v1", {"max_episode_steps": 25}, 2, 40, 40),
     "wide-noise-deterministic-mountaincar": (
@@ -56,7 +58,9 @@ def make_collector(
         sigma = 1.0 if kind == "deterministic-wide" else 0.1
         policy = make_deterministic_actor(spec, action_spec, hidden_sizes=(32,), noise_sigma=sigma)
     else:
-        policy = make_actor(spec, action_spec, hidden_sizes=(32,), squash=kind == "squashed")
+        policy = make_actor(spec, action_spec, hidden_sizes=(32,), squash=kind.startswith("squashed"))
+        if kind.endswith("no-log-prob"):
+            policy = without_log_prob(policy)
     if kind == "clipped":
         env = clip_env_actions(env)
     torch.manual_seed(1)
@@ -142,6 +146,37 @@ def test_the_lean_and_torchrl_rollouts_take_turns():
         collector.lean = index % 2 == 1  # lean, TorchRL, lean, TorchRL, lean
     for expected_batch, actual_batch in zip(expected, actual, strict=True):
         assert_same_tensordicts(expected_batch, actual_batch)
+
+
+def test_the_carrier_is_refilled_in_place_until_something_else_touches_it():
+    """Between lean rollouts the carrier's tensors take the new state in place; a reset or an in-place change by
+    anyone else makes the next rollout build a new carrier, and the batches stay TorchRL's."""
+    case = CASES["sac-one-frame-hopper"]
+
+    def interfere(collector, index):
+        if index == 4:
+            collector.reset()  # the env's state and the carrier's values replaced
+        if index == 6:
+            collector._carrier.get("observation").mul_(1.0)  # the same values, changed in place
+
+    torchrl_collector = make_collector(Collector, *case, batches=9)
+    expected = []
+    for index, batch in enumerate(torchrl_collector):
+        expected.append(batch)
+        interfere(torchrl_collector, index)
+    collector = make_collector(LeanCollector, *case, batches=9)
+    actual, carriers = [], []
+    for index, batch in enumerate(collector):
+        actual.append(batch)
+        carriers.append(collector._carrier)
+        assert collector.env._observation is collector._carrier.get("observation")
+        interfere(collector, index)
+    for expected_batch, actual_batch in zip(expected, actual, strict=True):
+        assert_same_tensordicts(expected_batch, actual_batch)
+    assert_same_tensordicts(torchrl_collector._carrier, collector._carrier)
+    # kept from the first policy batch on (the random frames' carrier is the first), new after each interference
+    new = [index for index in range(1, 9) if carriers[index] is not carriers[index - 1]]
+    assert new == [5, 7]
 
 
 def test_each_batch_has_tensors_of_its_own():

@@ -48,6 +48,12 @@ _NEXT_KEYS = {
         EPISODE_LENGTH_KEY,
     )
 }
+# the dtypes a batch's entries can have, with NumPy's equivalent
+_NUMPY_DTYPES = {
+    dtype: torch.empty((), dtype=dtype).numpy().dtype
+    for dtype in (torch.float16, torch.float32, torch.float64, torch.bool, torch.uint8)
+    + (torch.int8, torch.int16, torch.int32, torch.int64)
+}
 
 
 class LeanCollector(Collector):
@@ -74,13 +80,16 @@ class LeanCollector(Collector):
         super().__init__(*args, **kwargs)
         self._leaves = self._lean_leaves()
         self.lean = self._leaves is not None
+        # the carrier the last direct rollout left, with each entry's tensor and version (see _kept_state)
+        self._kept_carrier: tuple[TensorDictBase, list[tuple[str, torch.Tensor, int]]] | None = None
         self.warmup_frames_per_batch = warmup_frames_per_batch
         # the action spec whose draw env.rand_action() makes, when "action" is the env's only action entry
         actions = self.env.full_action_spec
         self._action_spec = actions["action"] if self.lean and list(actions.keys()) == ["action"] else None
 
-    def _lean_leaves(self) -> list[tuple[NestedKey, torch.Size, torch.dtype]] | None:
-        """The key, shape and dtype of each entry of a batch, when the direct rollout can produce it; else None."""
+    def _lean_leaves(self) -> list[tuple[NestedKey, torch.Size, np.dtype]] | None:
+        """The key, shape and (NumPy) dtype of each entry of a batch, when the direct rollout can produce it; else
+        None."""
         env, policy = self.env, self._wrapped_policy
         cpu = torch.device("cpu")
         if not (
@@ -108,7 +117,10 @@ class LeanCollector(Collector):
             _ROOT_KEYS | _NEXT_KEYS | policy_keys
         ):
             return None
-        return [(key, template.get(key).shape, template.get(key).dtype) for key in template.keys(True, True)]
+        leaves = [(key, template.get(key)) for key in template.keys(True, True)]
+        if not all(value.dtype in _NUMPY_DTYPES for _, value in leaves):
+            return None
+        return [(key, value.shape, _NUMPY_DTYPES[value.dtype]) for key, value in leaves]
 
     def iterator(self) -> Iterator[TensorDictBase]:
         if not self.lean:
@@ -152,14 +164,15 @@ class LeanCollector(Collector):
         time_dim = env.batch_dims  # where a batch's steps run: after the env's batch dims
         # a batch of its own: entries the steps leave unwritten are zero, as in TorchRL's zero-filled batch (the
         # root's done flags; the policy's outputs while actions are random, which happens only before any policy step)
-        tensors = {
-            key: (torch.zeros if random_actions or key in _ROOT_FLAGS else torch.empty)(
+        # NumPy arrays, each the memory of one of the batch's tensors, so that writing one fills the batch (cheaper
+        # than allocating tensors and viewing them, a cost paid per entry and batch, so per frame at one a batch)
+        arrays = {
+            key: (np.zeros if random_actions or key in _ROOT_FLAGS else np.empty)(
                 shape[:time_dim] + (steps,) + shape[time_dim + 1 :], dtype=dtype
             )
             for key, shape, dtype in self._leaves
         }
-        # NumPy views of the batch's tensors: writing one fills the batch
-        arrays = {key: tensor.numpy() for key, tensor in tensors.items()}
+        tensors = {key: torch.from_numpy(array) for key, array in arrays.items()}
         carrier = self._carrier
         observation = carrier.get("observation").numpy()
         episode_return = carrier.get(EPISODE_RETURN_KEY).numpy().copy()
@@ -198,26 +211,62 @@ class LeanCollector(Collector):
                 episode_length[step.done] = 0
                 observation = step.current[None]
         # the state TorchRL's rollout leaves: the env's current observation and episode statistics, its root
-        env._observation = env._observation_tensor(step.current)
-        env._episode_return = torch.from_numpy(episode_return)
-        env._episode_length = torch.from_numpy(episode_length)
-        self._carrier = env._root()
-        if self._carrier_has_no_device:
-            self._carrier.clear_device_()
-        batch_size = env.batch_size + (steps,)
-        batch = TensorDict._new_unsafe(
-            {key: value for key, value in tensors.items() if not isinstance(key, tuple)},
-            batch_size=batch_size,
-            device=self._final_rollout.device,
-            names=self._final_rollout.names,
+        kept = self._kept_state()
+        if kept is None:
+            env._observation = env._observation_tensor(step.current)
+            env._episode_return = torch.from_numpy(episode_return)
+            env._episode_length = torch.from_numpy(episode_length)
+            self._carrier = env._root()
+            if self._carrier_has_no_device:
+                self._carrier.clear_device_()
+        else:  # the same values, written into the tensors that hold them
+            for tensor, array in zip(kept, (step.current[None], episode_return, episode_length), strict=True):
+                tensor.copy_(torch.from_numpy(array))
+        self._keep_carrier()
+        batch_size, device, names = (
+            env.batch_size + (steps,),
+            self._final_rollout.device,
+            self._final_rollout.names,
         )
-        batch["next"] = TensorDict._new_unsafe(
+        next_entries = TensorDict._new_unsafe(
             {key[1]: value for key, value in tensors.items() if isinstance(key, tuple)},
             batch_size=batch_size,
-            device=self._final_rollout.device,
-            names=self._final_rollout.names,
+            device=device,
+            names=names,
+        )
+        root = {key: value for key, value in tensors.items() if not isinstance(key, tuple)}
+        batch = TensorDict._new_unsafe(
+            {**root, "next": next_entries}, batch_size=batch_size, device=device, names=names
         )
         return self._maybe_set_truncated(batch)
+
+    def _kept_state(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+        """The carrier's observation, episode return and episode length tensors, when the carrier is the one the
+        last direct rollout left, unchanged since (the same entries, none changed in place) and those tensors are
+        still the env's state; else None. A reset, a restored checkpoint or the parent's rollout each replace or
+        change one of them, and the next rollout builds the carrier anew."""
+        kept = self._kept_carrier
+        if kept is None or kept[0] is not self._carrier:
+            return None
+        carrier, entries = kept
+        values = carrier._tensordict
+        if len(values) != len(entries) or any(
+            values.get(key) is not tensor or tensor._version != version for key, tensor, version in entries
+        ):
+            return None
+        env = self.env
+        state = (values["observation"], values[EPISODE_RETURN_KEY], values[EPISODE_LENGTH_KEY])
+        current = (env._observation, env._episode_return, env._episode_length)
+        return state if all(kept is held for kept, held in zip(state, current, strict=True)) else None
+
+    def _keep_carrier(self) -> None:
+        """Remember the carrier's entries and their versions, for :meth:`_kept_state`."""
+        carrier = self._carrier
+        values = carrier._tensordict
+        entries = [
+            (key, value, value._version) for key, value in values.items() if type(value) is torch.Tensor
+        ]
+        self._kept_carrier = (carrier, entries) if len(entries) == len(values) else None
 
 
 def _policy_entries(
