@@ -419,40 +419,19 @@ def _sum_rightmost(value: torch.Tensor, dims: int) -> torch.Tensor:
 
 def flat_select(data: TensorDictBase, keys: Sequence[NestedKey]) -> TensorDictBase:
     """``data.select(*keys, strict=False).reshape(-1)``: the entries of ``keys`` that ``data`` holds, in that
-    order, with the batch dimensions flattened into one. A plain ``TensorDict`` of plain tensors (keys at most
-    two deep, no dimension names) is rebuilt directly from reshaped views; anything else goes through
-    ``select`` and ``reshape``."""
-    flat = _flat_select(data, keys) if type(data) is TensorDict and not data._has_names() else None
-    return data.select(*keys, strict=False).reshape(-1) if flat is None else flat
-
-
-def _flat_select(data: TensorDict, keys: Sequence[NestedKey]) -> TensorDict | None:
-    batch_size, batch_dims = torch.Size([data.batch_size.numel()]), data.batch_dims
+    order, with the batch dimensions flattened into one (and, as ``reshape`` leaves them, no dimension names). A
+    plain ``TensorDict`` of plain tensors (keys at most two deep) is rebuilt directly from reshaped views
+    (:func:`flat_entries`); anything else goes through ``select`` and ``reshape``."""
+    entries = flat_entries(data, keys)
+    if entries is None:
+        return data.select(*keys, strict=False).reshape(-1)
+    batch_size, device = torch.Size([data.batch_size.numel()]), data.device
     selected: dict[str, torch.Tensor | dict[str, torch.Tensor]] = {}
-    for key in keys:
-        path = (key,) if isinstance(key, str) else tuple(key)
-        if not 1 <= len(path) <= 2:
-            return None
-        value = data._tensordict.get(path[0])
-        if len(path) == 2:
-            if value is None:
-                continue
-            if type(value) is not TensorDict or value.batch_size != data.batch_size or value._has_names():
-                return None
-            value = value._tensordict.get(path[1])
-        if value is None:
-            continue
-        if type(value) is not torch.Tensor:
-            return None
-        value = value.reshape(batch_size + value.shape[batch_dims:])
+    for path, value in entries:
         if len(path) == 1:
             selected[path[0]] = value
         else:
-            nested = selected.setdefault(path[0], {})
-            if not isinstance(nested, dict):  # the same key asked for whole and nested: TensorDict's rules
-                return None
-            nested[path[1]] = value
-    device = data.device
+            selected.setdefault(path[0], {})[path[1]] = value
     return TensorDict._new_unsafe(
         {
             name: TensorDict._new_unsafe(value, batch_size=batch_size, device=device)
@@ -463,6 +442,37 @@ def _flat_select(data: TensorDict, keys: Sequence[NestedKey]) -> TensorDict | No
         batch_size=batch_size,
         device=device,
     )
+
+
+def flat_entries(
+    data: TensorDictBase, keys: Sequence[NestedKey]
+) -> list[tuple[tuple[str, ...], torch.Tensor]] | None:
+    """The entries of :func:`flat_select`'s result as ``(key path, tensor)`` pairs, each a view of ``data``'s
+    tensor with the batch dimensions flattened into one, when ``data`` is a plain ``TensorDict`` of plain
+    tensors (keys at most two deep) and no key is asked for both whole and nested; else None. (A collector's
+    batches name their time dimension: flattening drops the names.)"""
+    if type(data) is not TensorDict:
+        return None
+    batch_size, batch_dims = torch.Size([data.batch_size.numel()]), data.batch_dims
+    entries, whole, nested = [], set(), set()
+    for key in keys:
+        path = (key,) if isinstance(key, str) else tuple(key)
+        if not 1 <= len(path) <= 2:
+            return None
+        value = data._tensordict.get(path[0])
+        if len(path) == 2:
+            if value is None:
+                continue
+            if type(value) is not TensorDict or value.batch_size != data.batch_size:
+                return None
+            value = value._tensordict.get(path[1])
+        if value is None:
+            continue
+        if type(value) is not torch.Tensor:
+            return None
+        (whole if len(path) == 1 else nested).add(path[0])
+        entries.append((path, value.reshape(batch_size + value.shape[batch_dims:])))
+    return None if whole & nested else entries  # a key both whole and nested: TensorDict's rules
 
 
 class LeanQPolicy(_LeanPolicy):

@@ -569,6 +569,10 @@ class NStepReturns(MultiStepTransform):
         """
         keys = (*TRANSITION_KEYS, ("next", ACTION_MASK_KEY))
         if self.n_steps == 1:  # one-step transitions are the batch's own
+            extend_selected = getattr(replay_buffer, "extend_selected", None)  # training.LeanReplayBuffer's
+            if extend_selected is not None:
+                extend_selected(batch, keys)
+                return batch.numel()
             transitions = flat_select(batch, keys)
         else:
             transitions = self.inv(batch.select(*keys, strict=False))

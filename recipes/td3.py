@@ -35,7 +35,6 @@ from agents import (
     TensorTD3Loss,
     compiled,
     find_normalizer,
-    flat_select,
     make_deterministic_actor,
     make_qvalue_critic,
 )
@@ -265,7 +264,7 @@ def main(config: TD3Config, *, callbacks: Sequence[Callback] = ()) -> dict:
     frames = run.frames  # 0, or where a resumed run stopped
     for batch in collector:
         frames += batch.numel()
-        replay_buffer.extend(flat_select(batch, TRANSITION_KEYS))
+        replay_buffer.extend_selected(batch, TRANSITION_KEYS)
         if normalizer is not None:  # the buffer keeps raw observations, normalised with the latest statistics
             normalizer.update(batch.get("observation"))
         metrics = {}

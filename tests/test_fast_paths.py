@@ -359,10 +359,12 @@ def collected_batch(names=None):
         ("next", "action"),  # a whole nested TensorDict
     ],
 )
-def test_flat_select_is_select_then_reshape(keys):
-    batch = collected_batch()
+@pytest.mark.parametrize("names", [None, [None, "time"]])  # a collector's batches name their time dimension
+def test_flat_select_is_select_then_reshape(keys, names):
+    batch = collected_batch(names)
     expected, actual = batch.select(*keys, strict=False).reshape(-1), flat_select(batch, keys)
     assert type(actual) is TensorDict and actual.batch_size == expected.batch_size == torch.Size([6])
+    assert actual.names == expected.names and not actual._has_names()
     assert list(actual.keys(True, True)) == list(expected.keys(True, True))
     assert actual.device == expected.device
     for key in expected.keys(True, True):
@@ -372,9 +374,6 @@ def test_flat_select_is_select_then_reshape(keys):
 
 
 def test_flat_select_of_other_tensordicts_is_tensordict_s():
-    keys = ("observation", ("next", "reward"))
-    named = collected_batch(names=["env", "time"])
-    assert flat_select(named, keys).names == named.select(*keys).reshape(-1).names
     deep = collected_batch()
     deep["next", "info", "cost"] = torch.ones(2, 3)
     expected = deep.select(("next", "info", "cost"), "action").reshape(-1)

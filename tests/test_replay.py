@@ -88,6 +88,57 @@ def test_extend_writes_what_torchrl_writes_through_wrap_around_and_a_full_lap():
         start += count
 
 
+SELECTED = (
+    "observation",
+    "action",
+    ("next", "observation"),
+    ("next", "reward"),
+    ("next", "done"),
+    ("next", "mask"),
+)
+
+
+def collected(envs: int, steps: int, start: int) -> TensorDict:
+    """A collected ``[envs, steps]`` batch, its time dimension named as a collector names it: the keys of
+    :data:`SELECTED` but the absent mask, and one more."""
+    flat = transitions(envs * steps, start)
+    del flat["next", "info"]
+    flat["loc"] = flat["observation"] * 2  # not selected
+    batch = flat.reshape(envs, steps)
+    batch.names = [None, "time"]
+    return batch
+
+
+def test_extend_selected_stores_the_selection_flattened_as_torchrl_stores_it(monkeypatch):
+    reference, lean = buffer_pair()
+    start = 0
+    for envs, steps in ((1, 1), (2, 1), (1, 3), (2, 2), (1, 1), (3, 3), (1, 1)):  # wraps the ring buffer
+        batch = collected(envs, steps, start)
+        index_reference = reference.extend(batch.select(*SELECTED, strict=False).reshape(-1))
+        index_lean = lean.extend_selected(batch, SELECTED)
+        assert torch.equal(index_reference, index_lean)
+        assert_same_state(reference, lean)
+        assert batch.get("loc", None) is not None and batch.batch_size == (envs, steps)  # the batch left alone
+        if start == 0:  # from the second write on, the direct path: no selection is built
+            monkeypatch.setattr("training.replay.flat_select", None)
+        start += envs * steps
+    # a batch whose selection does not fit the storage: stored as extend(flat_select(...)) stores it
+    monkeypatch.undo()
+    batch = collected(1, 2, 100)
+    batch["next", "mask"] = torch.ones(1, 2, 1, dtype=torch.bool)  # an entry the storage has no room for
+    outcomes = []
+    for store in (
+        lambda: reference.extend(batch.select(*SELECTED).reshape(-1)),
+        lambda: lean.extend_selected(batch, SELECTED),
+    ):
+        try:
+            outcomes.append(store())
+        except Exception as error:  # noqa: BLE001 - the parent's outcome, whatever it is
+            outcomes.append(type(error))
+    assert outcomes[0] is outcomes[1] if not isinstance(outcomes[0], torch.Tensor) else torch.equal(*outcomes)
+    assert_same_state(reference, lean)
+
+
 def test_entries_numpy_cannot_view_are_written_alike():
     """A bfloat16 entry (no NumPy dtype) and a value that requires grad are copied as tensors, the rest through
     NumPy: the same contents either way."""

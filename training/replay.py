@@ -11,13 +11,16 @@ count, last cursor), so checkpoints, resumed runs and every other method of the 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import torch
-from tensordict import TensorDict, TensorDictBase
+from tensordict import NestedKey, TensorDict, TensorDictBase
 from torchrl.data import LazyTensorStorage, RandomSampler, TensorDictReplayBuffer
 from torchrl.data.replay_buffers.storages.utils import _collate_id
 from torchrl.data.replay_buffers.writers import TensorDictRoundRobinWriter
+
+from agents.fast_paths import flat_entries, flat_select
 
 INDEX_KEY = "index"
 
@@ -85,16 +88,7 @@ class LeanReplayBuffer(TensorDictReplayBuffer):
         entries = _entries(data, data.batch_size)
         if entries is None:
             return None
-        given = {key: value for key, value in entries if key != (INDEX_KEY,)}
-        if len(given) != len(stored) or self.priority_key in given or (self.priority_key,) in given:
-            return None
-        values = []
-        for key, whole in stored:
-            value = given.get(key)
-            if value is None or value.dtype != whole.dtype or value.shape[1:] != whole.shape[1:]:
-                return None
-            values.append(value)
-        return values
+        return _in_order(entries, stored, self.priority_key)
 
     def extend(self, tensordicts: TensorDictBase, *, update_priority: bool | None = None) -> torch.Tensor:
         """Store a batch (along its first dimension) and return the indices it was written at."""
@@ -102,17 +96,41 @@ class LeanReplayBuffer(TensorDictReplayBuffer):
         values = None if stored is None else self._writable(tensordicts, stored)
         if values is None:
             return super().extend(tensordicts, update_priority=update_priority)
+        return self._write(stored, values, len(tensordicts), tensordicts.device)
+
+    def extend_selected(self, batch: TensorDictBase, keys: Sequence[NestedKey]) -> torch.Tensor:
+        """``extend(flat_select(batch, keys))``: store the entries ``keys`` of a collected batch (those it holds)
+        with its batch dimensions flattened into one, on the direct path straight from the batch's tensors
+        (:func:`agents.fast_paths.flat_entries`), without building the selection's TensorDict."""
+        stored = self._lean_entries()
+        entries = None if stored is None else flat_entries(batch, keys)
+        values = None
+        if entries is not None and 0 < batch.numel() <= self._storage.max_size:
+            values = _in_order(entries, stored, self.priority_key)
+        if values is None:
+            return self.extend(flat_select(batch, keys))
+        return self._write(stored, values, batch.numel(), batch.device)
+
+    def _write(
+        self,
+        stored: list[tuple[tuple[str, ...], torch.Tensor]],
+        values: list[torch.Tensor],
+        count: int,
+        device: torch.device | None,
+    ) -> torch.Tensor:
+        """Write ``count`` rows of ``values`` (one per entry of ``stored``, the storage's) at the writer's cursor,
+        as the writer and the storage would, and return their indices (on ``device``, the data's, where TorchRL's
+        writer puts them)."""
         storage, writer = self._storage, self._writer
         with self._replay_lock, self._write_lock:
-            count, capacity, cursor = len(tensordicts), storage.max_size, writer._cursor
-            device = tensordicts.device or "cpu"  # where TorchRL's writer puts the indices: the data's device
-            index = torch.arange(cursor, cursor + count, dtype=torch.long, device=device)
+            capacity, cursor = storage.max_size, writer._cursor
+            index = torch.arange(cursor, cursor + count, dtype=torch.long, device=device or "cpu")
             if cursor + count > capacity:
                 index = index % capacity
             writer._cursor = (cursor + count) % capacity
             writer._write_count += count
             storage._set_last_cursor(index)
-            storage._get_new_len(tensordicts, index)
+            storage._get_new_len(index, index)  # the length grows by the rows written (index has one per row)
             pairs = [(storage._storage.get(INDEX_KEY), index)] + [
                 (whole, value) for (_, whole), value in zip(stored, values)
             ]
@@ -142,19 +160,39 @@ class LeanReplayBuffer(TensorDictReplayBuffer):
         return data, info
 
 
+def _in_order(
+    entries: list[tuple[tuple[str, ...], torch.Tensor]],
+    stored: list[tuple[tuple[str, ...], torch.Tensor]],
+    priority_key: NestedKey,
+) -> list[torch.Tensor] | None:
+    """The values of ``entries`` (key path, rows) in the order of ``stored``, when they are exactly the storage's
+    entries (dtypes and row shapes) besides the write index, and none is a priority; else None."""
+    given = {key: value for key, value in entries if key != (INDEX_KEY,)}
+    if len(given) != len(stored) or priority_key in given or (priority_key,) in given:
+        return None
+    values = []
+    for key, whole in stored:
+        value = given.get(key)
+        if value is None or value.dtype != whole.dtype or value.shape[1:] != whole.shape[1:]:
+            return None
+        values.append(value)
+    return values
+
+
 def _write_rows(whole: torch.Tensor, start: int, value: torch.Tensor) -> None:
     """``whole[start : start + len(value)] = value`` for tensors of one dtype: through NumPy for CPU tensors
     NumPy can view (a few microseconds less than a tensor copy, which at one frame per batch is paid for every
     entry of every frame), else as a tensor copy."""
+    rows = value.shape[0]
     if (
-        whole.device.type == "cpu"
-        and value.device.type == "cpu"
+        whole.is_cpu
+        and value.is_cpu
         and not (whole.requires_grad or value.requires_grad)
         and whole.dtype in _NUMPY_DTYPES
     ):
-        whole.numpy()[start : start + len(value)] = value.numpy()
+        whole.numpy()[start : start + rows] = value.numpy()
     else:
-        whole.narrow(0, start, len(value)).copy_(value)
+        whole.narrow(0, start, rows).copy_(value)
 
 
 # the dtypes NumPy holds as they are
