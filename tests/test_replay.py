@@ -168,6 +168,9 @@ def test_sample_draws_what_torchrl_draws():
             assert sample_reference.device == sample_lean.device
             assert sample_lean["next"].batch_size == sample_lean.batch_size
             assert torch.equal(info_reference["index"], info_lean["index"])
+        expected, actual = reference.sample(), lean.sample()  # the updates' call: the indices in the sample
+        assert list(actual.keys(True, True)) == list(expected.keys(True, True))
+        assert_close(expected, actual)
     sample = lean.sample()  # rows whole: every entry of a row comes from the same transition
     assert torch.equal(sample["next", "reward"], -sample["observation"][:, :1])
     assert torch.equal(sample["index"], lean._storage._storage["index"][sample["index"]])

@@ -145,19 +145,42 @@ class LeanReplayBuffer(TensorDictReplayBuffer):
             self._sampler.extend(index)
         return index
 
+    def sample(
+        self, batch_size: int | None = None, return_info: bool = False, include_info: bool | None = None
+    ) -> Any:
+        """TorchRL's ``sample``. A call without arguments (the buffer's batch size: the recipes' updates) on the
+        direct path draws and gathers as :meth:`_sample` does and puts the drawn indices under ``"index"`` as
+        TorchRL's ``sample`` does, without its generic handling of prefetching, infos and locked results."""
+        if (
+            batch_size is None
+            and not return_info
+            and include_info is None
+            and self._batch_size is not None
+            and not self._service_shutdown
+            and self._sample_dependency is None
+            and self._storage._len > 0
+            and self._lean_entries() is not None
+        ):
+            data, info = self._draw(self._batch_size)
+            data._tensordict[INDEX_KEY] = info[INDEX_KEY]  # TensorDictReplayBuffer.sample's data.set(...)
+            return data
+        return super().sample(batch_size, return_info=return_info, include_info=include_info)
+
     def _sample(self, batch_size: int) -> tuple[Any, dict]:
-        stored = self._lean_entries()
-        storage = self._storage
-        if stored is None or storage._len == 0:  # empty: the parent's error
+        if self._lean_entries() is None or self._storage._len == 0:  # empty: the parent's error
             return super()._sample(batch_size)
+        return self._draw(batch_size)
+
+    def _draw(self, batch_size: int) -> tuple[TensorDict, dict]:
+        """The direct path's sample: the draw of RandomSampler.sample (storage._rand_given_ndim) without its
+        per-call compiler guards, and the rows it drew (without the write index), with their indices."""
+        storage = self._storage
         with self._replay_lock, self._write_lock:
-            # RandomSampler.sample's draw (storage._rand_given_ndim), without its per-call compiler guards
             index = torch.randint(
                 0, storage._len, (batch_size,), generator=storage._rng, device=storage.device
             )
-            info = {"index": index}
             data = _gather(storage._storage, index, skip=INDEX_KEY)
-        return data, info
+        return data, {INDEX_KEY: index}
 
 
 def _in_order(
