@@ -342,6 +342,13 @@ def _gaussian_log_prob(
     return _sum_rightmost(-((value - loc) ** 2) / (2 * scale**2) - scale.log() - _LOG_SQRT_2PI, event_dims)
 
 
+# the torch dtypes NumPy holds as they are, with NumPy's (a tensor of one of these and a NumPy array share memory)
+NUMPY_DTYPES = {
+    dtype: torch.empty((), dtype=dtype).numpy().dtype
+    for dtype in (torch.float16, torch.float32, torch.float64, torch.bool, torch.uint8)
+    + (torch.int8, torch.int16, torch.int32, torch.int64)
+}
+
 _LOG_SQRT_2PI = math.log(math.sqrt(2 * math.pi))  # as torch.distributions.Normal.log_prob writes it
 
 

@@ -22,7 +22,7 @@ from tensordict.nn.probabilistic import InteractionType
 from torchrl.collectors import Collector
 from torchrl.envs.utils import set_exploration_type
 
-from agents.fast_paths import LeanActor, LeanDeterministicPolicy, LeanQPolicy
+from agents.fast_paths import NUMPY_DTYPES, LeanActor, LeanDeterministicPolicy, LeanQPolicy
 from envs.specs import EPISODE_LENGTH_KEY, EPISODE_RETURN_KEY
 from envs.vector import GymnasiumVectorEnv
 
@@ -47,12 +47,6 @@ _NEXT_KEYS = {
         EPISODE_RETURN_KEY,
         EPISODE_LENGTH_KEY,
     )
-}
-# the dtypes a batch's entries can have, with NumPy's equivalent
-_NUMPY_DTYPES = {
-    dtype: torch.empty((), dtype=dtype).numpy().dtype
-    for dtype in (torch.float16, torch.float32, torch.float64, torch.bool, torch.uint8)
-    + (torch.int8, torch.int16, torch.int32, torch.int64)
 }
 
 
@@ -118,9 +112,9 @@ class LeanCollector(Collector):
         ):
             return None
         leaves = [(key, template.get(key)) for key in template.keys(True, True)]
-        if not all(value.dtype in _NUMPY_DTYPES for _, value in leaves):
+        if not all(value.dtype in NUMPY_DTYPES for _, value in leaves):
             return None
-        return [(key, value.shape, _NUMPY_DTYPES[value.dtype]) for key, value in leaves]
+        return [(key, value.shape, NUMPY_DTYPES[value.dtype]) for key, value in leaves]
 
     def iterator(self) -> Iterator[TensorDictBase]:
         if not self.lean:
@@ -256,8 +250,8 @@ class LeanCollector(Collector):
             return None
         env = self.env
         state = (values["observation"], values[EPISODE_RETURN_KEY], values[EPISODE_LENGTH_KEY])
-        current = (env._observation, env._episode_return, env._episode_length)
-        return state if all(kept is held for kept, held in zip(state, current, strict=True)) else None
+        held = (env._observation, env._episode_return, env._episode_length)
+        return state if all(ours is env_s for ours, env_s in zip(state, held, strict=True)) else None
 
     def _keep_carrier(self) -> None:
         """Remember the carrier's entries and their versions, for :meth:`_kept_state`."""

@@ -20,7 +20,7 @@ from torchrl.data import LazyTensorStorage, RandomSampler, TensorDictReplayBuffe
 from torchrl.data.replay_buffers.storages.utils import _collate_id
 from torchrl.data.replay_buffers.writers import TensorDictRoundRobinWriter
 
-from agents.fast_paths import flat_entries, flat_select
+from agents.fast_paths import NUMPY_DTYPES, flat_entries, flat_select
 
 INDEX_KEY = "index"
 
@@ -31,8 +31,10 @@ class LeanReplayBuffer(TensorDictReplayBuffer):
     The direct path runs when the buffer holds a ``LazyTensorStorage`` (already initialised by a first write) with
     a ``RandomSampler``, TorchRL's round-robin TensorDict writer without generation tracking, and none of a
     transform, a sample unit, prefetching, pinned memory, ``dim_extend``, a custom ``collate_fn`` or a locked
-    (shared) storage; ``extend`` also needs a ``TensorDict`` of one batch dimension
-    with the storage's entries (shapes and dtypes) and no priority. Then the buffer's contents, the returned
+    (shared) storage; ``extend`` also needs a ``TensorDict`` of one batch dimension with the storage's entries
+    (shapes and dtypes) and no priority, and :meth:`extend_selected` (a collected batch's chosen entries, stored
+    without building their TensorDict) a plain ``TensorDict`` whose chosen entries are exactly those. Then the
+    buffer's contents, the returned
     indices, the samples (the same draws from the storage's generator) and the state of the storage, writer and
     sampler are what the parent's calls give; tests compare them. Every other case is the parent's. Takes the
     parent's arguments.
@@ -211,16 +213,11 @@ def _write_rows(whole: torch.Tensor, start: int, value: torch.Tensor) -> None:
         whole.is_cpu
         and value.is_cpu
         and not (whole.requires_grad or value.requires_grad)
-        and whole.dtype in _NUMPY_DTYPES
+        and whole.dtype in NUMPY_DTYPES
     ):
         whole.numpy()[start : start + rows] = value.numpy()
     else:
         whole.narrow(0, start, rows).copy_(value)
-
-
-# the dtypes NumPy holds as they are
-_NUMPY_DTYPES = frozenset((torch.float16, torch.float32, torch.float64, torch.bool, torch.uint8, torch.int8))
-_NUMPY_DTYPES |= {torch.int16, torch.int32, torch.int64}
 
 
 def _entries(data: TensorDict, batch_size: torch.Size, prefix: tuple[str, ...] = ()) -> list | None:
