@@ -34,10 +34,9 @@ class LeanReplayBuffer(TensorDictReplayBuffer):
     (shared) storage; ``extend`` also needs a ``TensorDict`` of one batch dimension with the storage's entries
     (shapes and dtypes) and no priority, and :meth:`extend_selected` (a collected batch's chosen entries, stored
     without building their TensorDict) a plain ``TensorDict`` whose chosen entries are exactly those. Then the
-    buffer's contents, the returned
-    indices, the samples (the same draws from the storage's generator) and the state of the storage, writer and
-    sampler are what the parent's calls give; tests compare them. Every other case is the parent's. Takes the
-    parent's arguments.
+    buffer's contents, the returned indices, the samples (the same draws from the storage's generator) and the
+    state of the storage, writer and sampler are what the parent's calls give; tests compare them. Every other
+    case is the parent's. Takes the parent's arguments.
     """
 
     def _lean_entries(self) -> list[tuple[tuple[str, ...], torch.Tensor]] | None:
