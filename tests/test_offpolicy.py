@@ -21,7 +21,7 @@ from agents import (
     make_actor,
     make_qvalue_critic,
 )
-from agents.actor_critic import direct_forward
+from agents.actor_critic import StackedNetwork, direct_forward, stacked_forward
 from agents.continuous import default_target_entropy, make_deterministic_actor, make_exploration_env
 from agents.gsde import make_gsde_actor
 from envs import make_env
@@ -189,6 +189,54 @@ def test_direct_forward_computes_what_functional_call_computes():
         assert network._direct is not None  # the losses take the direct path
     assert direct_forward(torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.LayerNorm(4))) is None
     assert direct_forward(torch.nn.Conv2d(1, 2, 3)) is None
+
+
+def test_stacked_forward_computes_each_members_output():
+    """Q ensembles run all members at once (batched products) with each member's own output and gradients, as
+    the member-by-member loop computes them; networks with other layers are left to the loop."""
+    normalizer = ObservationNormalizer(3)
+    normalizer.update(torch.randn(64, 3) * 4 + 2)
+    critics = {
+        "relu": make_qvalue_critic(OBSERVATION_SPEC, ACTION_SPEC, (16, 16), "relu"),
+        "tanh, one layer": make_qvalue_critic(OBSERVATION_SPEC, ACTION_SPEC, (16,), "tanh"),
+        "normalised": make_qvalue_critic(OBSERVATION_SPEC, ACTION_SPEC, (16, 16), normalizer=normalizer),
+    }
+    observation, action = torch.randn(BATCH, 3), torch.rand(BATCH, 2)
+    members = 3
+    for name, critic in critics.items():
+        network = StackedNetwork(critic)
+        assert network._stacked is not None, name
+        stacked = TensorDict.from_module(critic).expand(members).clone()
+        for value in stacked.values(True, True):
+            value.normal_()
+            value.requires_grad_(True)
+        leaves = list(stacked.values(True, True))
+        ours = network(stacked, observation, action)
+        network._stacked = None
+        theirs = network(stacked, observation, action)
+        assert ours.shape == theirs.shape == (members, BATCH, 1), name
+        torch.testing.assert_close(ours, theirs)
+        weights = torch.randn(members, BATCH, 1)
+        ours_grads = torch.autograd.grad((ours * weights).sum(), leaves)
+        theirs_grads = torch.autograd.grad((theirs * weights).sum(), leaves)
+        for a, b in zip(ours_grads, theirs_grads, strict=True):
+            torch.testing.assert_close(a, b)
+    # an action gradient flows through every member (the SAC actor's loss)
+    critic = critics["relu"]
+    stacked = TensorDict.from_module(critic).expand(members).clone()
+    action.requires_grad_(True)
+    network = StackedNetwork(critic)
+    ours = torch.autograd.grad(network(stacked, observation, action).sum(), action)[0]
+    network._stacked = None
+    theirs = torch.autograd.grad(network(stacked, observation, action).sum(), action)[0]
+    torch.testing.assert_close(ours, theirs)
+    for loss in (sac_loss(), td3_loss()):
+        assert loss._qvalue._stacked is not None  # the losses' twin critics take the batched path
+    discrete = make_qvalue_critic(OBSERVATION_SPEC, Categorical(4, shape=(1,)), (16,))
+    assert stacked_forward(discrete.module) is None  # an encoder inside a Sequential: member by member
+    assert stacked_forward(torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.LayerNorm(4))) is None
+    assert stacked_forward(torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Softmax(-1))) is None
+    assert stacked_forward(torch.nn.Sequential(torch.nn.ReLU())) is None  # no layer to batch
 
 
 def parameter_groups(loss):
