@@ -20,6 +20,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 from tensordict import TensorDict, TensorDictBase
+from tensordict.nn import TensorDictParams
 from torch import nn
 from torch.func import functional_call
 from torchrl.modules import MLP, ProbabilisticActor, ValueOperator
@@ -65,7 +66,7 @@ class StackedNetwork:
     def __call__(
         self, parameters: TensorDictBase, *inputs: torch.Tensor, stacked: bool = True
     ) -> torch.Tensor:
-        flat = {name: parameters.get(key) for key, name in self.names.items()}
+        flat = self._flat(parameters)
         if not stacked:
             return self._call(flat, inputs)
         if self._stacked is not None:
@@ -83,7 +84,23 @@ class StackedNetwork:
 
     def member(self, parameters: TensorDictBase, index: int, *inputs: torch.Tensor) -> torch.Tensor:
         """The output of member ``index`` alone, with stacked parameters."""
-        return self._call({name: parameters.get(key)[index] for key, name in self.names.items()}, inputs)
+        return self._call({name: value[index] for name, value in self._flat(parameters).items()}, inputs)
+
+    def _flat(self, parameters: TensorDictBase) -> dict[str, torch.Tensor]:
+        """The module's tensors in ``parameters`` by dotted name: read from the nested dicts of a ``TensorDict``
+        (or of the one a ``TensorDictParams`` wraps) directly, a tenth of the cost of ``get`` with nested keys
+        (about 25 us a call for a 3-layer network, five calls a SAC update); for any other
+        kind of TensorDict, by indexing (which raises KeyError for a missing entry)."""
+        root = parameters._param_td if type(parameters) is TensorDictParams else parameters
+        flat = {}
+        for key, name in self.names.items():
+            node = root
+            for part in key:
+                node = node._tensordict.get(part) if type(node) is TensorDict else None
+                if node is None:  # another kind of TensorDict on the way, or no such entry (a KeyError then)
+                    return {name: parameters[key] for key, name in self.names.items()}
+            flat[name] = node
+        return flat
 
 
 def direct_forward(module: nn.Module, prefix: str = "") -> Callable[..., torch.Tensor] | None:

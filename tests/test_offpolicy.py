@@ -4,7 +4,7 @@ exploration noise, recipes end to end and bad input."""
 import gymnasium as gym
 import pytest
 import torch
-from tensordict import TensorDict
+from tensordict import LazyStackedTensorDict, TensorDict
 from torch.func import functional_call
 from torchrl.data import Bounded, Categorical, Unbounded
 from torchrl.envs.utils import ExplorationType, set_exploration_type
@@ -237,6 +237,31 @@ def test_stacked_forward_computes_each_members_output():
     assert stacked_forward(torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.LayerNorm(4))) is None
     assert stacked_forward(torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Softmax(-1))) is None
     assert stacked_forward(torch.nn.Sequential(torch.nn.ReLU())) is None  # no layer to batch
+
+
+def test_stacked_network_reads_the_tensors_get_reads():
+    """The parameters come straight from the TensorDicts' nested dicts: the very tensors get returns, for the
+    losses' parameter TensorDicts (TensorDictParams and detached copies); other TensorDicts go through get,
+    and a missing entry raises a KeyError."""
+    loss = sac_loss()
+    for network, parameters in (
+        (loss._qvalue, loss.qvalue_network_params),
+        (loss._qvalue, loss.target_qvalue_network_params),
+        (loss._qvalue, loss._cached_detached_qvalue_params),
+        (loss._actor, loss.actor_network_params),
+    ):
+        flat = network._flat(parameters)
+        assert list(flat) == list(network.names.values())
+        assert all(flat[name] is parameters.get(key) for key, name in network.names.items())
+    stacked = loss.qvalue_network_params.data
+    lazy = LazyStackedTensorDict.lazy_stack(list(stacked.unbind(0)), 0)
+    flat = loss._qvalue._flat(lazy)
+    for key, name in loss._qvalue.names.items():
+        torch.testing.assert_close(flat[name], stacked.get(key), rtol=0, atol=0)
+    missing = loss.qvalue_network_params.data.clone()
+    del missing[next(iter(loss._qvalue.names))]
+    with pytest.raises(KeyError):
+        loss._qvalue._flat(missing)
 
 
 def parameter_groups(loss):
