@@ -10,6 +10,12 @@ next value from the following step: the same values, the same advantages and tar
 to the last bits of float arithmetic), for about half the critic's work. On Atari with PPO's 8 x 128 batches this
 is a third of the time between two collections.
 
+With ``collected_values=True`` the batch's own value entries (``"state_value"``) are taken as the critic's values
+of its observations, and the critic runs on the few next observations alone: for a collector that wrote them
+with the current parameters (:class:`agents.fast_paths.LeanActor` given the critic, which then costs a value head
+a step where the critic shares the actor's CNN trunk), so that the advantage step runs no trunk at all. A batch
+without those entries takes the path above.
+
 A recurrent critic (:mod:`agents.recurrent`) is covered in its sequential mode: each step's value comes from the
 state stored with that step, and a step's next state is the following step's stored state unless the episode
 ended, so the shortcut holds as it does for observations (TorchRL's own path would restart the state of the next
@@ -30,7 +36,14 @@ from agents.recurrent import recurrent_layers
 
 
 class _OneCriticCall:
-    """The value-network call of :class:`OneCallGAE` and :class:`OneCallTD1` (a mixin of a TorchRL estimator)."""
+    """The value-network call of :class:`OneCallGAE` and :class:`OneCallTD1` (a mixin of a TorchRL estimator).
+
+    ``collected_values`` (keyword, default False): the batch's value entries, where present, are the critic's
+    current values of its observations (see the module)."""
+
+    def __init__(self, *args, collected_values: bool = False, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.collected_values = collected_values
 
     def _call_value_nets(
         self,
@@ -73,11 +86,16 @@ class _OneCriticCall:
         # the steps whose next observation is not the following step's observation
         fresh = ended.clone()
         fresh.select(time_dim, -1).fill_(True)
-        inputs = torch.cat([data.select(*in_keys).reshape(-1), data.get("next").select(*in_keys)[fresh]])
-        values = network(inputs).get(value_key)
-        value = values[: data.numel()].reshape(*data.shape, *values.shape[1:])
+        next_inputs = data.get("next").select(*in_keys)[fresh]
+        value = data.get(value_key, default=None) if self.collected_values else None
+        if value is None:
+            values = network(torch.cat([data.select(*in_keys).reshape(-1), next_inputs])).get(value_key)
+            value = values[: data.numel()].reshape(*data.shape, *values.shape[1:])
+            fresh_values = values[data.numel() :]
+        else:  # the collector's values of the observations: only the next observations the batch lacks remain
+            fresh_values = network(next_inputs).get(value_key)
         next_value = value.roll(-1, time_dim)
-        next_value[fresh] = values[data.numel() :]
+        next_value[fresh] = fresh_values
         data.set(value_key, value)
         data.set(("next", value_key), next_value)
         if detach_next:

@@ -199,14 +199,28 @@ class LeanActor(_LeanPolicy):
     actor itself. It holds the actor's parameters, not copies, so training the actor
     trains it.
 
+    With a ``critic``, every call also writes the critic's value of the observation, under any exploration type:
+    what an on-policy recipe whose critic shares the actor's CNN trunk collects, so that its advantage step reads
+    the values of the batch's observations instead of running the trunk over the batch again
+    (:class:`agents.OneCallGAE` with ``collected_values``). The trunk runs once a step: the critic's call gets the
+    features of the actor's call on the same observation tensor (:attr:`agents.NatureCNN.reuse_features`), and
+    only the value head is added.
+
     Args:
         actor: a ``ProbabilisticActor`` of a ``TensorDictModule`` (the network) and a ``SafeProbabilisticModule``
             (:func:`agents.make_actor` builds these; :func:`agents.without_log_prob` the same without the
             log-probability); see :func:`lean_policy`.
         compile: run the sampling step (network, distribution, draw) through :func:`compiled`.
+        critic: a ``TensorDictModule`` (e.g. :func:`agents.make_critic`'s ``ValueOperator``) reading the
+            actor's network input alone and writing one entry.
+
+    Raises:
+        TypeError: ``critic`` is not a one-output ``TensorDictModule`` reading the actor's network input.
     """
 
-    def __init__(self, actor: ProbabilisticActor, compile: bool = False):
+    def __init__(
+        self, actor: ProbabilisticActor, compile: bool = False, critic: TensorDictModule | None = None
+    ):
         super().__init__()
         network, distribution = actor.module[0], actor.module[1]
         self.actor = actor
@@ -214,6 +228,19 @@ class LeanActor(_LeanPolicy):
         self._network = unrolled(self.network)
         self.in_keys, self.out_keys = list(actor.in_keys), list(actor.out_keys)
         self.network_in_key = network.in_keys[0]
+        self.critic = critic
+        if critic is not None:
+            if not (
+                isinstance(critic, TensorDictModule)
+                and list(critic.in_keys) == [self.network_in_key]
+                and len(critic.out_keys) == 1
+            ):
+                raise TypeError(
+                    f"LeanActor: the critic must be a TensorDictModule reading {self.network_in_key!r} alone and "
+                    "writing one entry (a ValueOperator from make_critic)."
+                )
+            self.value_key = critic.out_keys[0]
+            self.out_keys.append(self.value_key)
         self.parameter_keys = list(network.out_keys)
         # which network output feeds which distribution argument
         self.arguments = [
@@ -309,7 +336,15 @@ class LeanActor(_LeanPolicy):
         entries = [*zip(self.parameter_keys, outputs, strict=True), (self.action_key, action)]
         if log_prob is not None:
             entries.append((self.log_prob_key, log_prob))
+        if self.critic is not None:  # after the actor's call, whose trunk features a shared CNN hands over
+            entries.append((self.value_key, self.critic.module(observation)))
         return entries
+
+    def forward(self, tensordict: TensorDictBase) -> TensorDictBase:
+        tensordict = super().forward(tensordict)
+        if self.critic is not None and interaction_type() is not InteractionType.RANDOM:
+            tensordict = self.critic(tensordict)
+        return tensordict
 
     @property
     def policy(self) -> ProbabilisticActor:
@@ -596,9 +631,12 @@ class LeanDeterministicPolicy(_LeanPolicy):
         return spec._project(action + noise * exploration.sigma)
 
 
-def lean_policy(policy: torch.nn.Module, compile: bool = False) -> torch.nn.Module:
+def lean_policy(
+    policy: torch.nn.Module, compile: bool = False, critic: TensorDictModule | None = None
+) -> torch.nn.Module:
     """A :class:`LeanActor` or :class:`LeanQPolicy` for a policy of exactly the shape it runs (``compile``: its
-    sampling step through :func:`compiled`), else the policy.
+    sampling step through :func:`compiled`; ``critic``: a critic whose values a :class:`LeanActor` writes too),
+    else the policy (which writes no values: ``critic`` is then unused).
 
     Covered: a ``ProbabilisticActor`` of one single-input ``TensorDictModule`` and a ``SafeProbabilisticModule``
     that samples once (with or without the log-probability), has no safety projection and no generator key; a
@@ -626,7 +664,7 @@ def lean_policy(policy: torch.nn.Module, compile: bool = False) -> torch.nn.Modu
         and len(distribution.dist_sample_keys) == 1
     ):
         return policy
-    return LeanActor(policy, compile)
+    return LeanActor(policy, compile, critic)
 
 
 def _is_epsilon_greedy_q_policy(policy: torch.nn.Module) -> bool:

@@ -623,6 +623,21 @@ def make_critic(
     return ValueOperator(net, in_keys=["observation"])
 
 
+def critic_on_cnn_trunk(actor: ProbabilisticActor, critic: nn.Module) -> bool:
+    """Whether ``critic`` (from :func:`make_critic` with ``encoder=input_encoder(actor)``) runs on ``actor``'s Nature
+    CNN, whose features it then gets from the actor's call on the same observation tensor: a collector can
+    write the critic's values beside the policy's outputs for the price of the value head (see
+    :class:`agents.fast_paths.LeanActor`)."""
+    module = getattr(critic, "module", None)
+    encoder = module[0] if isinstance(module, nn.Sequential) and len(module) else None
+    return (
+        isinstance(encoder, NatureCNN)
+        and encoder.reuse_features
+        and isinstance(actor, ProbabilisticActor)
+        and input_encoder(actor) is encoder
+    )
+
+
 def make_recurrent_critic(
     actor: nn.Module, hidden_sizes: Sequence[int] = (64, 64), activation: str = "tanh"
 ) -> TensorDictSequential:

@@ -170,7 +170,7 @@ class SignReward(gym.RewardWrapper):
 def make_atari_env(env_id: str, training: bool, render_mode: str | None = None, **env_kwargs: Any) -> gym.Env:
     """Build an ALE game with the standard preprocessing of Mnih et al. (2015) and Machado et al. (2018).
 
-    The env is ``gymnasium.make(env_id, frameskip=1, ...)`` wrapped in Gymnasium's ``AtariPreprocessing`` (up to
+    The env is ``gymnasium.make(env_id, frameskip=1, obs_type="grayscale", ...)`` wrapped in Gymnasium's ``AtariPreprocessing`` (up to
     30 no-op actions at reset, 4 frames per step max-pooled over the last two, 84x84 grayscale ``uint8``) and
     ``FrameStackObservation(4)``; in games that wait for FIRE, FIRE is pressed as each life starts
     (:class:`FireAtLifeStart`). With ``training``, a lost life also ends the episode (:class:`EpisodicLife`) and
@@ -182,13 +182,15 @@ def make_atari_env(env_id: str, training: bool, render_mode: str | None = None, 
         training: apply the training-only tricks (episodic life, reward clipping).
         render_mode: ``None`` or ``"rgb_array"`` (frames of the full-colour screen, one per agent step).
         **env_kwargs: more keyword arguments for ``gymnasium.make`` (for example ``repeat_action_probability``
-            or ``max_num_frames_per_episode``); not ``frameskip``, which the preprocessing does.
+            or ``max_num_frames_per_episode``); not ``frameskip`` nor ``obs_type``, which the preprocessing
+            sets.
 
     Returns:
         A Gymnasium env with ``uint8`` observations of shape ``(4, 84, 84)``.
 
     Raises:
-        InputError: ``env_id`` is not an ALE id, ``ale-py`` is missing, or ``frameskip`` is given.
+        InputError: ``env_id`` is not an ALE id, ``ale-py`` is missing, or ``frameskip`` or ``obs_type`` is
+            given.
 
     Examples:
         >>> env = make_atari_env("ALE/Pong-v5", training=True)
@@ -204,8 +206,15 @@ def make_atari_env(env_id: str, training: bool, render_mode: str | None = None, 
         raise InputError(
             f"frameskip cannot be set for Atari envs: the preprocessing repeats each action {FRAME_SKIP} times."
         )
+    if "obs_type" in env_kwargs:
+        raise InputError(
+            "obs_type cannot be set for Atari envs: the preprocessing reads the grayscale screen itself and "
+            "gives 84x84 frames."
+        )
     register_atari_envs()
-    env = gym.make(env_id, frameskip=1, render_mode=render_mode, **env_kwargs)
+    # the preprocessing reads the screen itself; a grayscale frame is the cheapest one ALE makes at each of the
+    # skipped frames (its full-colour screen is three times the bytes)
+    env = gym.make(env_id, frameskip=1, obs_type="grayscale", render_mode=render_mode, **env_kwargs)
     env = AtariPreprocessing(
         env,
         noop_max=NOOP_MAX,

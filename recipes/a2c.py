@@ -55,7 +55,7 @@ from agents import (
 )
 from agents.gsde import check_sde_options, clip_env_actions
 from agents.loss_addons import LossAddon, LossAddonConfig, addon_losses, build_loss_addons, split_parameters
-from agents.networks import action_mask_kwargs, box_policy_kwargs
+from agents.networks import action_mask_kwargs, box_policy_kwargs, critic_on_cnn_trunk
 from agents.options import Options, defaults
 from agents.policy_gradient import make_shared_critic
 from agents.recurrent import make_recurrent_env, recurrent_kwargs
@@ -204,16 +204,28 @@ class A2CConfig(Options):
 
 
 def make_advantage_module(
-    critic: ValueOperator, gamma: float, gae_lambda: float | None, device: torch.device
+    critic: ValueOperator,
+    gamma: float,
+    gae_lambda: float | None,
+    device: torch.device,
+    collected_values: bool = False,
 ) -> OneCallTD1 | OneCallGAE:
     """n-step returns (TD(1) to the end of each env's segment) for ``gae_lambda`` None or 1, else GAE.
 
     Both write ``"advantage"`` and ``"value_target"``, stop at terminations and bootstrap from the critic at
-    time-limit truncations and at the end of the segment.
+    time-limit truncations and at the end of the segment; with ``collected_values`` they read the values of the
+    batch's observations that the collector wrote (see :mod:`agents.advantages`).
     """
     if gae_lambda is None or gae_lambda == 1.0:
-        return OneCallTD1(gamma=gamma, value_network=critic, device=device)
-    return OneCallGAE(gamma=gamma, lmbda=gae_lambda, value_network=critic, average_gae=False, device=device)
+        return OneCallTD1(gamma=gamma, value_network=critic, device=device, collected_values=collected_values)
+    return OneCallGAE(
+        gamma=gamma,
+        lmbda=gae_lambda,
+        value_network=critic,
+        average_gae=False,
+        device=device,
+        collected_values=collected_values,
+    )
 
 
 @recipe_main
@@ -299,7 +311,11 @@ def main(
         loss_critic_type="l2",
         functional=False,
     )
-    advantage_module = make_advantage_module(critic, loss_config.gamma, loss_config.gae_lambda, device)
+    # a critic on the actor's CNN trunk: the collector writes its values (see recipes.ppo)
+    collected_values = critic_on_cnn_trunk(actor, critic)
+    advantage_module = make_advantage_module(
+        critic, loss_config.gamma, loss_config.gae_lambda, device, collected_values
+    )
     # extra loss terms, e.g. a KL penalty (given in Python, or by --kl-to)
     loss_addons = [
         *loss_addons,
@@ -323,6 +339,7 @@ def main(
             device,
             frames_per_batch,
             num_batches * frames_per_batch,
+            critic=critic if collected_values else None,
         )
     )
 

@@ -49,7 +49,7 @@ from agents import (
 )
 from agents.gsde import check_sde_options, clip_env_actions
 from agents.loss_addons import LossAddon, LossAddonConfig, addon_losses, build_loss_addons, split_parameters
-from agents.networks import action_mask_kwargs, box_policy_kwargs
+from agents.networks import action_mask_kwargs, box_policy_kwargs, critic_on_cnn_trunk
 from agents.options import Options, defaults
 from agents.recurrent import (
     check_recurrent_options,
@@ -337,12 +337,16 @@ def main(
         diagnostics=False,
         functional=False,  # no target networks: skip swapping parameters in and out on every call
     )
+    # a critic on the actor's CNN trunk costs a value head beside each policy step: the collector writes its
+    # values, and the advantage step runs the trunk only on the next observations the batch lacks
+    collected_values = critic_on_cnn_trunk(actor, critic)
     advantage_module = OneCallGAE(
         gamma=loss_config.gamma,
         lmbda=loss_config.gae_lambda,
         value_network=critic,
         average_gae=False,
         device=device,
+        collected_values=collected_values,
     )
     # extra loss terms, e.g. a KL penalty (given in Python, or by --kl-to)
     loss_addons = [
@@ -367,6 +371,7 @@ def main(
             device,
             frames_per_batch,
             num_batches * frames_per_batch,
+            critic=critic if collected_values else None,
         )
     )
 

@@ -14,12 +14,12 @@ import torch
 
 import agents.agent
 from agents import Agent, input_encoder, make_actor, make_critic
-from agents.networks import NatureCNN, observation_encoder
+from agents.networks import NatureCNN, critic_on_cnn_trunk, observation_encoder
 from envs import make_env
 from envs.atari import is_atari, make_atari_env
 from envs.vector import check_env_id
 from errors import InputError
-from recipes import dqn, ppo
+from recipes import a2c, dqn, ppo
 from training import RunConfig
 
 PONG = "ALE/Pong-v5"
@@ -42,6 +42,37 @@ def test_observations_are_four_stacked_84x84_uint8_frames():
     assert rollout["next", "observation"].shape == (2, 4, 4, 84, 84)
     assert rollout["next", "observation"].dtype == torch.uint8
     env.close()
+
+
+def test_frames_are_those_of_the_full_colour_env():
+    """The ALE env underneath makes grayscale screens (the preprocessing reads the screen itself): the frames are
+    those Gymnasium's preprocessing gives on ALE's default full-colour env, through lost lives and resets."""
+    from gymnasium.wrappers import AtariPreprocessing, FrameStackObservation
+
+    from envs.atari import EpisodicLife, FireAtLifeStart, SignReward
+
+    breakout = "ALE/Breakout-v5"  # five lives, each lost within a few dozen random steps
+    ours = make_atari_env(breakout, training=True)
+    assert ours.unwrapped._obs_type == "grayscale"
+    colour = gym.make(breakout, frameskip=1)
+    colour = AtariPreprocessing(
+        colour, noop_max=30, frame_skip=4, screen_size=84, terminal_on_life_loss=False
+    )
+    colour = FrameStackObservation(SignReward(EpisodicLife(FireAtLifeStart(colour))), 4)
+    rng = np.random.default_rng(0)
+    np.testing.assert_array_equal(ours.reset(seed=5)[0], colour.reset(seed=5)[0])
+    episodes = 0
+    for _ in range(400):
+        action = int(rng.integers(ours.action_space.n))
+        step, colour_step = ours.step(action), colour.step(action)
+        np.testing.assert_array_equal(step[0], colour_step[0])
+        assert step[1:4] == colour_step[1:4]
+        if step[2] or step[3]:
+            episodes += 1
+            np.testing.assert_array_equal(ours.reset()[0], colour.reset()[0])
+    assert episodes >= 3
+    ours.close()
+    colour.close()
 
 
 def paired_run(env_id: str, steps: int, seed: int = 3):
@@ -91,6 +122,8 @@ def test_env_ids_and_options_are_checked():
         check_env_id("ALE/NoSuchGame-v5")
     with pytest.raises(InputError, match="frameskip"):
         make_atari_env(PONG, training=True, frameskip=4)
+    with pytest.raises(InputError, match="obs_type"):
+        make_atari_env(PONG, training=True, obs_type="rgb")
     with pytest.raises(InputError, match="not an Atari id"):
         make_atari_env("CartPole-v1", training=True)
 
@@ -149,6 +182,43 @@ def test_pong_actor_acts_and_critic_shares_its_cnn():
     assert rollout["action"].shape == (2, 3) and ((rollout["action"] >= 0) & (rollout["action"] < 6)).all()
     assert critic(rollout)["state_value"].shape == (2, 3, 1)
     env.close()
+
+
+def test_collection_writes_the_critics_values_running_the_shared_cnn_once_a_step(monkeypatch):
+    """PPO's collector on Pong writes the critic's values beside the policy's outputs, the CNN running once a step
+    (the critic gets the actor's features), and the advantages from them are those of running the critic over
+    the batch."""
+    from agents import OneCallGAE
+    from training import make_collector
+
+    env = make_env(PONG, num_envs=2, seed=0)
+    observation_spec = env.observation_spec["observation"]
+    actor = make_actor(observation_spec, env.action_spec, hidden_sizes=())
+    critic = make_critic(observation_spec, hidden_sizes=(), encoder=input_encoder(actor))
+    collector = make_collector(
+        RunConfig(num_envs=2), env, actor, torch.device("cpu"), 2 * 8, 2 * 8, critic=critic
+    )
+    trunk_runs = []
+    convolutions = input_encoder(actor).convolutions
+    monkeypatch.setattr(
+        convolutions,
+        "forward",
+        lambda x: trunk_runs.append(len(x)) or type(convolutions).forward(convolutions, x),
+    )
+    batch = next(iter(collector))
+    collector.shutdown()
+    env.close()
+    assert critic_on_cnn_trunk(actor, critic) and trunk_runs == [2] * 8  # one CNN run a step for both
+    with torch.no_grad():
+        recomputed = critic(batch.exclude("state_value"))["state_value"]
+        torch.testing.assert_close(batch["state_value"], recomputed)
+        arguments = {"gamma": 0.99, "lmbda": 0.95, "value_network": critic, "average_gae": False}
+        expected = OneCallGAE(**arguments)(batch.exclude("state_value"))
+        trunk_runs.clear()
+        result = OneCallGAE(**arguments, collected_values=True)(batch.clone())
+    assert trunk_runs == [2]  # the last step's next observations
+    for key in ["advantage", "value_target", ("next", "state_value")]:
+        torch.testing.assert_close(result[key], expected[key])
 
 
 @pytest.mark.parametrize("loss_class", ["ClipPPOLoss", "TensorClipPPOLoss"])
@@ -252,20 +322,24 @@ def read_evaluations(output_dir):
         return list(csv.DictReader(file))
 
 
-def test_ppo_smoke_on_pong(output_dir):
-    run = RunConfig(
+def short_pong_run(output_dir, frames: int) -> RunConfig:
+    """A run of ``frames`` frames on Pong with 2 envs and one evaluation game at its end, writing no logs."""
+    return RunConfig(
         env_id=PONG,
         num_envs=2,
-        total_frames=64,
-        eval_every=64,
+        total_frames=frames,
+        eval_every=frames,
         eval_episodes=1,
         output_dir=output_dir,
         logger="none",
         video=False,
         progress=False,
     )
+
+
+def test_ppo_smoke_on_pong(output_dir):
     config = ppo.PPOConfig(
-        run=run,
+        run=short_pong_run(output_dir, 64),
         collector=ppo.CollectorConfig(steps_per_env=16),
         optim=ppo.OptimConfig(minibatch_size=16, num_epochs=1, lr=2.5e-4),
         network=ppo.NetworkConfig(hidden_sizes=()),
@@ -279,6 +353,30 @@ def test_ppo_smoke_on_pong(output_dir):
     assert summary["eval_return_mean"] in range(-21, 22)
     agent = Agent.load(output_dir)
     assert isinstance(input_encoder(agent.policy), NatureCNN)
+
+
+@pytest.mark.parametrize("gae_lambda", [None, 0.95])
+def test_a2c_on_pong_reads_the_collected_values(output_dir, monkeypatch, gae_lambda):
+    """A2C's n-step and GAE advantages on Pong read the values the collector wrote: the CNN runs over each
+    batch's last next observations only, not over the whole batch again."""
+    from agents.advantages import _OneCriticCall
+
+    batch_rows = []
+    call = _OneCriticCall._call_value_nets
+
+    def spy(self, data, *args, **kwargs):
+        batch_rows.append((self.collected_values, data.get("state_value", default=None) is not None))
+        return call(self, data, *args, **kwargs)
+
+    monkeypatch.setattr(_OneCriticCall, "_call_value_nets", spy)
+    config = a2c.A2CConfig(
+        run=short_pong_run(output_dir, 20),
+        collector=a2c.CollectorConfig(steps_per_env=5),
+        loss=a2c.LossConfig(gae_lambda=gae_lambda),
+        network=a2c.NetworkConfig(hidden_sizes=()),
+    )
+    assert a2c.main(config)["frames"] == 20
+    assert batch_rows == [(True, True)] * 2
 
 
 def test_dqn_smoke_on_pong(output_dir):

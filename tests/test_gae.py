@@ -131,6 +131,60 @@ def test_one_call_gae_matches_torchrls_on_a_collected_batch_with_time_limits_and
         torch.testing.assert_close(result[key], expected[key])
 
 
+def test_one_call_gae_reads_collected_values_and_runs_the_critic_on_the_missing_next_observations_only():
+    from agents import OneCallGAE
+
+    network = CountingCritic()
+    critic = ValueOperator(network, in_keys=["observation"])
+    expected = GAE(gamma=0.9, lmbda=0.8, value_network=critic, average_gae=False)(auto_reset_batch())
+    estimator = OneCallGAE(
+        gamma=0.9, lmbda=0.8, value_network=critic, average_gae=False, collected_values=True
+    )
+    collected = auto_reset_batch()
+    with torch.no_grad():
+        collected["state_value"] = critic(collected.clone())["state_value"]
+    network.rows = 0
+    result = estimator(collected)
+    assert network.rows == 5 + 2  # the episode ends and the segment ends, as in the test above
+    for key in ["advantage", "value_target", "state_value", ("next", "state_value")]:
+        torch.testing.assert_close(result[key], expected[key])
+    # the batch's values are taken as given: other values give other advantages
+    shifted = auto_reset_batch()
+    shifted["state_value"] = collected["state_value"] + 1.0
+    assert not torch.allclose(estimator(shifted)["advantage"], expected["advantage"])
+    # a batch without values: the critic runs over it as without collected_values
+    network.rows = 0
+    result = estimator(auto_reset_batch())
+    assert network.rows == 21 + 5 + 2
+    torch.testing.assert_close(result["advantage"], expected["advantage"])
+
+
+def test_collector_given_a_critic_writes_its_values_of_the_observations():
+    from agents import make_critic
+    from agents.fast_paths import LeanActor
+    from agents.networks import critic_on_cnn_trunk
+    from envs import make_env
+    from training import RunConfig, make_collector
+
+    env = make_env("CartPole-v1", 2, seed=0)
+    actor = make_actor(env.observation_spec["observation"], env.action_spec)
+    critic = make_critic(env.observation_spec["observation"], [8], "tanh")
+    collector = make_collector(
+        RunConfig(num_envs=2), env, actor, torch.device("cpu"), 2 * 16, 4 * 16, critic=critic
+    )
+    assert collector.lean and isinstance(collector.policy, LeanActor)
+    assert not critic_on_cnn_trunk(actor, critic)  # an MLP critic: written all the same, at its own cost
+    for lean in (True, False):  # the direct rollout and TorchRL's write the same entries
+        collector.lean = lean
+        batch = next(iter(collector))
+        assert set(batch.keys()) >= {"state_value", "action", "logits"}
+        torch.testing.assert_close(batch["state_value"], critic(batch.clone())["state_value"])
+    collector.shutdown()
+    env.close()
+    with pytest.raises(TypeError, match="reading 'observation' alone"):
+        LeanActor(actor, critic=ValueOperator(nn.Linear(4, 1), in_keys=["other"]))
+
+
 def test_one_call_gae_leaves_recurrent_mode_and_functional_parameters_to_torchrl(monkeypatch):
     from agents import OneCallGAE
 

@@ -81,6 +81,7 @@ def make_collector(
     device: torch.device,
     frames_per_batch: int,
     total_frames: int,
+    critic: nn.Module | None = None,
     **options: Any,
 ):
     """The collector of ``run.collector_backend``: TorchRL's ``Collector`` stepping ``env`` here (a
@@ -97,6 +98,9 @@ def make_collector(
         device: device of the policy and of the batches.
         frames_per_batch: frames per batch, over all envs.
         total_frames: the collection budget.
+        critic: a critic whose value of each observation the single-process collector writes too, when the
+            policy is a :class:`agents.fast_paths.LeanActor` (see there); other collectors, and other policies,
+            write none.
         options: further collector arguments (``init_random_frames``, ``trajs_per_batch``, ``traj_format``).
     """
     if run.gradient_worker is not None:
@@ -104,7 +108,7 @@ def make_collector(
     if run.collector_backend == "single":
         return LeanCollector(
             env,
-            lean_policy(policy, run.compile),  # the same policy, sampled in one call
+            lean_policy(policy, run.compile, critic),  # the same policy, sampled in one call
             frames_per_batch=frames_per_batch,
             total_frames=total_frames,
             env_device=env.device,
