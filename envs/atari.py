@@ -170,8 +170,9 @@ class SignReward(gym.RewardWrapper):
 def make_atari_env(env_id: str, training: bool, render_mode: str | None = None, **env_kwargs: Any) -> gym.Env:
     """Build an ALE game with the standard preprocessing of Mnih et al. (2015) and Machado et al. (2018).
 
-    The env is ``gymnasium.make(env_id, frameskip=1, obs_type="grayscale", ...)`` wrapped in Gymnasium's ``AtariPreprocessing`` (up to
-    30 no-op actions at reset, 4 frames per step max-pooled over the last two, 84x84 grayscale ``uint8``) and
+    The env is ``gymnasium.make(env_id, frameskip=1, obs_type="grayscale", ...)`` wrapped in Gymnasium's
+    ``AtariPreprocessing`` (up to 30 no-op actions at reset, 4 frames per step max-pooled over the last two, 84x84
+    grayscale ``uint8``) and
     ``FrameStackObservation(4)``; in games that wait for FIRE, FIRE is pressed as each life starts
     (:class:`FireAtLifeStart`). With ``training``, a lost life also ends the episode (:class:`EpisodicLife`) and
     rewards are clipped to their sign (:class:`SignReward`); without it, episodes are whole games with the game's
