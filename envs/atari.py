@@ -167,6 +167,67 @@ class SignReward(gym.RewardWrapper):
         return float(np.sign(reward))
 
 
+class DirectAtariPreprocessing(AtariPreprocessing):
+    """Gymnasium's ``AtariPreprocessing`` whose frame-skipping loop drives the emulator itself.
+
+    Each skipped frame of the parent's loop is a ``step`` of the ALE env underneath, through Gymnasium's
+    ``OrderEnforcing`` and ``PassiveEnvChecker``: an ``ale.act`` call, and a screen copy and an info dict the
+    preprocessing never reads. Where the env underneath is exactly that (ALE's ``AtariEnv`` with discrete actions,
+    one frame a step and no human rendering, under those two wrappers only, each past its first-step checks), this
+    ``step`` makes the same ``ale.act`` calls and termination checks in the same order and returns what the parent
+    returns (the info of the last frame included); any other env, and the first step, take the parent's loop. A
+    quarter of an Atari env step on this project's 2-core CPU (0.36 to 0.27 ms).
+    """
+
+    def step(self, action):
+        ale_env = self._direct_env()
+        if ale_env is None:
+            return super().step(action)
+        ale = ale_env.ale
+        action_index = ale_env._action_set[action]
+        total_reward, terminated, truncated = 0.0, False, False
+        for t in range(self.frame_skip):
+            reward = 0.0  # AtariEnv.step's sum over its one frame
+            reward += ale.act(action_index, 1.0)
+            terminated, truncated = ale.game_over(with_truncation=False), ale.game_truncated()
+            total_reward += reward
+            self.game_over = terminated
+            if self.terminal_on_life_loss:
+                new_lives = ale.lives()
+                terminated = terminated or new_lives < self.lives
+                self.game_over = terminated
+                self.lives = new_lives
+            if terminated or truncated:
+                break
+            if t == self.frame_skip - 2:
+                self._screen(self.obs_buffer[1])
+            elif t == self.frame_skip - 1:
+                self._screen(self.obs_buffer[0])
+        return self._get_obs(), total_reward, terminated, truncated, ale_env._get_info()
+
+    def _screen(self, buffer: np.ndarray) -> None:
+        if self.grayscale_obs:
+            self.ale.getScreenGrayscale(buffer)
+        else:
+            self.ale.getScreenRGB(buffer)
+
+    def _direct_env(self):
+        """The ALE env underneath when each frame's step would only pass through to it, else None."""
+        from ale_py.env import AtariEnv
+        from gymnasium.wrappers.common import OrderEnforcing, PassiveEnvChecker
+
+        env = self.env
+        while isinstance(env, (OrderEnforcing, PassiveEnvChecker)):
+            if isinstance(env, OrderEnforcing) and not env.has_reset:
+                return None
+            if isinstance(env, PassiveEnvChecker) and not (env.checked_step and env.checked_data_reuse):
+                return None
+            env = env.env
+        if type(env) is not AtariEnv or env.continuous or env._frameskip != 1 or env.render_mode == "human":
+            return None
+        return env
+
+
 def make_atari_env(env_id: str, training: bool, render_mode: str | None = None, **env_kwargs: Any) -> gym.Env:
     """Build an ALE game with the standard preprocessing of Mnih et al. (2015) and Machado et al. (2018).
 
@@ -216,7 +277,7 @@ def make_atari_env(env_id: str, training: bool, render_mode: str | None = None, 
     # the preprocessing reads the screen itself; a grayscale frame is the cheapest one ALE makes at each of the
     # skipped frames (its full-colour screen is three times the bytes)
     env = gym.make(env_id, frameskip=1, obs_type="grayscale", render_mode=render_mode, **env_kwargs)
-    env = AtariPreprocessing(
+    env = DirectAtariPreprocessing(
         env,
         noop_max=NOOP_MAX,
         frame_skip=FRAME_SKIP,

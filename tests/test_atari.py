@@ -44,12 +44,13 @@ def test_observations_are_four_stacked_84x84_uint8_frames():
     env.close()
 
 
-def test_frames_are_those_of_the_full_colour_env():
-    """The ALE env underneath makes grayscale screens (the preprocessing reads the screen itself): the frames are
+def test_frames_are_those_of_gymnasiums_preprocessing_on_the_full_colour_env():
+    """The ALE env underneath makes grayscale screens (the preprocessing reads the screen itself) and the
+    preprocessing's frame-skipping loop drives the emulator directly: the frames, rewards, flags and infos are
     those Gymnasium's preprocessing gives on ALE's default full-colour env, through lost lives and resets."""
     from gymnasium.wrappers import AtariPreprocessing, FrameStackObservation
 
-    from envs.atari import EpisodicLife, FireAtLifeStart, SignReward
+    from envs.atari import DirectAtariPreprocessing, EpisodicLife, FireAtLifeStart, SignReward
 
     breakout = "ALE/Breakout-v5"  # five lives, each lost within a few dozen random steps
     ours = make_atari_env(breakout, training=True)
@@ -66,13 +67,51 @@ def test_frames_are_those_of_the_full_colour_env():
         action = int(rng.integers(ours.action_space.n))
         step, colour_step = ours.step(action), colour.step(action)
         np.testing.assert_array_equal(step[0], colour_step[0])
-        assert step[1:4] == colour_step[1:4]
+        assert step[1:] == colour_step[1:]  # rewards, flags and the last frame's info
         if step[2] or step[3]:
             episodes += 1
             np.testing.assert_array_equal(ours.reset()[0], colour.reset()[0])
     assert episodes >= 3
+    preprocessing = ours
+    while not isinstance(preprocessing, DirectAtariPreprocessing):
+        preprocessing = preprocessing.env
+    assert preprocessing._direct_env() is ours.unwrapped  # the steps above drove the emulator directly
     ours.close()
     colour.close()
+
+
+def test_preprocessing_takes_gymnasiums_loop_where_a_frame_step_does_more_than_pass_through():
+    """A wrapper between the preprocessing and the emulator (here a time limit counted in frames), and the
+    wrappers' first-step checks, keep Gymnasium's loop, and with it their effect."""
+    from gymnasium.wrappers import AtariPreprocessing, TimeLimit
+
+    from envs.atari import DirectAtariPreprocessing, register_atari_envs
+
+    register_atari_envs()
+
+    def limited(preprocessing):  # 20 frames: 5 agent steps
+        env = TimeLimit(gym.make(PONG, frameskip=1, obs_type="grayscale"), max_episode_steps=20)
+        return preprocessing(env, noop_max=0, frame_skip=4, screen_size=84, terminal_on_life_loss=False)
+
+    ours, reference = limited(DirectAtariPreprocessing), limited(AtariPreprocessing)
+    ours.reset(seed=0)
+    reference.reset(seed=0)
+    for step in range(5):
+        result, expected = ours.step(0), reference.step(0)
+        np.testing.assert_array_equal(result[0], expected[0])
+        assert result[1:] == expected[1:] and result[3] == (step == 4)
+    assert ours._direct_env() is None
+    plain = make_atari_env(PONG, training=False)
+    preprocessing = plain
+    while not isinstance(preprocessing, DirectAtariPreprocessing):
+        preprocessing = preprocessing.env
+    assert preprocessing._direct_env() is None  # before reset, and before the checker's first steps
+    plain.reset(seed=0)  # its no-ops step through the wrappers
+    plain.step(0)
+    plain.step(0)
+    assert preprocessing._direct_env() is plain.unwrapped
+    for env in (ours, reference, plain):
+        env.close()
 
 
 def paired_run(env_id: str, steps: int, seed: int = 3):
