@@ -117,7 +117,8 @@ def test_ppo_learns_from_dict_observations_normalised(output_dir):
         num_envs=8,
     )
     config.collector.steps_per_env, config.optim.minibatch_size, config.optim.num_epochs = 32, 64, 4
-    config.optim.lr, config.network.normalize_obs = 3e-3, True
+    # lr 1e-3: seeds 0-2 all end at 9.0; at 3e-3 some seeds settle on going one way (1.8 to 9.0)
+    config.optim.lr, config.network.normalize_obs = 1e-3, True
     summary = ppo.main(config)
     assert summary["eval_return_mean"] >= 8.5
 
