@@ -118,10 +118,8 @@ def test_extend_selected_stores_the_selection_flattened_as_torchrl_stores_it(mon
         index_lean = lean.extend_selected(batch, SELECTED)
         assert torch.equal(index_reference, index_lean)
         assert_same_state(reference, lean)
-        assert batch.get("loc", None) is not None and batch.batch_size == (
-            envs,
-            steps,
-        )  # the batch left alone
+        # the batch left alone
+        assert batch.get("loc", None) is not None and batch.batch_size == (envs, steps)
         if start == 0:  # from the second write on, the direct path: no selection is built
             monkeypatch.setattr("training.replay.flat_select", None)
         start += envs * steps
