@@ -13,8 +13,9 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
-SIDES = ["sb3", "ours-zoo", "ours", "ours-zoo-compiled", "ours-zoo-bf16"]
-# ours-zoo-compiled: ours-zoo with --compile; ours-zoo-bf16: with --matmul-precision medium (only when asked for)
+SIDES = ["sb3", "ours-zoo", "ours", "ours-zoo-compiled", "ours-zoo-bf16", "ours-zoo-ieee"]
+# ours-zoo-compiled: ours-zoo with --compile; ours-zoo-bf16: with --matmul-precision medium; ours-zoo-ieee: with
+# --no-flush-denormal (the last two only when asked for)
 DEFAULT_SIDES = SIDES[:4]
 EVAL_SEED_OFFSET = (
     1_000_000  # training.evaluation.EVAL_SEED_OFFSET (not imported: the SB3 side runs without torchrl)
@@ -72,6 +73,22 @@ def summary_row(summary: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def side_options(side: str) -> dict[str, Any]:
+    """The run options that set one of our sides apart (``run_ours(seed, zoo, **side_options(side))``)."""
+    return {
+        "compile": side == "ours-zoo-compiled",
+        "matmul_precision": "medium" if side == "ours-zoo-bf16" else "highest",
+        "flush_denormal": side != "ours-zoo-ieee",
+    }
+
+
+def output_suffix(
+    compile: bool = False, matmul_precision: str = "highest", flush_denormal: bool = True
+) -> str:
+    """What a side's run options add to its output folder's name, so that each side keeps its own run."""
+    return f"{'-compiled' if compile else ''}{'-bf16' if matmul_precision == 'medium' else ''}{'' if flush_denormal else '-ieee'}"
+
+
 def run_ours_off_policy(
     algorithm: str,
     env_id: str,
@@ -82,8 +99,7 @@ def run_ours_off_policy(
     learning_starts: int,
     hidden_sizes: tuple[int, ...],
     eval_episodes: int,
-    compile: bool = False,
-    matmul_precision: str = "highest",
+    **run_options: Any,
 ) -> dict[str, Any]:
     """One run of ``recipes.sac`` or ``recipes.td3`` on ``env_id`` for a same-settings benchmark, torch's default
     threads (as SB3's) and no early stop. ``zoo``: the recipe's defaults with no preset, one step then one
@@ -108,10 +124,11 @@ def run_ours_off_policy(
         config.collector.steps_per_env, config.collector.learning_starts = 1, learning_starts
         config.network.hidden_sizes = hidden_sizes
     name = env_id.split("-")[0].lower()
-    suffix = f"{'-compiled' if compile else ''}{'-bf16' if matmul_precision == 'medium' else ''}"
-    output_dir = f"runs/bench-{algorithm}-{name}-{'zoo' if zoo else 'default'}{suffix}-{seed}"
+    output_dir = (
+        f"runs/bench-{algorithm}-{name}-{'zoo' if zoo else 'default'}{output_suffix(**run_options)}-{seed}"
+    )
     # each benchmark run replaces the last one of its side and seed
-    quiet(config, output_dir, overwrite=True, compile=compile, matmul_precision=matmul_precision)
+    quiet(config, output_dir, overwrite=True, **run_options)
     return summary_row(recipe.main(config))
 
 
@@ -168,6 +185,7 @@ def compare(module: str, sides: list[str], seeds: list[int], target: str = "475"
         ("ours-zoo", ""),
         ("ours-zoo-compiled", ", --compile"),
         ("ours-zoo-bf16", ", --matmul-precision medium"),
+        ("ours-zoo-ieee", ", --no-flush-denormal"),
     ):
         if "sb3" in results and side in results:
             ratio = statistics.mean(r["fps"] for r in results[side]) / statistics.mean(
@@ -202,12 +220,7 @@ def benchmark_cli(
         elif args.child == "sb3":
             result = run_sb3(seed)
         else:
-            result = run_ours(
-                seed,
-                args.child != "ours",
-                compile=args.child == "ours-zoo-compiled",
-                matmul_precision="medium" if args.child == "ours-zoo-bf16" else "highest",
-            )
+            result = run_ours(seed, args.child != "ours", **side_options(args.child))
         print(json.dumps(result))
         return
     compare(module, args.sides, args.seeds, target)

@@ -20,8 +20,9 @@ The headline is our frames per second over SB3's (``same hyperparameters`` line)
 from __future__ import annotations
 
 import time
+from typing import Any
 
-from benchmarks.common import benchmark_cli, evaluate_sb3, sb3_row, summary_row
+from benchmarks.common import benchmark_cli, evaluate_sb3, output_suffix, sb3_row, summary_row
 
 ENV_ID = "Hopper-v5"
 TOTAL_FRAMES = 100_000
@@ -60,7 +61,7 @@ def run_sb3(seed: int) -> dict:
     )
 
 
-def run_ours(seed: int, zoo: bool, compile: bool = False, matmul_precision: str = "highest") -> dict:
+def run_ours(seed: int, zoo: bool, **run_options: Any) -> dict:
     from recipes.ppo import CollectorConfig, LossConfig, NetworkConfig, OptimConfig, PPOConfig, main
     from training import RunConfig, quiet
 
@@ -98,10 +99,9 @@ def run_ours(seed: int, zoo: bool, compile: bool = False, matmul_precision: str 
     )
     quiet(
         config,
-        f"runs/bench-ppo-hopper-{'zoo' if zoo else 'default'}{'-compiled' if compile else ''}{'-bf16' if matmul_precision == 'medium' else ''}-{seed}",
+        f"runs/bench-ppo-hopper-{'zoo' if zoo else 'default'}{output_suffix(**run_options)}-{seed}",
         overwrite=True,
-        compile=compile,
-        matmul_precision=matmul_precision,
+        **run_options,
     )
     return summary_row(main(config))
 

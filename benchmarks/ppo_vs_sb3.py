@@ -18,8 +18,9 @@ The headline ratio is SB3's wall-clock time over the time our default run takes 
 from __future__ import annotations
 
 import time
+from typing import Any
 
-from benchmarks.common import benchmark_cli, evaluate_sb3, sb3_row, summary_row
+from benchmarks.common import benchmark_cli, evaluate_sb3, output_suffix, sb3_row, summary_row
 
 TOTAL_FRAMES = 100_000
 
@@ -53,11 +54,11 @@ def run_sb3(seed: int) -> dict:
     return sb3_row(train_time, TOTAL_FRAMES, evaluate_sb3(model, "CartPole-v1", seed))
 
 
-def run_ours(seed: int, zoo: bool, compile: bool = False, matmul_precision: str = "highest") -> dict:
+def run_ours(seed: int, zoo: bool, **run_options: Any) -> dict:
     from recipes.ppo import CollectorConfig, LossConfig, OptimConfig, PPOConfig, main
     from training import RunConfig, quiet
 
-    output_dir = f"runs/bench-ppo-{'zoo' if zoo else 'default'}{'-compiled' if compile else ''}{'-bf16' if matmul_precision == 'medium' else ''}-{seed}"
+    output_dir = f"runs/bench-ppo-{'zoo' if zoo else 'default'}{output_suffix(**run_options)}-{seed}"
     if zoo:
         config = PPOConfig(
             run=RunConfig(
@@ -77,7 +78,7 @@ def run_ours(seed: int, zoo: bool, compile: bool = False, matmul_precision: str 
         config = PPOConfig()
         config.run.seed = seed
     # each benchmark run replaces the last one of its side and seed
-    quiet(config, output_dir, overwrite=True, compile=compile, matmul_precision=matmul_precision)
+    quiet(config, output_dir, overwrite=True, **run_options)
     return summary_row(main(config))
 
 

@@ -20,6 +20,7 @@ The headline is our frames per second over SB3's (``same hyperparameters`` line)
 from __future__ import annotations
 
 import time
+from typing import Any
 
 from benchmarks.common import benchmark_cli, evaluate_sb3, run_ours_off_policy, sb3_row
 
@@ -39,7 +40,7 @@ def run_sb3(seed: int) -> dict:
     return sb3_row(train_time, TOTAL_FRAMES, evaluate_sb3(model, ENV_ID, seed, EVAL_EPISODES))
 
 
-def run_ours(seed: int, zoo: bool, compile: bool = False, matmul_precision: str = "highest") -> dict:
+def run_ours(seed: int, zoo: bool, **run_options: Any) -> dict:
     return run_ours_off_policy(
         "sac",
         ENV_ID,
@@ -49,8 +50,7 @@ def run_ours(seed: int, zoo: bool, compile: bool = False, matmul_precision: str 
         learning_starts=LEARNING_STARTS,
         hidden_sizes=(256, 256),
         eval_episodes=EVAL_EPISODES,
-        compile=compile,
-        matmul_precision=matmul_precision,
+        **run_options,
     )
 
 

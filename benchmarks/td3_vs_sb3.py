@@ -21,8 +21,9 @@ report their return after the full budget.
 from __future__ import annotations
 
 import time
+from typing import Any
 
-from benchmarks.common import benchmark_cli, evaluate_sb3, sb3_row, summary_row, time_to_return
+from benchmarks.common import benchmark_cli, evaluate_sb3, output_suffix, sb3_row, summary_row, time_to_return
 
 TOTAL_FRAMES = 20_000
 TARGET = -200.0
@@ -52,7 +53,7 @@ def run_sb3(seed: int) -> dict:
     return sb3_row(train_time, TOTAL_FRAMES, evaluate_sb3(model, "Pendulum-v1", seed))
 
 
-def run_ours(seed: int, zoo: bool, compile: bool = False, matmul_precision: str = "highest") -> dict:
+def run_ours(seed: int, zoo: bool, **run_options: Any) -> dict:
     from recipes.td3 import TD3Config, main
     from training import quiet
 
@@ -65,9 +66,9 @@ def run_ours(seed: int, zoo: bool, compile: bool = False, matmul_precision: str 
         config.network.hidden_sizes = (400, 300)
     else:
         config.run.stop_at_return = float("inf")  # the whole budget: its final return, and the time to -200
-    output_dir = f"runs/bench-td3-{'zoo' if zoo else 'default'}{'-compiled' if compile else ''}{'-bf16' if matmul_precision == 'medium' else ''}-{seed}"
+    output_dir = f"runs/bench-td3-{'zoo' if zoo else 'default'}{output_suffix(**run_options)}-{seed}"
     # each benchmark run replaces the last one of its side and seed
-    quiet(config, output_dir, overwrite=True, compile=compile, matmul_precision=matmul_precision)
+    quiet(config, output_dir, overwrite=True, **run_options)
     row = summary_row(main(config))
     row["time_to_target_s"] = None if zoo else time_to_return(output_dir, TARGET)
     return row

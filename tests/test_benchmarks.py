@@ -3,6 +3,7 @@
 import json
 
 import pytest
+import torch
 
 from benchmarks import (
     dqn_vs_sb3,
@@ -53,3 +54,19 @@ def test_the_bf16_side_runs_with_reduced_precision_in_a_folder_of_its_own(tmp_pa
     config = json.loads((tmp_path / "runs" / "bench-ppo-zoo-bf16-0" / "config.json").read_text())
     assert config["run"]["matmul_precision"] == "medium"
     assert not (tmp_path / "runs" / "bench-ppo-zoo-0").exists()
+
+
+def test_the_ieee_side_keeps_gradual_underflow_in_a_folder_of_its_own(tmp_path, monkeypatch):
+    from benchmarks.common import side_options
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(dqn_vs_sb3, "TOTAL_FRAMES", 256)
+    try:
+        dqn_vs_sb3.run_ours(0, zoo=True, **side_options("ours-zoo-ieee"))
+        assert (torch.tensor([1e-39]) * 1.0).item() > 0.0  # not flushed
+    finally:
+        torch.set_flush_denormal(False)
+    config = json.loads((tmp_path / "runs" / "bench-dqn-zoo-ieee-0" / "config.json").read_text())
+    assert config["run"]["flush_denormal"] is False
+    assert not (tmp_path / "runs" / "bench-dqn-zoo-0").exists()
+    assert side_options("ours-zoo")["flush_denormal"] and not side_options("ours-zoo")["compile"]

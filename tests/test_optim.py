@@ -8,6 +8,7 @@ import copy
 import pytest
 import torch
 from torch import nn
+from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from training import LeanAdam, clip_gradients, fused_adam
 
@@ -117,6 +118,101 @@ def test_lean_adam_resumes_from_adams_state_dict() -> None:
             _backward(network, step)
             optimizer.step()
         _assert_same(reference, lean, reference_network, lean_network)
+
+
+@pytest.mark.parametrize("max_norm", [1e-3, 0.5, 1e6])
+def test_lean_adam_clip_and_step_is_clip_grad_norm_then_adam(max_norm: float) -> None:
+    reference_network, lean_network = _network(), _network()
+    groups = [{"params": lean_network[0].parameters()}, {"params": lean_network[2:].parameters(), "lr": 1e-3}]
+    reference = torch.optim.Adam(
+        [
+            {"params": reference_network[0].parameters()},
+            {"params": reference_network[2:].parameters(), "lr": 1e-3},
+        ],
+        lr=1e-2,
+        fused=True,
+    )
+    lean = LeanAdam(groups, lr=1e-2, fused=True)
+    for step in range(6):
+        reference.zero_grad()
+        _backward(reference_network, step, skip_last=step == 3)
+        expected = torch.nn.utils.clip_grad_norm_(reference_network.parameters(), max_norm)
+        reference.step()
+        lean.zero_grad()
+        _backward(lean_network, step, skip_last=step == 3)
+        total = lean.clip_and_step(max_norm)
+        # the norm before clipping: the same operations (the parameters differ by rounding after a first step)
+        torch.testing.assert_close(total, expected, rtol=0 if step == 0 else 1e-5, atol=0)
+        for parameter_a, parameter_b in zip(
+            reference_network.parameters(), lean_network.parameters(), strict=True
+        ):
+            # the kernel divides by the clipping factor's inverse where clip_grad_norm_ multiplies: rounding apart
+            torch.testing.assert_close(parameter_b, parameter_a, rtol=1e-5, atol=1e-7)
+            if parameter_a.grad is not None:  # the gradients left clipped, as clip_grad_norm_ leaves them
+                torch.testing.assert_close(parameter_b.grad, parameter_a.grad, rtol=1e-5, atol=1e-7)
+    state_a, state_b = reference.state_dict()["state"], lean.state_dict()["state"]
+    for key in state_a:
+        assert state_a[key]["step"] == state_b[key]["step"]
+
+
+def test_lean_adam_bumps_a_groups_counters_at_once_and_saves_them_apart(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    network = _network()
+    optimizer = fused_adam(network.parameters(), lr=1e-3)
+    for step in range(2):  # Adam's own first step, then the shortcut's first
+        optimizer.zero_grad()
+        _backward(network, step)
+        optimizer.step()
+    per_tensor = []
+    original = torch._foreach_add_
+    monkeypatch.setattr(
+        torch, "_foreach_add_", lambda *args, **kwargs: per_tensor.append(1) or original(*args, **kwargs)
+    )
+    optimizer.zero_grad()
+    _backward(network, 2)
+    optimizer.step()
+    assert not per_tensor, "the counters were bumped one by one"
+    assert all(int(state["step"]) == 3 for state in optimizer.state.values())
+    saved = optimizer.state_dict()["state"]
+    for entry in saved.values():
+        assert not entry["step"]._is_view() and int(entry["step"]) == 3
+        entry["step"] += 10  # the saved counters are copies: the optimizer's stay
+    assert all(int(state["step"]) == 3 for state in optimizer.state.values())
+    optimizer.zero_grad()
+    _backward(network, 3, skip_last=True)  # one parameter without a gradient: the others' counters only
+    optimizer.step()
+    steps = [int(optimizer.state[parameter]["step"]) for parameter in network.parameters()]
+    assert steps == [4, 4, 4, 4, 4, 3]
+    optimizer.state.clear()  # a state dropped: Adam's step starts it again
+    optimizer.zero_grad()
+    _backward(network, 4)
+    optimizer.step()
+    assert all(int(state["step"]) == 1 for state in optimizer.state.values())
+
+
+def test_lean_adam_runs_step_hooks_and_the_profiler_label() -> None:
+    network = _network()
+    optimizer = fused_adam(network.parameters(), lr=1e-3)
+    for step in range(2):
+        optimizer.zero_grad()
+        _backward(network, step)
+        optimizer.step()
+    calls = []
+    pre = optimizer.register_step_pre_hook(lambda *args: calls.append("pre"))
+    post = register_optimizer_step_post_hook(lambda *args: calls.append("global post"))
+    optimizer.zero_grad()
+    _backward(network, 2)
+    optimizer.step()
+    assert calls == ["pre", "global post"]
+    pre.remove()
+    post.remove()
+    optimizer.step()
+    assert calls == ["pre", "global post"]
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profile:
+        optimizer.step()
+    assert any(event.name == "Optimizer.step#LeanAdam.step" for event in profile.events())
+    assert all(int(state["step"]) == 5 for state in optimizer.state.values())
 
 
 @pytest.mark.parametrize("max_norm", [1e-3, 0.5, 1e6])

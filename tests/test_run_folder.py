@@ -295,6 +295,21 @@ def test_matmul_precision_sets_torchs_products_and_convolutions_for_the_run(
     assert torch.backends.mkldnn.conv.fp32_precision == "none"
 
 
+@pytest.fixture
+def gradual_underflow_restored():
+    yield
+    torch.set_flush_denormal(False)
+
+
+def test_flush_denormal_sets_cpu_arithmetic_for_the_run(tmp_path, gradual_underflow_restored):
+    denormal = torch.tensor([1e-39])
+    ppo.main(tiny_ppo(tmp_path / "default"))
+    assert (denormal * 1.0).item() == 0.0  # flushed
+    ppo.main(tiny_ppo(tmp_path / "ieee", flush_denormal=False))
+    assert (denormal * 1.0).item() == pytest.approx(1e-39)
+    assert json.loads((tmp_path / "ieee" / "config.json").read_text())["run"]["flush_denormal"] is False
+
+
 def test_a_link_among_the_csv_logs_of_a_continued_run_is_refused(tmp_path, monkeypatch):
     output_dir, outside = tmp_path / "run", tmp_path / "outside.csv"
     interrupt_at(monkeypatch, 256)

@@ -12,7 +12,9 @@ from training.config import RunConfig
 
 def prepare_process(run: RunConfig) -> None:
     """Seed Python, NumPy and torch with ``run.seed``, set torch's CPU threads (``run.threads``; 0 keeps
-    torch's default) and the precision of float32 matrix products and CPU convolutions (``run.matmul_precision``)."""
+    torch's default), the precision of float32 matrix products and CPU convolutions (``run.matmul_precision``)
+    and whether CPU arithmetic flushes denormals to zero (``run.flush_denormal``)."""
+    torch.set_flush_denormal(run.flush_denormal)  # first: worker threads started later inherit it
     random.seed(run.seed)
     np.random.seed(run.seed)
     torch.manual_seed(run.seed)
