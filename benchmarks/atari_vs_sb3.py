@@ -12,6 +12,7 @@ Agent steps per second of training (no evaluation) on ``ALE/Pong-v5``, each side
   wall-clock.
 * ``ours-bf16`` (likewise): ``ours`` with ``--matmul-precision medium`` (the CNN's convolutions and matrix products
   in bfloat16 on CPUs that have it, TF32 on CUDA GPUs).
+* ``ours-ieee`` (likewise): ``ours`` with ``--no-flush-denormal`` (denormal floats computed as such).
 * ``ours-async`` and ``sb3-subproc`` (likewise): each env in a process of its own (``--vectorization async``;
   SB3's ``SubprocVecEnv``), the lever where cores are spare, as on a GPU machine.
 
@@ -45,7 +46,7 @@ import time
 import warnings
 
 ENV_ID = "ALE/Pong-v5"
-SIDES = ["sb3", "ours", "ours-compiled", "ours-bf16", "sb3-subproc", "ours-async"]
+SIDES = ["sb3", "ours", "ours-compiled", "ours-bf16", "ours-ieee", "sb3-subproc", "ours-async"]
 OURS_SIDES = [side for side in SIDES if side.startswith("ours")]
 
 
@@ -114,6 +115,7 @@ def run_ours(
     threads: int = 0,
     compile: bool = False,
     matmul_precision: str = "highest",
+    flush_denormal: bool = True,
     device: str = "cpu",
     vectorization: str = "sync",
 ) -> dict:
@@ -134,6 +136,8 @@ def run_ours(
     if compile:
         sys.argv.append("--compile")
     sys.argv += ["--matmul-precision", matmul_precision]
+    if not flush_denormal:
+        sys.argv.append("--no-flush-denormal")
     config_class = recipe.PPOConfig if algo == "ppo" else recipe.DQNConfig
     run_cli(recipe.main, config_class, recipe.__doc__, presets=recipe.PRESETS)
     # training time: the run's clock at its last batch (the final evaluation game is not training)
@@ -199,6 +203,7 @@ def main() -> None:
                 args.threads,
                 compile=args.child == "ours-compiled",
                 matmul_precision="medium" if args.child == "ours-bf16" else "highest",
+                flush_denormal=args.child != "ours-ieee",
                 device=args.device,
                 vectorization="async" if args.child == "ours-async" else "sync",
             )
