@@ -55,7 +55,7 @@ from training import (
     apply_preset,
     check_batch_fits_buffer,
     check_ranges,
-    clip_gradients,
+    clip_and_step,
     make_off_policy_collector,
     make_training_env,
     mean_metrics,
@@ -241,11 +241,11 @@ def main(config: DDPGConfig, *, callbacks: Sequence[Callback] = ()) -> dict:
         actor_optimizer.zero_grad(set_to_none=True)
         critic_optimizer.zero_grad(set_to_none=True)
         (loss["loss_actor"] + loss["loss_value"]).backward()  # each term reaches only its own network
-        if clip:
-            clip_gradients(actor_parameters, max_grad_norm)
-            clip_gradients(critic_parameters, max_grad_norm)
-        actor_optimizer.step()
-        critic_optimizer.step()
+        for optimizer in (actor_optimizer, critic_optimizer):
+            if clip:
+                clip_and_step(optimizer, max_grad_norm)
+            else:
+                optimizer.step()
         target_updater.step()
         return {key: loss.get(key).detach() for key in ("loss_actor", "loss_value")}
 

@@ -64,7 +64,7 @@ from training import (
     apply_preset,
     check_batch_fits_buffer,
     check_ranges,
-    clip_gradients,
+    clip_and_step,
     make_off_policy_collector,
     make_training_env,
     mean_metrics,
@@ -371,11 +371,11 @@ def main(
         for optimizer in optimizers:
             optimizer.zero_grad(set_to_none=True)
         total.backward()
-        if clip:
-            clip_gradients(actor_parameters, max_grad_norm)
-            clip_gradients(critic_parameters, max_grad_norm)
-        for optimizer in optimizers:
-            optimizer.step()
+        for index, optimizer in enumerate(optimizers):
+            if clip and index < 2:  # the actor's and the critics' (the entropy coefficient's is not clipped)
+                clip_and_step(optimizer, max_grad_norm)
+            else:
+                optimizer.step()
         target_updater.step()
         logged = {
             key: loss.get(key).detach()

@@ -53,7 +53,7 @@ from training import (
     apply_preset,
     check_batch_fits_buffer,
     check_ranges,
-    clip_gradients,
+    clip_and_step,
     make_off_policy_collector,
     make_training_env,
     prepare_process,
@@ -247,16 +247,18 @@ def main(config: TD3Config, *, callbacks: Sequence[Callback] = ()) -> dict:
         critic_optimizer.zero_grad(set_to_none=True)
         loss_qvalue.backward()
         if clip:
-            clip_gradients(critic_parameters, max_grad_norm)
-        critic_optimizer.step()
+            clip_and_step(critic_optimizer, max_grad_norm)
+        else:
+            critic_optimizer.step()
         if not update_actor:
             return loss_qvalue.detach(), None
         loss_actor, _ = actor_loss(sample)
         actor_optimizer.zero_grad(set_to_none=True)
         loss_actor.backward()
         if clip:
-            clip_gradients(actor_parameters, max_grad_norm)
-        actor_optimizer.step()
+            clip_and_step(actor_optimizer, max_grad_norm)
+        else:
+            actor_optimizer.step()
         target_updater.step()
         return loss_qvalue.detach(), loss_actor.detach()
 

@@ -654,3 +654,24 @@ def test_a_run_that_never_updates_says_so(module, tmp_path):
     config.collector.learning_starts = 1_000
     with pytest.warns(UserWarning, match="ended without a gradient step.*--learning-starts 1000"):
         module.main(config)
+
+
+@pytest.mark.parametrize("recipe", [sac, td3, ddpg])
+def test_max_grad_norm_clips_the_actor_and_the_critics(recipe, tmp_path):
+    """A tiny --max-grad-norm leaves the actor's gradients far below Adam's eps: the clipped actor barely moves."""
+    config_class = {sac: sac.SACConfig, td3: td3.TD3Config, ddpg: ddpg.DDPGConfig}[recipe]
+
+    def parameters_after(name, learning_starts, max_grad_norm=float("inf")):
+        config = quiet(config_class(run=RunConfig(env_id="Pendulum-v1")), tmp_path / name)
+        config.run.logger, config.run.total_frames, config.run.eval_every = "none", 400, 400
+        config.collector.learning_starts = learning_starts
+        config.network.hidden_sizes = (8,)
+        config.optim.max_grad_norm = max_grad_norm
+        recipe.main(config)
+        agent = Agent.load(tmp_path / name / "agent.ckpt")
+        return torch.cat([parameter.detach().flatten() for parameter in agent.policy.parameters()])
+
+    initial = parameters_after("no-updates", 1_000)
+    free = (parameters_after("free", 100) - initial).abs().max()
+    clipped = (parameters_after("clipped", 100, max_grad_norm=1e-12) - initial).abs().max()
+    assert free > 0 and clipped < 0.05 * free

@@ -10,7 +10,7 @@ import torch
 from torch import nn
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
-from training import LeanAdam, clip_gradients, fused_adam
+from training import LeanAdam, clip_and_step, clip_gradients, fused_adam
 
 
 def _network(seed: int = 0) -> nn.Module:
@@ -268,3 +268,24 @@ def test_lean_adam_and_clip_gradients_on_cuda() -> None:
             assert norm.device.type == "cuda"
             optimizer.step()
         _assert_same(reference, lean, reference_network, lean_network)
+
+
+def test_clip_and_step_clips_any_optimizer_as_clip_grad_norm_then_step() -> None:
+    reference_network, other_network = _network(), _network()
+    reference = torch.optim.SGD(reference_network.parameters(), lr=0.1)
+    other = torch.optim.SGD(other_network.parameters(), lr=0.1)
+    for network in (reference_network, other_network):
+        _backward(network, 0)
+    expected = torch.nn.utils.clip_grad_norm_(reference_network.parameters(), 0.5)
+    reference.step()
+    torch.testing.assert_close(clip_and_step(other, 0.5), expected, rtol=0, atol=0)
+    for parameter_a, parameter_b in zip(
+        reference_network.parameters(), other_network.parameters(), strict=True
+    ):
+        torch.testing.assert_close(parameter_b, parameter_a, rtol=0, atol=0)
+    lean_network = _network()
+    lean = fused_adam(lean_network.parameters(), lr=1e-3)
+    calls = []
+    lean.clip_and_step = lambda max_norm: calls.append(max_norm)  # a LeanAdam clips in its kernel
+    clip_and_step(lean, 0.5)
+    assert calls == [0.5]

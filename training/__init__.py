@@ -57,7 +57,14 @@ from training.learner import (
     mean_metrics,
     set_learning_rates,
 )
-from training.optim import LeanAdam, OffPolicyOptimConfig, anneal_learning_rates, clip_gradients, fused_adam
+from training.optim import (
+    LeanAdam,
+    OffPolicyOptimConfig,
+    anneal_learning_rates,
+    clip_and_step,
+    clip_gradients,
+    fused_adam,
+)
 from training.presets import apply_preset
 from training.replay import LeanReplayBuffer
 from training.run import Run
@@ -86,6 +93,7 @@ __all__ = [
     "check_batch_fits_buffer",
     "check_gradient_workers",
     "check_ranges",
+    "clip_and_step",
     "clip_gradients",
     "config_to_dict",
     "evaluation_seed",

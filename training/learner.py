@@ -25,7 +25,7 @@ from tensordict import TensorDict, TensorDictBase
 from torch import nn
 
 from errors import InputError
-from training.optim import LeanAdam, clip_gradients
+from training.optim import clip_and_step
 from training.replay import _entries, _gather
 
 LossFunction = Callable[[TensorDictBase], tuple[torch.Tensor, TensorDictBase]]
@@ -148,11 +148,8 @@ class Learner:
                 [parameter.grad for parameter in self.parameters if parameter.grad is not None]
             )
             self.optimizer.step()
-        elif isinstance(self.optimizer, LeanAdam):  # the clipping folded into the optimizer's kernel
-            grad_norm = self.optimizer.clip_and_step(self.max_grad_norm)
-        else:
-            grad_norm = clip_gradients(self.parameters, self.max_grad_norm)
-            self.optimizer.step()
+        else:  # a LeanAdam clips in its kernel
+            grad_norm = clip_and_step(self.optimizer, self.max_grad_norm)
         self.steps += 1
         if self.after_step is not None:
             self.after_step()

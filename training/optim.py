@@ -105,8 +105,8 @@ class LeanAdam(torch.optim.Adam):
         """:func:`clip_gradients` on all the optimizer's parameters, then :meth:`step`; returns the gradients'
         norm before clipping. On the shortcut, the kernel divides the gradients by ``max(1, norm / max_norm)``
         as it reads them (the same update as multiplying them by ``min(1, max_norm / norm)`` first, up to
-        rounding) and writes the clipped gradients back, as ``clip_grad_norm_`` leaves them; elsewhere it is
-        ``clip_gradients`` then ``step``."""
+        rounding) and writes the clipped gradients back, as ``clip_grad_norm_`` leaves them (the CPU kernel, which
+        the tests check, does); elsewhere it is ``clip_gradients`` then ``step``."""
         groups = None if self._observed() else self._lean_groups()
         if groups is not None:
             grads = [grad for _, tensors, _ in groups for grad in tensors[1]]
@@ -299,6 +299,17 @@ def _separate_step_counters(optimizer: torch.optim.Optimizer, state_dict: dict) 
         for key, entry in state_dict["state"].items()
     }
     return state_dict
+
+
+def clip_and_step(optimizer: torch.optim.Optimizer, max_norm: float) -> torch.Tensor:
+    """Clip the gradients of all of ``optimizer``'s parameters to a total 2-norm of ``max_norm``, then step it;
+    returns the norm before clipping. :meth:`LeanAdam.clip_and_step` (the clipping in the kernel) for a
+    :class:`LeanAdam`, :func:`clip_gradients` then ``step`` for any other optimizer."""
+    if isinstance(optimizer, LeanAdam):
+        return optimizer.clip_and_step(max_norm)
+    total_norm = clip_gradients([p for group in optimizer.param_groups for p in group["params"]], max_norm)
+    optimizer.step()
+    return total_norm
 
 
 def clip_gradients(parameters: Iterable[torch.Tensor], max_norm: float) -> torch.Tensor:
