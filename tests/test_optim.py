@@ -289,3 +289,24 @@ def test_clip_and_step_clips_any_optimizer_as_clip_grad_norm_then_step() -> None
     lean.clip_and_step = lambda max_norm: calls.append(max_norm)  # a LeanAdam clips in its kernel
     clip_and_step(lean, 0.5)
     assert calls == [0.5]
+
+
+def test_lean_adam_clip_and_step_across_groups_of_other_dtypes_is_clip_then_step() -> None:
+    def parameters(network: nn.Module) -> list[dict]:
+        return [{"params": network[0].parameters()}, {"params": network[2:].parameters()}]
+
+    reference_network, lean_network = _network(), _network()
+    for network in (reference_network, lean_network):
+        network[2:].double()  # the second group in float64: the kernel's one clipping factor does not apply
+    reference = torch.optim.Adam(parameters(reference_network), lr=1e-2, fused=True)
+    lean = LeanAdam(parameters(lean_network), lr=1e-2, fused=True)
+    for step in range(3):
+        for network in (reference_network, lean_network):
+            inputs = torch.randn(8, 5, generator=torch.Generator().manual_seed(step))
+            network[2:](network[1](network[0](inputs)).double()).pow(2).mean().backward()
+        expected = torch.nn.utils.clip_grad_norm_(reference_network.parameters(), 0.05)
+        reference.step()
+        reference.zero_grad()
+        torch.testing.assert_close(lean.clip_and_step(0.05), expected, rtol=0, atol=0)
+        lean.zero_grad()
+        _assert_same(reference, lean, reference_network, lean_network)

@@ -110,19 +110,15 @@ class LeanAdam(torch.optim.Adam):
         groups = None if self._observed() else self._lean_groups()
         if groups is not None:
             grads = [grad for _, tensors, _ in groups for grad in tensors[1]]
-            if (
-                grads
-                and len({(grad.device, grad.dtype) for grad in grads}) == 1
-                and grads[0].dtype == torch.float32
-            ):
+            # each group's tensors share one device and dtype (_group_tensors); the groups must share them too
+            kinds = {(tensors[0][0].device, tensors[0][0].dtype) for _, tensors, _ in groups if tensors[0]}
+            if grads and kinds == {(grads[0].device, torch.float32)}:
                 with torch.no_grad():
                     total_norm = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads, 2.0)), 2.0)
                     scale = torch.clamp((total_norm + 1e-6) / float(max_norm), min=1.0)
                 self._run(groups, scale)
                 return total_norm
-        total_norm = clip_gradients([p for group in self.param_groups for p in group["params"]], max_norm)
-        self.step()
-        return total_norm
+        return _clip_then_step(self, max_norm)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Adam's ``zero_grad``; with ``set_to_none`` (the default) each gradient is dropped directly."""
@@ -234,9 +230,8 @@ class LeanAdam(torch.optim.Adam):
 
 def _lean_options(group: dict) -> bool:
     """Whether a parameter group's options are ones the shortcut covers."""
-    return not (
-        not group["fused"]
-        or group["capturable"]
+    return group["fused"] and not (
+        group["capturable"]
         or group["differentiable"]
         or isinstance(group["lr"], torch.Tensor)
         or isinstance(group["betas"][0], torch.Tensor)
@@ -307,6 +302,10 @@ def clip_and_step(optimizer: torch.optim.Optimizer, max_norm: float) -> torch.Te
     :class:`LeanAdam`, :func:`clip_gradients` then ``step`` for any other optimizer."""
     if isinstance(optimizer, LeanAdam):
         return optimizer.clip_and_step(max_norm)
+    return _clip_then_step(optimizer, max_norm)
+
+
+def _clip_then_step(optimizer: torch.optim.Optimizer, max_norm: float) -> torch.Tensor:
     total_norm = clip_gradients([p for group in optimizer.param_groups for p in group["params"]], max_norm)
     optimizer.step()
     return total_norm
