@@ -254,10 +254,15 @@ def main(config: TuneConfig) -> dict[str, Any]:
         "env_kwargs": list(config.env_kwargs),
         "frames_per_trial": config.frames_per_trial,
         "seeds_per_trial": config.seeds_per_trial,
+        # what a trial's score means: where its run may stop, over how many episodes, from which base preset
+        "stop_at_return": config.stop_at_return,
+        "eval_episodes": config.eval_episodes,
+        "preset": config.preset,
     }
     stored = dict(study.user_attrs)
     for key, value in describe.items():
-        # a study stored before --seeds-per-trial existed ran one seed per trial
+        # a study stored before --seeds-per-trial existed ran one seed per trial; one stored before the later
+        # keys is taken to have used this command's values for them
         missing = 1 if key == "seeds_per_trial" and "frames_per_trial" in stored else value
         saved = stored.get(key, missing)
         if saved != value:

@@ -2,6 +2,7 @@
 trial marked failed, and writes a preset file that a recipe then trains with."""
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -165,6 +166,14 @@ def test_a_study_continued_with_other_settings_is_refused(tmp_path):
     tune.main(tiny(tmp_path, trials=1))
     with pytest.raises(InputError, match="tunes frames_per_trial=1024, not 2048"):
         tune.main(tiny(tmp_path, trials=1, frames_per_trial=2_048))
+    # trials scored another way: stopped at a return, over other episodes, from another base preset
+    for option, value, message in [
+        ("stop_at_return", 100.0, "tunes stop_at_return=inf, not 100.0"),
+        ("eval_episodes", 5, "tunes eval_episodes=2, not 5"),
+        ("preset", "none", "tunes preset='auto', not 'none'"),
+    ]:
+        with pytest.raises(InputError, match=re.escape(message)):
+            tune.main(tiny(tmp_path, trials=1, **{option: value}))
 
 
 def test_list_presets_shows_a_preset_file_first(tmp_path):
