@@ -230,7 +230,7 @@ class LeanAdam(torch.optim.Adam):
 
 def _lean_options(group: dict) -> bool:
     """Whether a parameter group's options are ones the shortcut covers."""
-    return group["fused"] and not (
+    return bool(group["fused"]) and not (
         group["capturable"]
         or group["differentiable"]
         or isinstance(group["lr"], torch.Tensor)
