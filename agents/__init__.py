@@ -11,6 +11,7 @@ from agents.gsde import make_gsde_actor, make_gsde_env
 from agents.loss_addons import KLPenalty, LossAddon, addon_losses, build_loss_addons, trainable_parameters
 from agents.networks import (
     find_normalizer,
+    image_layout,
     input_encoder,
     is_image_spec,
     make_actor,
@@ -68,6 +69,7 @@ __all__ = [
     "compiled",
     "find_normalizer",
     "flat_select",
+    "image_layout",
     "input_encoder",
     "is_image_spec",
     "make_actor",

@@ -70,7 +70,7 @@ class MultiOneHot(nn.Module):
 
 
 class ToFloat(nn.Module):
-    """Integer observations (``MultiBinary``'s 0/1) as floats."""
+    """Integer observations (``MultiBinary``'s 0/1, an integer Box) as floats."""
 
     def forward(self, observation: torch.Tensor) -> torch.Tensor:
         return observation.float()
@@ -79,9 +79,12 @@ class ToFloat(nn.Module):
 class NatureCNN(nn.Module):
     """The convolutional torso of DQN (Mnih et al. 2015, "Human-level control through deep reinforcement learning").
 
-    ``uint8`` images of shape ``(..., C, H, W)`` are scaled to ``[0, 1]`` and pass through three convolutions (32
-    8x8 filters with stride 4, 64 4x4 with stride 2, 64 3x3 with stride 1) and a 512-unit linear layer, each
-    followed by a ReLU. Any number of leading batch dims is accepted.
+    ``uint8`` images are scaled to ``[0, 1]`` and pass through three convolutions (32 8x8 filters with stride 4, 64
+    4x4 with stride 2, 64 3x3 with stride 1) and a 512-unit linear layer, each followed by a ReLU. The images come
+    in the env's layout (``layout``): channels first ``(C, H, W)`` as stacked Atari frames, channels last ``(H, W,
+    C)`` as most rendered frames (CarRacing's ``(96, 96, 3)``), or one grayscale channel ``(H, W)``; the network
+    moves the channels first itself, so observations go in as the env returns them. Any number of leading batch
+    dims is accepted.
 
     A trunk shared by an actor and a critic (:func:`make_critic` with ``encoder=``) sets :attr:`reuse_features`:
     a policy-gradient loss calls the actor and then the critic on the same minibatch, and the second call gets the
@@ -92,7 +95,8 @@ class NatureCNN(nn.Module):
     pass through them drops them.
 
     Args:
-        image_shape: ``(C, H, W)`` of one observation, e.g. ``(4, 84, 84)`` for stacked Atari frames.
+        image_shape: the shape of one observation in ``layout``, e.g. ``(4, 84, 84)`` for stacked Atari frames.
+        layout: ``"chw"``, ``"hwc"`` or ``"hw"`` (see :func:`image_layout`).
 
     Raises:
         InputError: the image is smaller than the 36x36 the convolutions need.
@@ -106,19 +110,26 @@ class NatureCNN(nn.Module):
     CONVOLUTIONS = ((32, 8, 4), (64, 4, 2), (64, 3, 1))  # (filters, kernel size, stride)
     out_features = 512
 
-    def __init__(self, image_shape: Sequence[int]):
+    def __init__(self, image_shape: Sequence[int], layout: str = "chw"):
         super().__init__()
         self.reuse_features = False
         self._memo: tuple | None = None  # (key, features) of the last call, with reuse_features
         self.image_shape = tuple(int(size) for size in image_shape)
-        channels, height, width = self.image_shape
+        if layout not in IMAGE_LAYOUTS or len(self.image_shape) != len(layout):
+            raise InputError(
+                f"An image of shape {self.image_shape} cannot have the layout {layout!r}: the layouts are "
+                f"{', '.join(IMAGE_LAYOUTS)} (channels first, channels last, grayscale)."
+            )
+        self.layout = layout
+        sizes = dict(zip(layout, self.image_shape, strict=True))
+        channels, height, width = sizes.get("c", 1), sizes["h"], sizes["w"]
         for _, kernel, stride in self.CONVOLUTIONS:
             height, width = (height - kernel) // stride + 1, (width - kernel) // stride + 1
         if height < 1 or width < 1:
             raise InputError(
-                f"Image observations of shape {tuple(image_shape)} are too small for the Nature CNN, which needs "
-                "channels first and at least 36x36 pixels (C, H, W); for (H, W, C) images, move the channels "
-                "first with gymnasium.wrappers.TransformObservation."
+                f"Image observations of shape {self.image_shape} (read as {layout.upper()}) are too small for "
+                "the Nature CNN, which needs at least 36x36 pixels; scale them up with "
+                "gymnasium.wrappers.ResizeObservation, or give the env a float32 Box to train an MLP on them."
             )
         layers: list[nn.Module] = []
         in_channels = channels
@@ -132,8 +143,12 @@ class NatureCNN(nn.Module):
         key = self._memo_key(observation) if self.reuse_features else None
         if key is not None and self._memo is not None and _same_key(self._memo[0], key):
             return self._memo[1]
-        batch_shape = observation.shape[:-3]
+        batch_shape = observation.shape[: observation.dim() - len(self.image_shape)]
         pixels = observation.reshape(-1, *self.image_shape)
+        if self.layout == "hwc":  # a view: the copy below moves the bytes
+            pixels = pixels.permute(0, 3, 1, 2)
+        elif self.layout == "hw":
+            pixels = pixels.unsqueeze(1)
         # torch.vmap has no memory formats, and ONNX export (tracing) has no in-place copy across dtypes
         if torch._C._functorch.is_batchedtensor(pixels) or torch.jit.is_tracing():
             images = pixels.float()
@@ -181,13 +196,33 @@ def _drop_memo(owner: weakref.ref, key: tuple) -> None:
         module._memo = None
 
 
+IMAGE_LAYOUTS = ("chw", "hwc", "hw")
+
+
+def image_layout(observation_spec: TensorSpec) -> str | None:
+    """The layout of the ``uint8`` images of ``observation_spec`` (batched: ``[N, ...]``), None for observations
+    that are not images.
+
+    Three dims are an image: ``"chw"`` when the first is no larger than the last (stacked Atari frames ``(4, 84,
+    84)``), ``"hwc"`` otherwise (``(96, 96, 3)``), the rule Stable-Baselines3 applies. Two dims are a grayscale
+    image ``"hw"`` when the Box spans the whole byte, 0 to 255, as Stable-Baselines3 requires of every image;
+    other ``uint8`` arrays are read as numbers (:func:`observation_encoder`).
+    """
+    if isinstance(observation_spec, Composite | Categorical) or observation_spec.dtype != torch.uint8:
+        return None  # a Dict observation's image entries are encoded one by one
+    shape = observation_spec.shape[1:]
+    if len(shape) == 3:
+        return "chw" if shape[0] <= shape[-1] else "hwc"
+    whole_byte = isinstance(observation_spec, Bounded) and bool(
+        (observation_spec.space.low == 0).all() and (observation_spec.space.high == 255).all()
+    )
+    return "hw" if len(shape) == 2 and whole_byte else None
+
+
 def is_image_spec(observation_spec: TensorSpec) -> bool:
-    """Whether observations of ``observation_spec`` (batched: ``[N, ...]``) are ``uint8`` images ``(C, H, W)``."""
-    if isinstance(
-        observation_spec, Composite
-    ):  # a Dict observation: its image entries are encoded one by one
-        return False
-    return observation_spec.dtype == torch.uint8 and len(observation_spec.shape) == 4
+    """Whether observations of ``observation_spec`` (batched: ``[N, ...]``) are ``uint8`` images
+    (:func:`image_layout`)."""
+    return image_layout(observation_spec) is not None
 
 
 class DictEncoder(nn.Module):
@@ -235,9 +270,10 @@ class DictEncoder(nn.Module):
 def observation_encoder(observation_spec: TensorSpec, normalize: bool) -> tuple[nn.Module, int]:
     """Return the input layer for observations of ``observation_spec`` and the width it outputs.
 
-    Box observations are flattened (and normalised by an :class:`ObservationNormalizer` when ``normalize``);
-    Discrete observations are one-hot encoded; ``uint8`` image observations (spec shape ``[N, C, H, W]``, such as
-    stacked Atari frames) go through the :class:`NatureCNN`.
+    Box observations are flattened (and normalised by an :class:`ObservationNormalizer` when ``normalize``),
+    integer ones read as floats and a scalar Box as a vector of one; Discrete observations are one-hot encoded;
+    ``uint8`` image observations (:func:`image_layout`: stacked Atari frames ``(4, 84, 84)``, RGB frames ``(H, W,
+    3)``, grayscale ``(H, W)``) go through the :class:`NatureCNN`.
 
     Args:
         observation_spec: the spec of ``"observation"``, batched (the leading dim is the number of envs).
@@ -247,8 +283,8 @@ def observation_encoder(observation_spec: TensorSpec, normalize: bool) -> tuple[
         The encoder module and the number of features it outputs per observation.
 
     Raises:
-        InputError: normalisation asked for observations that are not float vectors, or observations of another
-            integer dtype or shape.
+        InputError: normalisation asked for Discrete or image observations, or Box observations of a dtype
+            that is not a number.
     """
     if isinstance(observation_spec, Composite):
         encoder = DictEncoder(observation_spec, normalize)
@@ -265,24 +301,36 @@ def observation_encoder(observation_spec: TensorSpec, normalize: bool) -> tuple[
             return MultiOneHot(nvec), sum(nvec)
         n = observation_spec.space.n
         return OneHot(n), n
-    if is_image_spec(observation_spec):
+    layout = image_layout(observation_spec)
+    if layout is not None:
         if normalize:
             raise InputError(
                 "Observation normalisation is for vector observations: image observations are scaled to [0, 1] "
                 "by the CNN; drop --normalize-obs."
             )
-        encoder = NatureCNN(observation_spec.shape[1:])
+        encoder = NatureCNN(observation_spec.shape[1:], layout)
         return encoder, encoder.out_features
-    if not observation_spec.dtype.is_floating_point:
+    dtype = observation_spec.dtype
+    if dtype.is_complex:
         raise InputError(
-            f"Observations of dtype {observation_spec.dtype} and shape {tuple(observation_spec.shape[1:])} are not "
-            "supported by the network builders (they take float vectors, Discrete observations, and uint8 images "
-            "of shape (C, H, W))."
+            f"Observations of dtype {dtype} are not supported by the network builders (they take Box "
+            "observations of real numbers, Discrete observations, and uint8 images)."
         )
     shape = observation_spec.shape[1:]
-    layers: list[nn.Module] = [ObservationNormalizer(shape)] if normalize else []
-    layers.append(nn.Flatten(-len(shape)) if len(shape) > 1 else nn.Identity())
-    return nn.Sequential(*layers), int(torch.Size(shape).numel())
+    layers: list[nn.Module] = (
+        [] if dtype.is_floating_point else [ToFloat()]
+    )  # integer Box: counts, grids, RAM
+    layers += [ObservationNormalizer(shape)] if normalize else []
+    layers += [] if len(shape) == 1 else [as_vector(shape)]
+    return nn.Sequential(*layers or [nn.Identity()]), int(torch.Size(shape).numel())
+
+
+def as_vector(shape: Sequence[int]) -> nn.Module:
+    """The layer that makes observations of ``shape`` (after any batch dims) vectors: flattened, a scalar as a
+    vector of one."""
+    if len(shape) == 0:
+        return nn.Unflatten(-1, (-1, 1))
+    return nn.Flatten(-len(shape)) if len(shape) > 1 else nn.Identity()
 
 
 def encoder_width(observation_spec: TensorSpec) -> int:

@@ -16,6 +16,7 @@ state and restarting at every ``is_init`` inside it), so gradients flow back thr
 
 from __future__ import annotations
 
+import math
 import weakref
 
 import torch
@@ -208,6 +209,13 @@ def sequences(batch: TensorDictBase, length: int) -> TensorDictBase:
     return batch.reshape(batch.shape[0] * (batch.shape[1] // length), length)
 
 
+def sequence_length(steps_per_env: int, minibatch_size: int, given: int | None) -> int:
+    """The steps of one env in a recurrent minibatch's sequence: ``given`` (``--sequence-length``), by default the
+    longest length that both ``steps_per_env`` and ``minibatch_size`` are multiples of (all of an env's steps
+    wherever the minibatch holds whole batches of them)."""
+    return given or math.gcd(steps_per_env, minibatch_size)
+
+
 def check_sequence_options(steps_per_env: int, sequence_length: int, minibatch_size: int) -> None:
     """Raise :class:`InputError` unless recurrent minibatches of ``minibatch_size`` frames are whole sequences."""
     if steps_per_env % sequence_length:
@@ -238,6 +246,7 @@ __all__ = [
     "recurrent_kwargs",
     "recurrent_layers",
     "recurrent_trunk",
+    "sequence_length",
     "sequences",
     "state_shapes",
 ]

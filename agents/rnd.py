@@ -21,7 +21,7 @@ from torchrl.data import TensorSpec
 from torchrl.envs.transforms import RunningMeanStd
 from torchrl.objectives import RNDLoss
 
-from agents.networks import make_mlp
+from agents.networks import as_vector, make_mlp
 from errors import InputError
 
 INTRINSIC_REWARD_KEY = "intrinsic_reward"
@@ -62,16 +62,15 @@ def make_rnd_networks(
     if not observation_spec.dtype.is_floating_point:
         raise InputError(
             f"RND reads float observations, got {observation_spec.dtype}: one-hot encode Discrete observations "
-            "with a gymnasium.ObservationWrapper; uint8 image observations are not supported here."
+            "or cast integer ones to float32 with a gymnasium.ObservationWrapper; uint8 image observations are "
+            "not supported here."
         )
     shape = observation_spec.shape[1:]
     in_features = int(torch.Size(shape).numel())
     predictor_sizes = [*hidden_sizes, hidden_sizes[-1]] if hidden_sizes else [embedding_dim]
-    target = nn.Sequential(
-        nn.Flatten(-len(shape)), make_mlp(in_features, embedding_dim, hidden_sizes, activation)
-    )
+    target = nn.Sequential(as_vector(shape), make_mlp(in_features, embedding_dim, hidden_sizes, activation))
     predictor = nn.Sequential(
-        nn.Flatten(-len(shape)), make_mlp(in_features, embedding_dim, predictor_sizes, activation)
+        as_vector(shape), make_mlp(in_features, embedding_dim, predictor_sizes, activation)
     )
     return target, predictor
 

@@ -47,7 +47,7 @@ from agents import (
     TensorDQNLoss,
     compiled,
     find_normalizer,
-    is_image_spec,
+    image_layout,
     make_q_actor,
     make_target_updater,
     prioritized_sampler,
@@ -328,12 +328,12 @@ def main(config: DQNConfig, *, callbacks: Sequence[Callback] = ()) -> dict:
     )
 
     # buffer: uniform or prioritized sampling; n-step returns are computed as batches come in; stacked frames
-    # (Atari) are stored one frame each, not eight times over
+    # (Atari's channels-first stacks) are stored one frame each, not eight times over
     if prioritized:
         sampler = prioritized_sampler(buffer_config.buffer_size, buffer_config.alpha, buffer_config.beta)
     else:
         sampler = RandomSampler()
-    if is_image_spec(env.observation_spec["observation"]):
+    if image_layout(env.observation_spec["observation"]) == "chw":
         storage = FrameStackStorage(buffer_config.buffer_size, device=device)
     else:
         storage = LazyTensorStorage(buffer_config.buffer_size, device=device)

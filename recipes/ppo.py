@@ -56,6 +56,7 @@ from agents.recurrent import (
     check_sequence_options,
     make_recurrent_env,
     recurrent_kwargs,
+    sequence_length,
     sequences,
 )
 from errors import InputError
@@ -137,7 +138,9 @@ class OptimConfig(Options):
     """Samples per gradient step."""
     sequence_length: int | None = None
     """--recurrent: minibatches are sequences of this many consecutive steps of one env, each starting from the
-    state stored at its first step (gradients flow back through them); default: --steps-per-env."""
+    state stored at its first step (gradients flow back through them); default: the longest length that
+    --steps-per-env and --minibatch-size are both multiples of (--steps-per-env where the minibatch holds whole
+    batches of one env's steps)."""
 
 
 @dataclass
@@ -232,7 +235,7 @@ def check_recurrent_ppo_options(
         return
     if optim.sequence_length is not None:
         require_positive(sequence_length=optim.sequence_length)
-    length = optim.sequence_length or collector.steps_per_env
+    length = sequence_length(collector.steps_per_env, optim.minibatch_size, optim.sequence_length)
     check_sequence_options(collector.steps_per_env, length, optim.minibatch_size)
     check_recurrent_run(run, network.recurrent, network.recurrent_size, network.use_sde)
 
@@ -376,8 +379,14 @@ def main(
     )
 
     # minibatches: the current batch's items (of whole sequences when recurrent), without replacement each epoch
-    sequence_length = (optim_config.sequence_length or config.collector.steps_per_env) if recurrent else 1
-    epoch_minibatches = EpochMinibatches(optim_config.minibatch_size // sequence_length)
+    length = (
+        sequence_length(
+            config.collector.steps_per_env, optim_config.minibatch_size, optim_config.sequence_length
+        )
+        if recurrent
+        else 1
+    )
+    epoch_minibatches = EpochMinibatches(optim_config.minibatch_size // length)
 
     # optimizer: one Adam, the actor's and the critic's parameters in groups of their own learning rates
     actor_parameters, critic_parameters = split_parameters([actor, addons], [loss_module])
@@ -428,7 +437,7 @@ def main(
             reward_normalizer.normalize(batch)
         with torch.no_grad():
             advantage_module(batch)
-        items = sequences(batch, sequence_length) if recurrent else batch.reshape(-1)
+        items = sequences(batch, length) if recurrent else batch.reshape(-1)
         if not loss_addons:  # the loss reads no next-step entries once the advantages are in (an add-on may)
             items = items.exclude("next")
         yield from epoch_minibatches(items, optim_config.num_epochs * minibatches_per_epoch)

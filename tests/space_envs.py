@@ -1,0 +1,60 @@
+"""Envs whose observations take the less common Box forms: images channels last ``(H, W, 3)`` or grayscale
+``(H, W)`` (``Look-v0``), a scalar Box ``()`` and an integer Box (``Sign-v0``). Importing this module registers
+them; in each, the reward is 1 for the action that names the side the observation shows, ten steps an episode."""
+
+import gymnasium as gym
+import numpy as np
+
+IMAGE_SHAPES = {"hwc": (36, 40, 3), "hw": (36, 40)}
+
+
+class Sides(gym.Env):
+    """Name the side the observation shows (``_observation``): reward 1 for the right action, a new side each step."""
+
+    action_space = gym.spaces.Discrete(2)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.side, self.steps = int(self.np_random.integers(2)), 0
+        return self._observation(), {}
+
+    def step(self, action):
+        self.steps += 1
+        reward = float(action == self.side)
+        self.side = int(self.np_random.integers(2))
+        return self._observation(), reward, False, self.steps >= 10, {}
+
+
+class Look(Sides):
+    """An image whose left or right half is lit: action 0 for left, 1 for right."""
+
+    def __init__(self, layout: str = "hwc"):
+        self.observation_space = gym.spaces.Box(0, 255, IMAGE_SHAPES[layout], np.uint8)
+
+    def _observation(self) -> np.ndarray:
+        image = np.zeros(self.observation_space.shape, np.uint8)
+        half = image.shape[1] // 2
+        image[:, half * self.side : half * (self.side + 1)] = 200
+        return image
+
+
+class Sign(Sides):
+    """A scalar Box (``()``, float32) or an integer Box (``(2,)``, int64) holding the side: action 0 for -1, 1
+    for +1."""
+
+    def __init__(self, kind: str = "scalar"):
+        self.kind = kind
+        if kind == "scalar":
+            self.observation_space = gym.spaces.Box(-1.0, 1.0, (), np.float32)
+        else:
+            self.observation_space = gym.spaces.Box(-5, 5, (2,), np.int64)
+
+    def _observation(self) -> np.ndarray:
+        sign = 2 * self.side - 1
+        if self.kind == "scalar":
+            return np.array(sign, np.float32)
+        return np.array([sign * 3, self.steps % 5], np.int64)
+
+
+gym.register("Look-v0", entry_point=Look, max_episode_steps=10)
+gym.register("Sign-v0", entry_point=Sign, max_episode_steps=10)

@@ -1,0 +1,124 @@
+"""Box observations in their less common forms (envs in ``tests/space_envs.py``): images channels last or grayscale,
+read by the Nature CNN as the env returns them; scalar and integer Boxes, read as float vectors; and the recipes
+learning on each, with the saved agent predicting from the env's own observations."""
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import space_envs  # noqa: F401 - registers Look-v0 and Sign-v0
+import torch
+from run_helpers import tiny_dqn, tiny_off_policy, tiny_ppo
+from torchrl.data import Bounded, Unbounded
+
+from agents import Agent, image_layout
+from agents.networks import NatureCNN, ToFloat, find_normalizer, observation_encoder
+from agents.recurrent import sequence_length
+from recipes import dqn, ppo, sac
+from training import quiet
+
+
+def box_spec(shape, dtype, low=0, high=255):
+    return Bounded(low, high, (1, *shape), dtype=dtype)
+
+
+@pytest.mark.parametrize(
+    ("spec", "layout"),
+    [
+        (box_spec((4, 84, 84), torch.uint8), "chw"),
+        (box_spec((1, 36, 36), torch.uint8), "chw"),
+        (box_spec((96, 96, 3), torch.uint8), "hwc"),
+        (box_spec((84, 84, 4), torch.uint8), "hwc"),
+        (box_spec((40, 48), torch.uint8), "hw"),
+        (box_spec((40, 48), torch.uint8, high=10), None),  # a grid of small numbers, not an image
+        (box_spec((128,), torch.uint8), None),  # Atari RAM
+        (box_spec((3, 84, 84), torch.int64), None),
+        (Unbounded((1, 5)), None),
+    ],
+)
+def test_image_layout_reads_the_spec(spec, layout):
+    assert image_layout(spec) == layout
+
+
+def test_the_cnn_reads_channels_last_and_grayscale_images_as_their_channels_first_forms():
+    torch.manual_seed(0)
+    first = NatureCNN((3, 36, 40))
+    last = NatureCNN((36, 40, 3), "hwc")
+    last.load_state_dict(first.state_dict())
+    images = torch.randint(0, 256, (2, 5, 36, 40, 3), dtype=torch.uint8)  # two leading batch dims
+    torch.testing.assert_close(last(images), first(images.permute(0, 1, 4, 2, 3)), rtol=0, atol=0)
+    gray = NatureCNN((36, 40), "hw")
+    single = NatureCNN((1, 36, 40))
+    gray.load_state_dict(single.state_dict())
+    frames = torch.randint(0, 256, (3, 36, 40), dtype=torch.uint8)
+    torch.testing.assert_close(gray(frames), single(frames.unsqueeze(1)), rtol=0, atol=0)
+
+
+def test_the_cnn_refuses_small_images_and_unknown_layouts_in_one_line():
+    with pytest.raises(Exception, match=r"\(24, 24, 3\) \(read as HWC\) are too small .*ResizeObservation"):
+        NatureCNN((24, 24, 3), "hwc")
+    with pytest.raises(Exception, match="cannot have the layout 'whc'"):
+        NatureCNN((36, 36, 3), "whc")
+
+
+def test_integer_and_scalar_boxes_are_float_vectors_with_optional_normalisation():
+    encoder, width = observation_encoder(box_spec((3,), torch.int64, low=-5, high=5), normalize=True)
+    assert width == 3 and isinstance(encoder[0], ToFloat)
+    counts = torch.tensor([[1, -2, 4], [3, 0, -4]])
+    find_normalizer(encoder).update(counts)
+    features = encoder(counts)
+    assert features.dtype == torch.float32 and features.shape == (2, 3)
+    torch.testing.assert_close(features.mean(0), torch.zeros(3), atol=1e-4, rtol=0)
+    scalar, width = observation_encoder(Bounded(-1.0, 1.0, (4,)), normalize=False)  # four envs, shape ()
+    assert width == 1 and scalar(torch.arange(4.0)).shape == (4, 1)
+    assert scalar(torch.zeros(2, 4)).shape == (2, 4, 1)
+
+
+@pytest.mark.parametrize(
+    ("env_id", "kwargs"),
+    [
+        ("space_envs:Look-v0", "layout=hwc"),
+        ("space_envs:Look-v0", "layout=hw"),
+        ("space_envs:Sign-v0", "kind=scalar"),
+        ("space_envs:Sign-v0", "kind=int"),
+    ],
+)
+def test_ppo_learns_each_form_and_its_agent_acts_on_the_envs_observations(output_dir, env_id, kwargs):
+    # a random policy scores 5 of 10
+    config = tiny_ppo(output_dir, env_id=env_id, env_kwargs=[kwargs], seed=0)
+    quiet(config, output_dir)
+    assert ppo.main(config)["eval_return_mean"] >= 9.0
+    agent = Agent.load(f"{output_dir}/agent.ckpt")
+    key, value = kwargs.split("=")
+    env = gym.make(env_id.split(":")[1], **{key: value})
+    observation, _ = env.reset(seed=1)
+    total = 0.0
+    for _ in range(10):
+        action = agent.predict(observation)
+        assert np.shape(action) == ()
+        observation, reward, *_ = env.step(action)
+        total += reward
+    assert total >= 9.0
+    batch = np.stack([env.observation_space.sample() for _ in range(3)])
+    assert agent.predict(batch).shape == (3,)
+
+
+def test_dqn_and_sac_train_on_channels_last_images_and_scalar_boxes(output_dir):
+    config = tiny_dqn(output_dir, env_id="space_envs:Look-v0", env_kwargs=["layout=hwc"], total_frames=512)
+    quiet(config, output_dir)
+    assert dqn.main(config)["frames"] == 512
+    config = tiny_off_policy(sac.SACConfig)(
+        output_dir, env_id="space_envs:Sign-v0", env_kwargs=["kind=scalar"]
+    )
+    config.discrete = True
+    quiet(config, output_dir, overwrite=True)
+    assert sac.main(config)["frames"] >= 1_024
+
+
+def test_recurrent_sequences_default_to_the_longest_length_both_batch_sizes_divide():
+    assert sequence_length(2_048, 64, None) == 64  # the generic PPO defaults
+    assert sequence_length(16, 256, None) == 16  # all of an env's steps: the minibatch holds whole batches
+    assert sequence_length(100, 64, None) == 4
+    assert sequence_length(32, 64, 8) == 8
+    config = ppo.PPOConfig()
+    config.network.recurrent = "lstm"
+    config.validate()  # 1 env x 2048 steps, minibatches of 64: sequences of 64
