@@ -17,7 +17,7 @@ from typing import Literal
 import torch
 from tensordict.nn import TensorDictModule, TensorDictSequential
 from torch import nn
-from torchrl.data import Bounded, Categorical, TensorSpec
+from torchrl.data import Bounded, Categorical, TensorSpec, Unbounded
 from torchrl.envs import EnvBase, InitTracker, TransformedEnv
 from torchrl.modules import AdditiveGaussianModule, OrnsteinUhlenbeckProcessModule, TanhModule, ValueOperator
 
@@ -26,6 +26,15 @@ from agents.normalization import ObservationNormalizer
 from errors import InputError
 
 NoiseType = Literal["gaussian", "ou"]
+
+
+def unbounded_box_message(algorithm: str) -> str:
+    """The error for a Box action space with an infinite bound given to a policy that squashes into the bounds."""
+    return (
+        f"The {algorithm} policy squashes its actions into the Box's bounds, and this Box has an infinite bound: "
+        "declare finite bounds in the env's action space, or use recipes.ppo, recipes.a2c, recipes.reinforce "
+        "or recipes.vpg, whose Gaussian policy takes unbounded actions."
+    )
 
 
 def check_box_actions(action_spec: TensorSpec, algorithm: str) -> Bounded:
@@ -37,6 +46,8 @@ def check_box_actions(action_spec: TensorSpec, algorithm: str) -> Bounded:
         ):
             raise InputError(f"{algorithm} needs finite Box bounds to squash its actions into.")
         return action_spec
+    if isinstance(action_spec, Unbounded) and action_spec.dtype.is_floating_point:
+        raise InputError(unbounded_box_message(algorithm))
     if isinstance(action_spec, Categorical):
         raise InputError(
             f"{algorithm} needs a Box (continuous) action space; for Discrete actions use recipes.sac --discrete, "

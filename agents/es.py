@@ -20,10 +20,11 @@ from tensordict import TensorDictBase
 from tensordict.nn import TensorDictModule, TensorDictSequential
 from torch import nn
 from torchrl.collectors import Collector
-from torchrl.data import Bounded, Categorical, TensorSpec
+from torchrl.data import Bounded, Categorical, TensorSpec, Unbounded
 from torchrl.envs import EnvBase
 from torchrl.modules import TanhModule
 
+from agents.continuous import unbounded_box_message
 from agents.networks import find_normalizer, make_mlp, observation_encoder
 from errors import InputError
 
@@ -82,6 +83,8 @@ def make_es_policy(
             TensorDictModule(network, in_keys=["observation"], out_keys=["action_preactivation"]),
             TanhModule(in_keys=["action_preactivation"], out_keys=["action"], spec=action_spec[0]),
         )
+    if isinstance(action_spec, Unbounded) and action_spec.dtype.is_floating_point:
+        raise InputError(unbounded_box_message("Evolution Strategies"))
     raise InputError(
         f"Evolution Strategies handle Discrete and one-dimensional Box actions, got {type(action_spec).__name__} "
         "actions; for MultiDiscrete or MultiBinary actions use recipes.ppo or recipes.a2c."

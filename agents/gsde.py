@@ -33,7 +33,7 @@ from tensordict import TensorDictBase
 from tensordict.nn import TensorDictModule
 from torch import distributions as D
 from torch import nn
-from torchrl.data import Bounded, TensorSpec
+from torchrl.data import Bounded, TensorSpec, Unbounded
 from torchrl.envs import Compose, EnvBase, Transform, TransformedEnv
 from torchrl.envs.transforms import gSDENoise
 from torchrl.envs.utils import ExplorationType, exploration_type, set_exploration_type
@@ -401,12 +401,14 @@ def clip_env_actions(env: EnvBase) -> EnvBase:
         torch.Size([2, 1])
     """
     action_spec = env.action_spec
-    if not (isinstance(action_spec, Bounded) and action_spec.dtype.is_floating_point):
+    if not (isinstance(action_spec, Bounded | Unbounded) and action_spec.dtype.is_floating_point):
         raise InputError(
             f"Clipping actions needs a bounded Box action space, got {type(action_spec).__name__}."
         )
-    if isinstance(env, GymnasiumVectorEnv):
+    if isinstance(env, GymnasiumVectorEnv):  # the Gymnasium Box's own bounds, infinite ones included
         env.clip_actions = True
+        return env
+    if isinstance(action_spec, Unbounded):  # a spec without bounds: nothing to clip to
         return env
     return TransformedEnv(env, ClipActionToBounds(action_spec.space.low[0], action_spec.space.high[0]))
 

@@ -16,7 +16,7 @@ from tensordict.nn import (
     TensorDictSequential,
 )
 from torch import nn
-from torchrl.data import Binary, Bounded, Categorical, Composite, MultiCategorical, TensorSpec
+from torchrl.data import Binary, Bounded, Categorical, Composite, MultiCategorical, TensorSpec, Unbounded
 from torchrl.envs import EnvBase
 from torchrl.modules import (
     MLP,
@@ -392,29 +392,35 @@ def initial_scale_kwargs(log_std_init: float, action_spec: TensorSpec, use_sde: 
     """
     if log_std_init == 0.0:
         return {}
-    if not (isinstance(action_spec, Bounded) and action_spec.dtype.is_floating_point):
+    if not is_float_box(action_spec):
         raise InputError(
             "--log-std-init sets the first scale of a Box action policy; drop it for these actions."
         )
     return {"sigma_init": math.exp(log_std_init)} if use_sde else {"log_std_init": log_std_init}
 
 
+def is_float_box(action_spec: TensorSpec) -> bool:
+    """Whether ``action_spec`` is a Gymnasium ``Box`` of floats: ``Bounded``, or ``Unbounded`` where the Box has an
+    infinite bound (:func:`envs.specs.space_to_spec`)."""
+    return isinstance(action_spec, Bounded | Unbounded) and action_spec.dtype.is_floating_point
+
+
 def box_policy_kwargs(
     action_spec: TensorSpec, log_std_init: float = 0.0, squash: bool = True, use_sde: bool = False
 ) -> dict[str, float | bool]:
-    """The policy builder's keywords for a PPO/A2C policy's Box options: the first scale
+    """The policy builder's keywords for a PPO/A2C/REINFORCE/VPG policy's Box options: the first scale
     (:func:`initial_scale_kwargs`) and, for :func:`make_actor`, ``squash=False`` (an unbounded Gaussian that the
-    env clips). A gSDE policy is unsquashed already, so ``squash`` adds nothing to it.
+    env clips) when asked, and always for a Box with an infinite bound, which has no range to squash into. A gSDE
+    policy is unsquashed already, so ``squash`` adds nothing to it.
 
     Raises:
         InputError: ``log_std_init`` other than 0, or ``squash=False``, for actions that are not a Box.
     """
     kwargs: dict[str, float | bool] = dict(initial_scale_kwargs(log_std_init, action_spec, use_sde))
-    if not squash:
-        if not (isinstance(action_spec, Bounded) and action_spec.dtype.is_floating_point):
-            raise InputError("--no-squash makes a Box action policy unbounded; drop it for these actions.")
-        if not use_sde:
-            kwargs["squash"] = False
+    if not squash and not is_float_box(action_spec):
+        raise InputError("--no-squash makes a Box action policy unbounded; drop it for these actions.")
+    if (not squash or isinstance(action_spec, Unbounded)) and is_float_box(action_spec) and not use_sde:
+        kwargs["squash"] = False
     return kwargs
 
 
@@ -484,8 +490,9 @@ def make_actor(
     ``MultiDiscrete`` one categorical per component and ``MultiBinary`` one Bernoulli per component
     (:mod:`agents.distributions`, from one vector of logits); a
     ``Bounded`` spec (Gymnasium ``Box``) gets a tanh-normal distribution scaled to the action bounds, with a
-    learned state-independent scale (PPO's usual choice) or a state-dependent one. With ``squash=False`` a Box
-    policy is a plain diagonal Gaussian instead (Stable-Baselines3's PPO and A2C): its samples are unbounded,
+    learned state-independent scale (PPO's usual choice) or a state-dependent one. With ``squash=False`` (which a
+    Box with an infinite bound, an ``Unbounded`` spec, needs) a Box policy is a plain diagonal Gaussian instead
+    (Stable-Baselines3's PPO and A2C): its samples are unbounded,
     and the env clips them to the Box on their way in (:func:`agents.gsde.clip_env_actions` for a training env;
     :meth:`agents.Agent.predict` and ``evaluate`` clip likewise), so the collected action is the one whose
     log-probability was recorded. The network reads observations
@@ -578,10 +585,15 @@ def make_actor(
         )
     if action_mask:
         raise InputError("Action masks are for Discrete actions; this env's are not Discrete.")
-    if isinstance(action_spec, Bounded) and action_spec.dtype.is_floating_point:
+    if is_float_box(action_spec):
         if action_spec.ndim != 2:
             raise InputError(
                 f"Box actions must be one-dimensional per env, got shape {tuple(action_spec.shape[1:])}."
+            )
+        if isinstance(action_spec, Unbounded) and squash:
+            raise InputError(
+                "A Box action space with an infinite bound has no range to squash the policy into: build it "
+                "with squash=False (a Gaussian whose actions the env clips to the finite bounds)."
             )
         action_dim = action_spec.shape[-1]
         if state_dependent_scale:
@@ -610,7 +622,7 @@ def make_actor(
         )
     raise InputError(
         f"Action spec {type(action_spec).__name__} is not supported by make_actor: "
-        "it builds policies for Discrete, MultiDiscrete, MultiBinary and bounded Box action spaces."
+        "it builds policies for Discrete, MultiDiscrete, MultiBinary and Box action spaces of floats."
     )
 
 

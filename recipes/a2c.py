@@ -280,7 +280,7 @@ def main(
     actor = agent.policy
     if config.network.use_sde:  # gSDE noise kept as env state; actions clipped to the Box on their way in
         env = make_gsde_env(env, actor, config.network.sde_sample_freq, config.collector.steps_per_env)
-    elif not config.network.squash:  # an unbounded Gaussian: the env clips its actions to the Box
+    elif not policy_kwargs.get("squash", True):  # an unbounded Gaussian: the env clips its actions to the Box
         env = clip_env_actions(env)
     recurrent = config.network.recurrent is not None
     if recurrent:  # the recurrent state (and the episode starts that reset it) travel as env state

@@ -37,6 +37,7 @@ import torch
 from torchrl.objectives import A2CLoss
 
 from agents import Agent, compiled, find_normalizer, make_actor
+from agents.gsde import clip_env_actions
 from agents.loss_addons import (
     LossAddon,
     LossAddonConfig,
@@ -44,7 +45,7 @@ from agents.loss_addons import (
     build_loss_addons,
     trainable_parameters,
 )
-from agents.networks import action_mask_kwargs
+from agents.networks import action_mask_kwargs, box_policy_kwargs
 from agents.options import Options, defaults
 from agents.policy_gradient import ReturnBaseline, returns_to_go
 from training import (
@@ -160,7 +161,10 @@ def main(
         "activation": config.network.activation,
         "normalize_obs": config.network.normalize_obs,
         **action_mask_kwargs(env),  # an env that gives the allowed actions gets a masked policy
+        **box_policy_kwargs(env.action_spec),  # a Box with an infinite bound: an unsquashed Gaussian
     }
+    if not policy_kwargs.get("squash", True):  # the env clips its actions to the Box's finite bounds
+        env = clip_env_actions(env)
     policy = make_actor(env.observation_spec["observation"], env.action_spec, **policy_kwargs).to(device)
     agent = Agent(
         policy,

@@ -20,3 +20,32 @@ class EchoAction(gym.Env):
 
 
 gym.register("EchoAction-v0", entry_point=EchoAction, max_episode_steps=20)
+
+
+class MixedBoundsEcho(EchoAction):
+    """EchoAction with a Box bounded in its first dim only, ``[-1, 1] x (-inf, inf)``: a Gymnasium Box with an
+    infinite bound."""
+
+    action_space = gym.spaces.Box(np.array([-1.0, -np.inf], np.float32), np.array([1.0, np.inf], np.float32))
+
+
+class Reach(gym.Env):
+    """Say a number: the observation is a target in [-4, 4], the reward minus the action's distance to it, with an
+    action space unbounded both ways (``Box(-inf, inf, (1,))``); ten steps an episode, a new target each step."""
+
+    observation_space = gym.spaces.Box(-4.0, 4.0, (1,), np.float32)
+    action_space = gym.spaces.Box(-np.inf, np.inf, (1,), np.float32)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.target = self.np_random.uniform(-4.0, 4.0, (1,)).astype(np.float32)
+        return self.target.copy(), {}
+
+    def step(self, action):
+        reward = -float(np.abs(np.asarray(action) - self.target).sum())
+        self.target = self.np_random.uniform(-4.0, 4.0, (1,)).astype(np.float32)
+        return self.target.copy(), reward, False, False, {}
+
+
+gym.register("MixedBoundsEcho-v0", entry_point=MixedBoundsEcho, max_episode_steps=20)
+gym.register("Reach-v0", entry_point=Reach, max_episode_steps=10)

@@ -3,10 +3,13 @@
 import os
 from pathlib import Path
 
+import echo_env  # noqa: F401 - registers EchoAction-v0, MixedBoundsEcho-v0 and Reach-v0
 import numpy as np
 import pytest
 import torch
+from run_helpers import tiny_a2c, tiny_ppo
 from tensordict import TensorDict
+from torchrl.data import Unbounded
 from torchrl.envs import TransformedEnv
 from torchrl.envs.utils import ExplorationType, set_exploration_type
 from torchrl.modules import IndependentNormal, TanhNormal
@@ -16,7 +19,7 @@ from agents.gsde import clip_env_actions, clips_actions
 from agents.networks import box_policy_kwargs
 from envs import make_env
 from errors import InputError
-from recipes import a2c, ppo, rnd_ppo
+from recipes import a2c, ppo, rnd_ppo, sac, td3
 from training import RunConfig, make_collector, make_training_env, quiet
 
 
@@ -145,3 +148,58 @@ def test_every_collector_backend_steps_its_envs_with_clipped_actions(backend, mo
     env.close()
     assert batch["action"].abs().max() > 1.0  # the policy's samples, kept unclipped for their log-probability
     assert torch.equal(batch["next", "observation"], batch["action"].clamp(-1.0, 1.0))  # what the envs got
+
+
+def test_a_box_with_an_infinite_bound_gets_an_unsquashed_gaussian_and_the_squashing_recipes_refuse_it(
+    tmp_path,
+):
+    env = make_env("echo_env:MixedBoundsEcho-v0", num_envs=2)
+    spec = env.action_spec
+    assert isinstance(spec, Unbounded)
+    assert box_policy_kwargs(spec) == {"squash": False}
+    assert box_policy_kwargs(spec, use_sde=True) == {}
+    with pytest.raises(
+        InputError, match="infinite bound has no range to squash the policy into: build it with squash=False"
+    ):
+        make_actor(env.observation_spec["observation"], spec)
+    actor = make_actor(env.observation_spec["observation"], spec, **box_policy_kwargs(spec))
+    assert isinstance(actor.get_dist(env.reset()), IndependentNormal)
+    env.close()
+    for recipe in (sac, td3):
+        config = quiet(
+            recipe.SACConfig() if recipe is sac else recipe.TD3Config(),
+            tmp_path / "run",
+            env_id="echo_env:MixedBoundsEcho-v0",
+            total_frames=64,
+        )
+        with pytest.raises(InputError) as error:
+            recipe.main(config)
+        assert "has an infinite bound" in str(error.value) and "\n" not in str(error.value)
+
+
+def test_the_training_env_clips_only_the_finite_bounds_of_a_box_with_an_infinite_one():
+    run = RunConfig(env_id="echo_env:MixedBoundsEcho-v0", num_envs=4)
+    env = clip_env_actions(make_training_env(run, torch.device("cpu")))
+    assert clips_actions(env)
+    actor = make_actor(env.observation_spec["observation"], env.action_spec, log_std_init=2.0, squash=False)
+    collector = make_collector(run, env, actor, torch.device("cpu"), 32, 320)
+    batch = next(iter(collector))
+    collector.shutdown()
+    env.close()
+    action = batch["action"]
+    assert action[..., 0].abs().max() > 1.0 and action[..., 1].abs().max() > 1.0
+    assert torch.equal(batch["next", "observation"][..., 0], action[..., 0].clamp(-1.0, 1.0))
+    assert torch.equal(batch["next", "observation"][..., 1], action[..., 1])
+
+
+@pytest.mark.parametrize("recipe", ["ppo", "a2c"])
+def test_policy_gradient_recipes_learn_a_box_unbounded_both_ways(tmp_path, recipe):
+    # the untrained policy's mean action is about 0: -20 a ten-step episode on targets uniform in [-4, 4]
+    make_config, main = (tiny_ppo, ppo.main) if recipe == "ppo" else (tiny_a2c, a2c.main)
+    config = make_config(tmp_path / "run", env_id="echo_env:Reach-v0", total_frames=8_192, seed=0)
+    config.run.eval_every = config.run.total_frames
+    quiet(config, tmp_path / "run")
+    assert main(config)["eval_return_mean"] >= -8.0
+    agent = Agent.load(tmp_path / "run" / "agent.ckpt")
+    action = agent.predict(np.array([3.0], np.float32))
+    assert action.shape == (1,) and abs(float(action[0]) - 3.0) < 1.5
