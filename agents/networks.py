@@ -82,8 +82,10 @@ class NatureCNN(nn.Module):
     ``uint8`` images are scaled to ``[0, 1]`` and pass through three convolutions (32 8x8 filters with stride 4, 64
     4x4 with stride 2, 64 3x3 with stride 1) and a 512-unit linear layer, each followed by a ReLU. The images come
     in the env's layout (``layout``): channels first ``(C, H, W)`` as stacked Atari frames, channels last ``(H, W,
-    C)`` as most rendered frames (CarRacing's ``(96, 96, 3)``), or one grayscale channel ``(H, W)``; the network
-    moves the channels first itself, so observations go in as the env returns them. Any number of leading batch
+    C)`` as most rendered frames (CarRacing's ``(96, 96, 3)``), one grayscale channel ``(H, W)``, or a stack of
+    frames of either kind (``(S, H, W, C)``, ``(S, C, H, W)``: Gymnasium's ``FrameStackObservation`` of RGB
+    frames), whose frames' channels the network reads as ``S * C`` channels; the network moves the channels first
+    itself, so observations go in as the env returns them. Any number of leading batch
     dims is accepted.
 
     A trunk shared by an actor and a critic (:func:`make_critic` with ``encoder=``) sets :attr:`reuse_features`:
@@ -96,7 +98,7 @@ class NatureCNN(nn.Module):
 
     Args:
         image_shape: the shape of one observation in ``layout``, e.g. ``(4, 84, 84)`` for stacked Atari frames.
-        layout: ``"chw"``, ``"hwc"`` or ``"hw"`` (see :func:`image_layout`).
+        layout: ``"chw"``, ``"hwc"``, ``"hw"``, ``"shwc"`` or ``"schw"`` (see :func:`image_layout`).
 
     Raises:
         InputError: the image is smaller than the 36x36 the convolutions need.
@@ -118,11 +120,12 @@ class NatureCNN(nn.Module):
         if layout not in IMAGE_LAYOUTS or len(self.image_shape) != len(layout):
             raise InputError(
                 f"An image of shape {self.image_shape} cannot have the layout {layout!r}: the layouts are "
-                f"{', '.join(IMAGE_LAYOUTS)} (channels first, channels last, grayscale)."
+                f"{', '.join(IMAGE_LAYOUTS)} (channels first, channels last, grayscale, stacks of either)."
             )
         self.layout = layout
         sizes = dict(zip(layout, self.image_shape, strict=True))
-        channels, height, width = sizes.get("c", 1), sizes["h"], sizes["w"]
+        channels, height, width = sizes.get("s", 1) * sizes.get("c", 1), sizes["h"], sizes["w"]
+        self._channels_first_shape = (channels, sizes["h"], sizes["w"])
         for _, kernel, stride in self.CONVOLUTIONS:
             height, width = (height - kernel) // stride + 1, (width - kernel) // stride + 1
         if height < 1 or width < 1:
@@ -147,8 +150,10 @@ class NatureCNN(nn.Module):
         pixels = observation.reshape(-1, *self.image_shape)
         if self.layout == "hwc":  # a view: the copy below moves the bytes
             pixels = pixels.permute(0, 3, 1, 2)
-        elif self.layout == "hw":
-            pixels = pixels.unsqueeze(1)
+        elif self.layout == "shwc":  # each frame's channels first, the frames' channels one after the other
+            pixels = pixels.permute(0, 1, 4, 2, 3).reshape(-1, *self._channels_first_shape)
+        elif self.layout in ("hw", "schw"):
+            pixels = pixels.reshape(-1, *self._channels_first_shape)
         # torch.vmap has no memory formats, and ONNX export (tracing) has no in-place copy across dtypes
         if torch._C._functorch.is_batchedtensor(pixels) or torch.jit.is_tracing():
             images = pixels.float()
@@ -196,7 +201,7 @@ def _drop_memo(owner: weakref.ref, key: tuple) -> None:
         module._memo = None
 
 
-IMAGE_LAYOUTS = ("chw", "hwc", "hw")
+IMAGE_LAYOUTS = ("chw", "hwc", "hw", "shwc", "schw")
 
 
 def image_layout(observation_spec: TensorSpec) -> str | None:
@@ -204,15 +209,19 @@ def image_layout(observation_spec: TensorSpec) -> str | None:
     that are not images.
 
     Three dims are an image: ``"chw"`` when the first is no larger than the last (stacked Atari frames ``(4, 84,
-    84)``), ``"hwc"`` otherwise (``(96, 96, 3)``), the rule Stable-Baselines3 applies. Two dims are a grayscale
-    image ``"hw"`` when the Box spans the whole byte, 0 to 255, as Stable-Baselines3 requires of every image;
-    other ``uint8`` arrays are read as numbers (:func:`observation_encoder`).
+    84)``), ``"hwc"`` otherwise (``(96, 96, 3)``), the rule Stable-Baselines3 applies. Four dims are a stack of
+    such images: ``"schw"`` when the second is no larger than the last, ``"shwc"`` otherwise (four RGB frames
+    ``(4, 96, 96, 3)``). Two dims are a grayscale image ``"hw"`` when the Box spans the whole byte, 0 to 255, as
+    Stable-Baselines3 requires of every image; other ``uint8`` arrays are read as numbers
+    (:func:`observation_encoder`).
     """
     if isinstance(observation_spec, Composite | Categorical) or observation_spec.dtype != torch.uint8:
         return None  # a Dict observation's image entries are encoded one by one
     shape = observation_spec.shape[1:]
     if len(shape) == 3:
         return "chw" if shape[0] <= shape[-1] else "hwc"
+    if len(shape) == 4:
+        return "schw" if shape[1] <= shape[-1] else "shwc"
     whole_byte = isinstance(observation_spec, Bounded) and bool(
         (observation_spec.space.low == 0).all() and (observation_spec.space.high == 255).all()
     )

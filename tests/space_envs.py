@@ -1,11 +1,13 @@
-"""Envs whose observations take the less common Box forms: images channels last ``(H, W, 3)`` or grayscale
-``(H, W)`` (``Look-v0``), a scalar Box ``()`` and an integer Box (``Sign-v0``). Importing this module registers
-them; in each, the reward is 1 for the action that names the side the observation shows, ten steps an episode."""
+"""Envs whose observations take the less common Box forms: images channels last ``(H, W, 3)``, grayscale ``(H,
+W)`` or two stacked RGB frames ``(2, H, W, 3)`` (``Look-v0``), a scalar Box ``()`` and an integer Box
+(``Sign-v0``). Importing this module registers them; in each, the reward is 1 for the action that names the side
+the observation shows, ten steps an episode."""
 
 import gymnasium as gym
 import numpy as np
 
-IMAGE_SHAPES = {"hwc": (36, 40, 3), "hw": (36, 40)}
+IMAGE_SHAPES = {"hwc": (36, 40, 3), "hw": (36, 40), "shwc": (2, 36, 40, 3)}  # shwc: two stacked RGB frames
+WIDTH_AXES = {"hwc": 1, "hw": 1, "shwc": 2}
 
 
 class Sides(gym.Env):
@@ -30,11 +32,15 @@ class Look(Sides):
 
     def __init__(self, layout: str = "hwc"):
         self.observation_space = gym.spaces.Box(0, 255, IMAGE_SHAPES[layout], np.uint8)
+        self.width_axis = WIDTH_AXES[layout]
 
     def _observation(self) -> np.ndarray:
         image = np.zeros(self.observation_space.shape, np.uint8)
-        half = image.shape[1] // 2
-        image[:, half * self.side : half * (self.side + 1)] = 200
+        columns = np.moveaxis(
+            image, self.width_axis, 0
+        )  # a view: lighting its rows lights the image's columns
+        half = len(columns) // 2
+        columns[half * self.side : half * (self.side + 1)] = 200
         return image
 
 

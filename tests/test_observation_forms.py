@@ -29,6 +29,8 @@ def box_spec(shape, dtype, low=0, high=255):
         (box_spec((96, 96, 3), torch.uint8), "hwc"),
         (box_spec((84, 84, 4), torch.uint8), "hwc"),
         (box_spec((40, 48), torch.uint8), "hw"),
+        (box_spec((4, 96, 96, 3), torch.uint8), "shwc"),  # FrameStackObservation of RGB frames
+        (box_spec((2, 3, 40, 40), torch.uint8), "schw"),
         (box_spec((40, 48), torch.uint8, high=10), None),  # a grid of small numbers, not an image
         (box_spec((128,), torch.uint8), None),  # Atari RAM
         (box_spec((3, 84, 84), torch.int64), None),
@@ -51,6 +53,15 @@ def test_the_cnn_reads_channels_last_and_grayscale_images_as_their_channels_firs
     gray.load_state_dict(single.state_dict())
     frames = torch.randint(0, 256, (3, 36, 40), dtype=torch.uint8)
     torch.testing.assert_close(gray(frames), single(frames.unsqueeze(1)), rtol=0, atol=0)
+    six = NatureCNN((6, 36, 40))  # two stacked RGB frames: their six channels, frame by frame
+    stacked_last, stacked_first = NatureCNN((2, 36, 40, 3), "shwc"), NatureCNN((2, 3, 36, 40), "schw")
+    stacked_last.load_state_dict(six.state_dict())
+    stacked_first.load_state_dict(six.state_dict())
+    stacks = torch.randint(0, 256, (4, 2, 36, 40, 3), dtype=torch.uint8)
+    channels_first = stacks.permute(0, 1, 4, 2, 3)
+    expected = six(channels_first.reshape(4, 6, 36, 40))
+    torch.testing.assert_close(stacked_last(stacks), expected, rtol=0, atol=0)
+    torch.testing.assert_close(stacked_first(channels_first.contiguous()), expected, rtol=0, atol=0)
 
 
 def test_the_cnn_refuses_small_images_and_unknown_layouts_in_one_line():
@@ -78,6 +89,7 @@ def test_integer_and_scalar_boxes_are_float_vectors_with_optional_normalisation(
     [
         ("space_envs:Look-v0", "layout=hwc"),
         ("space_envs:Look-v0", "layout=hw"),
+        ("space_envs:Look-v0", "layout=shwc"),
         ("space_envs:Sign-v0", "kind=scalar"),
         ("space_envs:Sign-v0", "kind=int"),
     ],
