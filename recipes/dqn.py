@@ -328,12 +328,17 @@ def main(config: DQNConfig, *, callbacks: Sequence[Callback] = ()) -> dict:
     )
 
     # buffer: uniform or prioritized sampling; n-step returns are computed as batches come in; stacked frames
-    # (Atari's channels-first stacks) are stored one frame each, not eight times over
+    # (Atari's channels-first stacks, FrameStackObservation's stacks of frames) are stored one frame each, not
+    # eight times over
     if prioritized:
         sampler = prioritized_sampler(buffer_config.buffer_size, buffer_config.alpha, buffer_config.beta)
     else:
         sampler = RandomSampler()
-    if image_layout(env.observation_spec["observation"]) == "chw":
+    if image_layout(env.observation_spec["observation"]) in (
+        "chw",
+        "schw",
+        "shwc",
+    ):  # stacks along the first dim
         storage = FrameStackStorage(buffer_config.buffer_size, device=device)
     else:
         storage = LazyTensorStorage(buffer_config.buffer_size, device=device)

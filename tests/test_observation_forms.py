@@ -115,9 +115,12 @@ def test_ppo_learns_each_form_and_its_agent_acts_on_the_envs_observations(output
 
 
 def test_dqn_and_sac_train_on_channels_last_images_and_scalar_boxes(output_dir):
-    config = tiny_dqn(output_dir, env_id="space_envs:Look-v0", env_kwargs=["layout=hwc"], total_frames=512)
-    quiet(config, output_dir)
-    assert dqn.main(config)["frames"] == 512
+    for layout in ("hwc", "shwc"):  # whole frames; a stack's frames each stored once
+        config = tiny_dqn(
+            output_dir, env_id="space_envs:Look-v0", env_kwargs=[f"layout={layout}"], total_frames=512
+        )
+        quiet(config, output_dir, overwrite=True)
+        assert dqn.main(config)["frames"] == 512
     config = tiny_off_policy(sac.SACConfig)(
         output_dir, env_id="space_envs:Sign-v0", env_kwargs=["kind=scalar"]
     )
