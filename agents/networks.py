@@ -85,8 +85,7 @@ class NatureCNN(nn.Module):
     C)`` as most rendered frames (CarRacing's ``(96, 96, 3)``), one grayscale channel ``(H, W)``, or a stack of
     frames of either kind (``(S, H, W, C)``, ``(S, C, H, W)``: Gymnasium's ``FrameStackObservation`` of RGB
     frames), whose frames' channels the network reads as ``S * C`` channels; the network moves the channels first
-    itself, so observations go in as the env returns them. Any number of leading batch
-    dims is accepted.
+    itself, so observations go in as the env returns them. Any number of leading batch dims is accepted.
 
     A trunk shared by an actor and a critic (:func:`make_critic` with ``encoder=``) sets :attr:`reuse_features`:
     a policy-gradient loss calls the actor and then the critic on the same minibatch, and the second call gets the
@@ -326,9 +325,8 @@ def observation_encoder(observation_spec: TensorSpec, normalize: bool) -> tuple[
             "observations of real numbers, Discrete observations, and uint8 images)."
         )
     shape = observation_spec.shape[1:]
-    layers: list[nn.Module] = (
-        [] if dtype.is_floating_point else [ToFloat()]
-    )  # integer Box: counts, grids, RAM
+    # an integer Box (counts, grid coordinates, Atari RAM) is read as floats
+    layers: list[nn.Module] = [] if dtype.is_floating_point else [ToFloat()]
     layers += [ObservationNormalizer(shape)] if normalize else []
     layers += [] if len(shape) == 1 else [as_vector(shape)]
     return nn.Sequential(*layers or [nn.Identity()]), int(torch.Size(shape).numel())
