@@ -36,7 +36,7 @@ from agents.qvalue import (
 )
 from agents.recurrent import make_recurrent_env
 from agents.rnd import INTRINSIC_REWARD_KEY, RandomNetworkDistillation, make_rnd_networks
-from agents.tabular import ObservationGrid, QTable, make_q_table
+from agents.tabular import IntegerCells, ObservationGrid, QTable, make_q_table
 
 install_fast_paths()
 
@@ -49,6 +49,7 @@ __all__ = [
     "EvaluationResult",
     "ExplorationConfig",
     "ForeachSoftUpdate",
+    "IntegerCells",
     "KLPenalty",
     "LossAddon",
     "NStepReturns",

@@ -1,4 +1,5 @@
-"""Tabular action values: a Q-table indexed by a Discrete observation or by a grid cell of a Box one."""
+"""Tabular action values: a Q-table indexed by a Discrete observation, by the values of an integer Box one or by a
+grid cell of a Box one."""
 
 from __future__ import annotations
 
@@ -86,6 +87,51 @@ class ObservationGrid(nn.Module):
         return (bins * self.strides).reshape(*batch_shape, -1).sum(-1)
 
 
+class IntegerCells(nn.Module):
+    """Maps integer Box observations to a row of their own: every combination of values between the bounds is a
+    cell, numbered row-major (the last dimension varies fastest); values outside the box fall in the edge cells.
+
+    Args:
+        low: lower bounds of one observation (integers, any shape).
+        high: upper bounds, of the same shape.
+
+    Raises:
+        InputError: a dimension has ``high < low``, or the box holds more cells than a table may have.
+
+    Examples:
+        >>> cells = IntegerCells(torch.tensor([0, -1]), torch.tensor([3, 1]))
+        >>> cells(torch.tensor([[0, -1], [3, 1], [1, 0]]))
+        tensor([ 0, 11,  4])
+    """
+
+    def __init__(self, low: torch.Tensor, high: torch.Tensor):
+        super().__init__()
+        low, high = torch.as_tensor(low).long(), torch.as_tensor(high).long()
+        if not (high >= low).all():
+            raise InputError("The observation box is empty in some dimension (high < low): no cell fits it.")
+        sizes = [int(size) for size in (high - low + 1).flatten()]
+        self.num_cells = 1
+        for size in sizes:
+            self.num_cells *= size
+            if self.num_cells > MAX_TABLE_ENTRIES:
+                raise InputError(
+                    f"Integer Box observations between {low.tolist()} and {high.tolist()} take more than "
+                    f"{MAX_TABLE_ENTRIES} table rows, one per combination of values: pass --grid-size N to cut "
+                    "each dimension into N bins instead."
+                )
+        strides = [1] * len(sizes)
+        for index in range(len(sizes) - 2, -1, -1):
+            strides[index] = strides[index + 1] * sizes[index + 1]
+        self.register_buffer("low", low.clone())
+        self.register_buffer("high", high.clone())
+        self.register_buffer("strides", torch.tensor(strides, dtype=torch.int64).reshape(low.shape))
+
+    def forward(self, observation: torch.Tensor) -> torch.Tensor:
+        values = torch.minimum(torch.maximum(observation.round().long(), self.low), self.high)
+        batch_shape = observation.shape[: observation.ndim - self.low.ndim]
+        return ((values - self.low) * self.strides).reshape(*batch_shape, -1).sum(-1)
+
+
 class QTable(TensorDictModuleBase):
     """A table of action values as a TensorDict module: ``"observation"`` -> ``"cell"`` -> ``"action_value"``.
 
@@ -140,10 +186,11 @@ def make_q_table(
 
     Args:
         observation_spec: the spec of ``"observation"`` (batched): ``Categorical`` (a Gymnasium ``Discrete``
-            space, one row per value) or a finite ``Bounded`` float box (one row per grid cell).
+            space, one row per value), a finite ``Bounded`` float box (one row per grid cell) or an integer box
+            (one row per combination of values, :class:`IntegerCells`, or per grid cell with ``grid_size``).
         action_spec: the env's action spec (batched); must be ``Categorical``.
         grid_size: bins per observation dimension for Box observations (``grid_size ** dims`` rows); None for
-            Discrete observations.
+            Discrete observations and integer Boxes read value by value.
         epsilon: initial probability of a random action.
 
     Returns:
@@ -183,6 +230,13 @@ def make_q_table(
                 "Box observations need a grid for a Q-table: pass --grid-size N (bins per observation dimension)."
             )
         encoder = ObservationGrid(observation_spec.space.low[0], observation_spec.space.high[0], grid_size)
+        num_states = encoder.num_cells
+    elif isinstance(observation_spec, Bounded) and observation_spec.dtype != torch.bool:  # an integer Box
+        low, high = observation_spec.space.low[0], observation_spec.space.high[0]
+        if grid_size is None:
+            encoder = IntegerCells(low, high)
+        else:
+            encoder = ObservationGrid(low.float(), high.float() + 1, grid_size)
         num_states = encoder.num_cells
     else:
         raise InputError(

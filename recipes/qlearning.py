@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import gymnasium as gym
+import numpy as np
 import torch
 from torchrl.objectives import DQNLoss, ValueEstimators
 
@@ -119,7 +120,7 @@ def check_spaces(
         )
     if isinstance(observation_space, gym.spaces.Box):
         check_finite_bounds(observation_space.low, observation_space.high)
-        if grid_size is None:
+        if grid_size is None and np.issubdtype(observation_space.dtype, np.floating):
             raise InputError(
                 f"{env_id} has Box observations {observation_space}: pass --grid-size N to cut each dimension "
                 "into N bins (the table gets N ** dims rows)."

@@ -7,6 +7,7 @@ import sys
 import gymnasium as gym
 import numpy as np
 import pytest
+import space_envs  # noqa: F401 - registers Sign-v0
 import torch
 from tensordict import TensorDict
 from torchrl.data import Bounded, Categorical
@@ -14,7 +15,14 @@ from torchrl.objectives import DQNLoss, ValueEstimators
 
 from agents import Agent
 from agents.agent import EVALUATION_STEP_LIMIT
-from agents.tabular import CELL_KEY, ObservationGrid, egreedy_module, make_q_table, q_value_actor
+from agents.tabular import (
+    CELL_KEY,
+    IntegerCells,
+    ObservationGrid,
+    egreedy_module,
+    make_q_table,
+    q_value_actor,
+)
 from errors import InputError
 from recipes import qlearning
 from training import RunConfig, quiet, run_cli
@@ -83,6 +91,35 @@ def test_observation_grid_cells_at_edges_and_outside_the_box():
     assert grid(observations).tolist() == [0, 15, 10, 8, 3, 12]
     assert grid.num_cells == 16
     assert grid(observations.reshape(2, 3, 2)).tolist() == [[0, 15, 10], [8, 3, 12]]
+
+
+def test_integer_cells_number_every_combination_of_values_and_clamp_outside_the_box():
+    cells = IntegerCells(torch.tensor([0, -1]), torch.tensor([3, 1]))
+    assert cells.num_cells == 12
+    observations = torch.tensor([[0, -1], [0, 1], [1, -1], [3, 1], [9, -7]])
+    assert cells(observations).tolist() == [0, 2, 3, 11, 9]
+    assert cells(observations.float()).tolist() == [0, 2, 3, 11, 9]  # Agent.predict hands over floats
+    with pytest.raises(InputError, match="pass --grid-size N"):
+        IntegerCells(torch.zeros(3, dtype=torch.int64), torch.full((3,), 1000))
+
+
+def test_qlearning_learns_on_integer_box_observations_value_by_value_and_on_a_grid(output_dir):
+    # Sign-v0 kind=int: the side (-3 or 3) and the step count mod 5 in a Box(-5, 5, (2,), int64); random play scores 5
+    for grid_size in (None, 3):
+        config = qlearning.QLearningConfig(
+            run=RunConfig(
+                env_id="space_envs:Sign-v0",
+                env_kwargs=("kind=int",),
+                total_frames=4_096,
+                seed=0,
+                stop_at_return=float("inf"),
+            )
+        )
+        config.table.grid_size = grid_size
+        quiet(config, output_dir, overwrite=True)
+        assert qlearning.main(config)["eval_return_mean"] == 10.0
+        agent = Agent.load(output_dir / "agent.ckpt")
+        assert agent.predict(np.array([3, 1])) == 1 and agent.predict(np.array([-3, 4])) == 0
 
 
 def test_unbounded_box_is_refused_naming_the_dimensions():
