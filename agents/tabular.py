@@ -107,9 +107,13 @@ class IntegerCells(nn.Module):
     def __init__(self, low: torch.Tensor, high: torch.Tensor):
         super().__init__()
         low, high = torch.as_tensor(low).long(), torch.as_tensor(high).long()
-        if not (high >= low).all():
+        # in Python's integers: int64 bounds as wide as the dtype would overflow (high - low + 1)
+        sizes = [
+            top - bottom + 1
+            for bottom, top in zip(low.flatten().tolist(), high.flatten().tolist(), strict=True)
+        ]
+        if min(sizes, default=1) < 1:
             raise InputError("The observation box is empty in some dimension (high < low): no cell fits it.")
-        sizes = [int(size) for size in (high - low + 1).flatten()]
         self.num_cells = 1
         for size in sizes:
             self.num_cells *= size

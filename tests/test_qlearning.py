@@ -101,6 +101,11 @@ def test_integer_cells_number_every_combination_of_values_and_clamp_outside_the_
     assert cells(observations.float()).tolist() == [0, 2, 3, 11, 9]  # Agent.predict hands over floats
     with pytest.raises(InputError, match="pass --grid-size N"):
         IntegerCells(torch.zeros(3, dtype=torch.int64), torch.full((3,), 1000))
+    widest = torch.iinfo(torch.int64)
+    with pytest.raises(InputError, match="pass --grid-size N"):  # high - low + 1 would overflow int64
+        IntegerCells(torch.tensor([widest.min]), torch.tensor([widest.max]))
+    with pytest.raises(InputError, match="empty"):
+        IntegerCells(torch.tensor([2]), torch.tensor([1]))
 
 
 def test_qlearning_learns_on_integer_box_observations_value_by_value_and_on_a_grid(output_dir):
