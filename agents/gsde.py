@@ -40,7 +40,7 @@ from torchrl.envs.utils import ExplorationType, exploration_type, set_exploratio
 from torchrl.modules import MLP, ProbabilisticActor
 from torchrl.modules.models.exploration import gSDEModule
 
-from agents.networks import ACTIVATIONS, encoder_width, observation_encoder
+from agents.networks import ACTIVATIONS, encoder_width, is_float_box, observation_encoder
 from envs.vector import GymnasiumVectorEnv
 from errors import InputError
 
@@ -401,7 +401,7 @@ def clip_env_actions(env: EnvBase) -> EnvBase:
         torch.Size([2, 1])
     """
     action_spec = env.action_spec
-    if not (isinstance(action_spec, Bounded | Unbounded) and action_spec.dtype.is_floating_point):
+    if not is_float_box(action_spec):
         raise InputError(
             f"Clipping actions needs a bounded Box action space, got {type(action_spec).__name__}."
         )
