@@ -4,6 +4,7 @@ distinct seeds per worker, a dead worker reported, and recipes that run on it (o
 import os
 import signal
 import time
+import warnings
 
 import pytest
 import torch
@@ -206,3 +207,32 @@ def test_worker_collectors_refuse_an_accelerator_device():
         InputError, match="--device cuda with --collector-backend multiprocess is not supported"
     ):
         RunConfig(collector_backend="multiprocess", device="cuda").validate()
+
+
+@pytest.mark.parametrize("recipe", [ppo, dqn], ids=["ppo", "dqn"])
+def test_a_budget_below_one_batch_says_how_many_frames_it_collects(recipe, tmp_path):
+    config = quiet(
+        {ppo: ppo.PPOConfig, dqn: dqn.DQNConfig}[recipe](), tmp_path, total_frames=30, eval_episodes=1
+    )
+    config.run.num_envs, config.collector.steps_per_env = 2, 32
+    if recipe is ppo:
+        config.optim.minibatch_size = 32
+    if recipe is dqn:
+        config.collector.learning_starts = 0
+        config.buffer.batch_size = 16
+    with pytest.warns(
+        UserWarning,
+        match=r"--total-frames 30 is less than one batch.*64 frames \(--num-envs 2 x --steps-per-env 32\)",
+    ):
+        summary = recipe.main(config)
+    assert summary["frames"] == 64
+
+
+def test_a_budget_of_whole_batches_runs_without_the_warning(tmp_path):
+    config = quiet(ppo.PPOConfig(), tmp_path, total_frames=64, eval_episodes=1)
+    config.run.num_envs, config.collector.steps_per_env = 2, 32
+    config.optim.minibatch_size = 32
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        ppo.main(config)
+    assert not [warning for warning in caught if "less than one batch" in str(warning.message)]

@@ -105,6 +105,13 @@ def make_collector(
     """
     if run.gradient_worker is not None:
         total_frames = -1  # a gradient worker collects until the learner has had enough
+    elif run.total_frames < frames_per_batch:
+        warnings.warn(
+            f"--total-frames {run.total_frames} is less than one batch: the run collects whole batches, here "
+            f"{frames_per_batch} frames (--num-envs {run.num_envs} x --steps-per-env "
+            f"{frames_per_batch // run.num_envs}). Lower --steps-per-env or --num-envs for a shorter run.",
+            stacklevel=2,
+        )
     if run.collector_backend == "single":
         return LeanCollector(
             env,
