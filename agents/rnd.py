@@ -17,11 +17,11 @@ import torch
 from tensordict import TensorDictBase
 from tensordict.utils import NestedKey
 from torch import nn
-from torchrl.data import TensorSpec
+from torchrl.data import Binary, Categorical, TensorSpec
 from torchrl.envs.transforms import RunningMeanStd
 from torchrl.objectives import RNDLoss
 
-from agents.networks import as_vector, make_mlp
+from agents.networks import as_vector, image_layout, make_mlp
 from errors import InputError
 
 INTRINSIC_REWARD_KEY = "intrinsic_reward"
@@ -34,14 +34,14 @@ def make_rnd_networks(
     embedding_dim: int = 64,
     activation: str = "relu",
 ) -> tuple[nn.Module, nn.Module]:
-    """Build the target and predictor networks of RND for float vector observations.
+    """Build the target and predictor networks of RND for Box observations (integer ones read as floats).
 
     As in the paper, the predictor is deeper than the target (one more hidden layer), so that it can fit the
     target's features on the states it is trained on without being a copy of it.
 
     Args:
-        observation_spec: the spec of ``"observation"`` (batched: the leading dim is the number of envs); float
-            observations of any shape, flattened.
+        observation_spec: the spec of ``"observation"`` (batched: the leading dim is the number of envs); Box
+            observations of any shape and real dtype, flattened (the loss normalises them to floats first).
         hidden_sizes: hidden layer widths of the target; the predictor gets one more layer of the last width.
         embedding_dim: width of the embedding the predictor learns to reproduce.
         activation: ``"tanh"``, ``"relu"``, ``"elu"`` or ``"silu"``.
@@ -50,7 +50,7 @@ def make_rnd_networks(
         ``(target_network, predictor_network)``, plain modules mapping observations to embeddings.
 
     Raises:
-        InputError: for integer observations (Discrete spaces, images).
+        InputError: for Discrete or MultiDiscrete observations and uint8 images.
 
     Examples:
         >>> from envs import make_env
@@ -59,12 +59,15 @@ def make_rnd_networks(
         >>> predictor(env.reset()["observation"]).shape
         torch.Size([2, 32])
     """
-    if not observation_spec.dtype.is_floating_point:
+    if isinstance(observation_spec, Categorical) and not isinstance(observation_spec, Binary):
         raise InputError(
-            f"RND reads float observations, got {observation_spec.dtype}: one-hot encode Discrete observations "
-            "or cast integer ones to float32 with a gymnasium.ObservationWrapper; uint8 image observations are "
-            "not supported here."
+            "RND reads Box observations (MultiBinary too); one-hot encode Discrete and MultiDiscrete ones with a "
+            "gymnasium.ObservationWrapper."
         )
+    if image_layout(observation_spec) is not None:
+        raise InputError("RND's networks are MLPs: uint8 image observations are not supported here.")
+    if observation_spec.dtype.is_complex or observation_spec.dtype == torch.bool:
+        raise InputError(f"RND reads observations of real numbers, got {observation_spec.dtype}.")
     shape = observation_spec.shape[1:]
     in_features = int(torch.Size(shape).numel())
     predictor_sizes = [*hidden_sizes, hidden_sizes[-1]] if hidden_sizes else [embedding_dim]

@@ -5,6 +5,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import space_envs  # noqa: F401 - registers Sign-v0 and Look-v0
 import torch
 from tensordict import TensorDict
 
@@ -15,8 +16,8 @@ from recipes import ppo, rnd_ppo
 from training import RunConfig, evaluation_seed
 
 
-def make_rnd(env_id="rlkit/DeepSea-v0", **kwargs):
-    env = make_env(env_id, num_envs=4, seed=0)
+def make_rnd(env_id="rlkit/DeepSea-v0", env_kwargs=None, **kwargs):
+    env = make_env(env_id, num_envs=4, seed=0, env_kwargs=env_kwargs)
     spec = env.observation_spec["observation"]
     torch.manual_seed(0)
     target, predictor = make_rnd_networks(spec, hidden_sizes=(32, 32), embedding_dim=16)
@@ -98,8 +99,22 @@ def test_keys_shapes_and_observation_statistics():
     assert (data["next", "bonus"] >= 0).all()
     assert rnd.obs_rms.count.item() == pytest.approx(48, abs=1e-3)
     assert set(rnd(data).keys()) == {"loss_predictor"}
-    with pytest.raises(InputError, match="float observations"):
+    with pytest.raises(InputError, match="one-hot encode Discrete"):
         make_rnd_networks(make_env("FrozenLake-v1").observation_spec["observation"])
+    with pytest.raises(InputError, match="uint8 image observations are not supported"):
+        make_rnd_networks(
+            make_env("space_envs:Look-v0", env_kwargs={"layout": "hwc"}).observation_spec["observation"]
+        )
+
+
+def test_integer_box_observations_are_normalised_as_floats():
+    env, rnd = make_rnd("space_envs:Sign-v0", {"kind": "int"})
+    data = env.rollout(12, break_when_any_done=False)
+    assert data["next", "observation"].dtype == torch.int64
+    data = rnd.add_intrinsic_reward(data)
+    assert data["next", "intrinsic_reward"].dtype == torch.float32
+    assert torch.isfinite(data["next", "intrinsic_reward"]).all()
+    assert torch.isfinite(rnd(data)["loss_predictor"])
 
 
 def tiny_rnd_ppo(output_dir, env_id="rlkit/DeepSea-v0", **run_overrides):
@@ -152,8 +167,15 @@ def test_rnd_ppo_rejects_bad_options(output_dir):
     with pytest.raises(InputError, match="--gamma-int"):
         rnd_ppo.main(config)
     config = tiny_rnd_ppo(output_dir, env_id="FrozenLake-v1")
-    with pytest.raises(InputError, match="float observations"):
+    with pytest.raises(InputError, match="one-hot encode Discrete"):
         rnd_ppo.main(config)
+
+
+def test_rnd_ppo_learns_on_integer_box_observations(output_dir):
+    # a random policy scores 5 of 10
+    config = tiny_rnd_ppo(output_dir, env_id="space_envs:Sign-v0", env_kwargs=["kind=int"], seed=0)
+    config.run.total_frames = 1_024
+    assert rnd_ppo.main(config)["eval_return_mean"] >= 9.0
 
 
 def test_rnd_ppo_cli_help_lists_the_intrinsic_options():
