@@ -624,10 +624,14 @@ def main(argv: list[str] | None = None) -> None:
         runner.run_all(pending, args.results, args.frames, args.checkpoint_every)
         if runner.stopping:
             print("stopped; run the same command again to continue", flush=True)
-    if any((args.results / "records").glob("*/*/seed*.json")):
+    if not any((args.results / "records").glob("*/*/seed*.json")):
+        print("no finished runs yet")
+    elif args.report_only:
         print(f"report: {write_report(args.results)}")
     else:
-        print("no finished runs yet")
+        # in a fresh process: the recipes and presets as they are now, not as they were when a long suite started
+        report = [sys.executable, "-m", "benchmarks.suite", "--report-only", "--results", str(args.results)]
+        subprocess.run(report, cwd=ROOT, check=True)
 
 
 if __name__ == "__main__":
