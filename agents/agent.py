@@ -33,7 +33,7 @@ from envs.atari import is_atari, make_atari_env
 from envs.rendering import check_display, headless_rendering
 from envs.specs import ACTION_MASK_KEY, space_to_spec
 from envs.vector import check_device, env_spec
-from envs.wrappers import apply_wrappers, check_wrapper_spec, wrapper_functions
+from envs.wrappers import apply_wrappers, check_wrapper_spec, with_discrete_tuples, wrapper_functions
 from errors import InputError
 
 FORMAT = "rlkit.agent"
@@ -285,8 +285,18 @@ class Agent(nn.Module):
                 f"Observation of shape {array.shape} does not match the agent's observation space {space} "
                 f"(expected {shape} or a batch of them)."
             )
-        if isinstance(space, gym.spaces.Discrete):
+        if isinstance(
+            space, (gym.spaces.Discrete, gym.spaces.MultiDiscrete)
+        ):  # values from 0, as in training
             tensor = torch.as_tensor(array - space.start, dtype=torch.int64)
+            sizes = torch.as_tensor(
+                np.asarray(space.n if isinstance(space, gym.spaces.Discrete) else space.nvec)
+            )
+            if ((tensor < 0) | (tensor >= sizes)).any():
+                raise InputError(
+                    f"Observation values outside the agent's observation space {space} (start {space.start}): "
+                    f"got {array.tolist() if array.size <= 16 else 'a batch'}."
+                )
         else:
             # uint8 images stay uint8 (the CNN scales them); other Box observations become float32
             dtype = torch.uint8 if space.dtype == np.uint8 else torch.float32
@@ -551,7 +561,8 @@ class Agent(nn.Module):
     ) -> gym.Env:
         """One Gymnasium env as the agent evaluates in: ``env_id`` (default its own) made with ``env_kwargs``
         (default: its own for its own id), wrapped by its ``env_wrappers``. Atari ids get the evaluation
-        preprocessing (:func:`envs.atari.make_atari_env` with ``training=False``); ids registered without a time
+        preprocessing (:func:`envs.atari.make_atari_env` with ``training=False``), Tuple-of-Discrete observations
+        :class:`envs.wrappers.DiscreteTuple`, as in training; ids registered without a time
         limit get ``EVALUATION_STEP_LIMIT`` steps, so that a policy which never ends an episode cannot hang.
 
         Raises:
@@ -562,7 +573,7 @@ class Agent(nn.Module):
         if env_kwargs is None:
             env_kwargs = self.env_kwargs if env_id == self.env_id else {}
         env_spec(env_id, import_module=not own_env)
-        wrappers = wrapper_functions(self.env_wrappers, self.allowed_wrappers)
+        wrappers = [*wrapper_functions(self.env_wrappers, self.allowed_wrappers), with_discrete_tuples]
         if is_atari(env_id):
             return apply_wrappers(
                 make_atari_env(env_id, training=False, render_mode=render_mode, **env_kwargs), wrappers

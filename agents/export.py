@@ -1,7 +1,7 @@
 """Export an agent's deterministic policy to ONNX: a file that runs without this toolkit (``onnxruntime``).
 
 The exported graph takes what a Gymnasium env gives and returns what it takes, batched: observations as the env
-returns them (``float32`` for Box, ``uint8`` images as they are, ``int64`` for Discrete, one input per entry of a
+returns them (``float32`` for Box, ``uint8`` images as they are, ``int64`` for Discrete and MultiDiscrete, one input per entry of a
 Dict space) and the env's actions (``int64`` for Discrete and MultiDiscrete, with their ``start`` offsets;
 clipped to the Box for Box actions, in the Box's dtype; ``int8`` for MultiBinary). The observation normaliser, the
 network and the action scaling are inside; exploration noise is not (``Agent.predict(obs, deterministic=True)``).
@@ -74,6 +74,8 @@ class DeterministicPolicy(nn.Module):
     def _observation(self, value: torch.Tensor, space: gym.Space) -> torch.Tensor:
         if isinstance(space, gym.spaces.Discrete):
             return value.to(torch.int64) - int(space.start)
+        if isinstance(space, gym.spaces.MultiDiscrete):  # values from 0, as the network was trained on
+            return value.to(torch.int64) - torch.as_tensor(np.asarray(space.start), dtype=torch.int64)
         return value if space.dtype == np.uint8 else value.to(torch.float32)
 
     def forward(self, *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
@@ -114,7 +116,7 @@ def example_inputs(agent: Agent, batch: int = 2) -> tuple[torch.Tensor, ...]:
     inputs = []
     for entry in spaces:
         array = np.stack([entry.sample() for _ in range(batch)])
-        dtype = torch.int64 if isinstance(entry, gym.spaces.Discrete) else None
+        dtype = torch.int64 if isinstance(entry, gym.spaces.Discrete | gym.spaces.MultiDiscrete) else None
         tensor = torch.as_tensor(array, dtype=dtype)
         inputs.append(tensor if tensor.dtype in (torch.uint8, torch.int64) else tensor.to(torch.float32))
     if agent.policy_kwargs.get("action_mask"):

@@ -302,11 +302,13 @@ def observation_encoder(observation_spec: TensorSpec, normalize: bool) -> tuple[
     ):  # Discrete, MultiDiscrete (its subclass) or MultiBinary (too)
         if normalize:
             raise InputError("Observation normalisation needs Box observations; drop --normalize-obs.")
+        shape = observation_spec.shape[1:]  # MultiBinary and MultiDiscrete of several dims are flattened
+        flatten = [as_vector(shape)] if len(shape) > 1 else []
         if isinstance(observation_spec, Binary):
-            return ToFloat(), observation_spec.shape[-1]
+            return nn.Sequential(*flatten, ToFloat()), int(torch.Size(shape).numel())
         if isinstance(observation_spec, MultiCategorical):
-            nvec = [int(n) for n in observation_spec.nvec.reshape(-1, observation_spec.shape[-1])[0]]
-            return MultiOneHot(nvec), sum(nvec)
+            nvec = multi_discrete_sizes(observation_spec)
+            return nn.Sequential(*flatten, MultiOneHot(nvec)), sum(nvec)
         n = observation_spec.space.n
         return OneHot(n), n
     layout = image_layout(observation_spec)
@@ -332,6 +334,14 @@ def observation_encoder(observation_spec: TensorSpec, normalize: bool) -> tuple[
     return nn.Sequential(*layers or [nn.Identity()]), int(torch.Size(shape).numel())
 
 
+def multi_discrete_sizes(observation_spec: MultiCategorical) -> list[int]:
+    """The number of values of each component of one observation of a batched ``MultiDiscrete`` spec, its dims
+    flattened in order."""
+    shape = observation_spec.shape[1:]
+    nvec = observation_spec.nvec.expand(observation_spec.shape).reshape(-1, torch.Size(shape).numel())[0]
+    return [int(n) for n in nvec]
+
+
 def as_vector(shape: Sequence[int]) -> nn.Module:
     """The layer that makes observations of ``shape`` (after any batch dims) vectors: flattened, a scalar as a
     vector of one."""
@@ -346,9 +356,9 @@ def encoder_width(observation_spec: TensorSpec) -> int:
     if isinstance(observation_spec, Composite):
         return sum(encoder_width(entry) for entry in observation_spec.values())
     if isinstance(observation_spec, Binary):
-        return observation_spec.shape[-1]
+        return int(torch.Size(observation_spec.shape[1:]).numel())
     if isinstance(observation_spec, MultiCategorical):
-        return int(observation_spec.nvec.reshape(-1, observation_spec.shape[-1])[0].sum())
+        return sum(multi_discrete_sizes(observation_spec))
     if isinstance(observation_spec, Categorical):
         return observation_spec.space.n
     if is_image_spec(observation_spec):

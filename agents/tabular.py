@@ -8,9 +8,10 @@ import torch
 from tensordict import TensorDictBase
 from tensordict.nn import TensorDictModuleBase, TensorDictSequential
 from torch import nn
-from torchrl.data import Bounded, Categorical, TensorSpec, Unbounded
+from torchrl.data import Binary, Bounded, Categorical, MultiCategorical, TensorSpec, Unbounded
 from torchrl.modules import EGreedyModule, QValueActor
 
+from agents.networks import multi_discrete_sizes
 from errors import InputError
 
 CELL_KEY = "cell"  # the table row of an observation, written by the policy next to "observation"
@@ -217,7 +218,20 @@ def make_q_table(
             f"Tabular Q-learning needs a Discrete action space, got {type(action_spec).__name__} actions; "
             "use recipes.ppo for Box, MultiDiscrete or MultiBinary action spaces."
         )
-    if isinstance(observation_spec, Categorical):
+    if isinstance(observation_spec, MultiCategorical | Binary):  # a cell per combination of values
+        if grid_size is not None:
+            raise InputError(
+                "--grid-size cuts Box observations into cells; drop it for MultiDiscrete or MultiBinary observations."
+            )
+        sizes = (
+            multi_discrete_sizes(observation_spec)
+            if isinstance(observation_spec, MultiCategorical)
+            else [2] * observation_spec.shape[1:].numel()
+        )
+        shape = observation_spec.shape[1:]
+        encoder = IntegerCells(torch.zeros(shape, dtype=torch.int64), torch.tensor(sizes).reshape(shape) - 1)
+        num_states = encoder.num_cells
+    elif isinstance(observation_spec, Categorical):
         if grid_size is not None:
             raise InputError(
                 "--grid-size cuts Box observations into cells; drop it for Discrete observations."

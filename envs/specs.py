@@ -14,6 +14,8 @@ from errors import InputError
 
 EPISODE_RETURN_KEY = "episode_return"
 EPISODE_LENGTH_KEY = "episode_length"
+# the Gymnasium spaces whose elements are one array each: what observations (or a Dict of them) and actions may be
+ARRAY_SPACES = (gym.spaces.Box, gym.spaces.Discrete, gym.spaces.MultiDiscrete, gym.spaces.MultiBinary)
 ACTION_MASK_KEY = "action_mask"  # the allowed Discrete actions of the observation beside it (True: allowed)
 
 
@@ -46,12 +48,11 @@ def space_to_spec(space: gym.Space, batch_size: int, device: torch.device | str 
                 )
             entries[key] = space_to_spec(entry, batch_size, device)
         return Composite(entries, shape=(batch_size,), device=device)
-    if not isinstance(
-        space, (gym.spaces.Box, gym.spaces.Discrete, gym.spaces.MultiDiscrete, gym.spaces.MultiBinary)
-    ):
+    if not isinstance(space, ARRAY_SPACES):
         raise InputError(
             f"Gymnasium space {space} is not supported: use a Box, Discrete, MultiDiscrete or MultiBinary space, or a "
-            "Dict of them for observations (wrap Tuple observations with gymnasium.wrappers.FlattenObservation)."
+            "Dict of them for observations (a Tuple of Discrete spaces is read as MultiDiscrete; wrap other Tuple "
+            "observations with gymnasium.wrappers.FlattenObservation)."
         )
     shape = (batch_size, *space.shape)
     if isinstance(space, gym.spaces.Box):
@@ -91,6 +92,12 @@ def set_specs(
     (a Discrete action space), ``"action_mask"`` holds the allowed actions of each observation as booleans.
     """
     num_envs, device = env.batch_size[0], env.device
+    if not isinstance(action_space, ARRAY_SPACES):
+        raise InputError(
+            f"Action space {action_space} is not supported: the recipes act in a Box, Discrete, MultiDiscrete or "
+            "MultiBinary space (several Discrete choices at once are a MultiDiscrete space; a gymnasium."
+            "ActionWrapper can map one onto the env's own actions)."
+        )
     entries = {
         EPISODE_RETURN_KEY: Unbounded(shape=(num_envs, 1), device=device),
         EPISODE_LENGTH_KEY: Unbounded(shape=(num_envs, 1), dtype=torch.int64, device=device),

@@ -34,7 +34,7 @@ from envs.specs import (
     space_to_spec,
     unchecked_tensordict,
 )
-from envs.wrappers import apply_wrappers
+from envs.wrappers import apply_wrappers, with_discrete_tuples
 from errors import InputError
 
 Vectorization = Literal["sync", "async"]
@@ -477,6 +477,7 @@ def make_env(
         )
     if backend == "torch":
         return _make_torch_env(env, num_envs, device, seed, env_kwargs, dtype)
+    wrappers = (*wrappers, with_discrete_tuples)  # outermost: Tuple-of-Discrete observations as MultiDiscrete
     if backend != "gymnasium":
         raise InputError(f"backend must be 'gymnasium' or 'torch', got {backend!r}.")
     if isinstance(env, gym.vector.VectorEnv):

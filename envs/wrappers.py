@@ -1,4 +1,5 @@
-"""Gymnasium wrappers named on the command line (``--env-wrappers``), and :class:`MaxTotalReward`.
+"""Gymnasium wrappers named on the command line (``--env-wrappers``), :class:`MaxTotalReward`, and
+:class:`DiscreteTuple`, which every env the toolkit makes gets when it has Tuple-of-Discrete observations.
 
 A wrapper is named by its import path, with its keyword arguments as a JSON object after ``=``::
 
@@ -21,6 +22,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any, SupportsFloat
 
 import gymnasium as gym
+import numpy as np
 
 from errors import InputError
 
@@ -51,6 +53,46 @@ class MaxTotalReward(gym.Wrapper):
         observation, reward, terminated, truncated, info = self.env.step(action)
         self._total += float(reward)
         return observation, reward, terminated, truncated or self._total >= self.max_total_reward, info
+
+
+class DiscreteTuple(gym.ObservationWrapper):
+    """A ``Tuple`` of ``Discrete`` observations (Blackjack-v1's ``(player sum, dealer card, usable ace)``) as the
+    ``MultiDiscrete`` space of the same values, one integer array per observation, which every recipe reads.
+
+    Examples:
+        >>> env = DiscreteTuple(gym.make("Blackjack-v1"))
+        >>> env.observation_space
+        MultiDiscrete([32 11  2])
+    """
+
+    def __init__(self, env: gym.Env):
+        super().__init__(env)
+        if not is_discrete_tuple(env.observation_space):
+            raise InputError(
+                f"DiscreteTuple wraps Tuple observations of Discrete spaces, got {env.observation_space}."
+            )
+        parts = env.observation_space.spaces
+        self.observation_space = gym.spaces.MultiDiscrete(
+            [int(part.n) for part in parts], dtype=np.int64, start=[int(part.start) for part in parts]
+        )
+
+    def observation(self, observation: Any) -> np.ndarray:
+        return np.asarray(observation, dtype=np.int64)
+
+
+def is_discrete_tuple(space: gym.Space) -> bool:
+    """Whether ``space`` is a non-empty ``Tuple`` of ``Discrete`` spaces."""
+    return (
+        isinstance(space, gym.spaces.Tuple)
+        and len(space.spaces) > 0
+        and all(type(part) is gym.spaces.Discrete for part in space.spaces)
+    )
+
+
+def with_discrete_tuples(env: gym.Env) -> gym.Env:
+    """``env`` wrapped by :class:`DiscreteTuple` when its observations are a ``Tuple`` of ``Discrete`` spaces; else
+    ``env`` itself (the outermost wrapper of every env the toolkit makes)."""
+    return DiscreteTuple(env) if is_discrete_tuple(env.observation_space) else env
 
 
 def parse_env_wrappers(items: Iterable[str]) -> list[dict[str, Any]]:

@@ -125,11 +125,14 @@ def check_spaces(
                 f"{env_id} has Box observations {observation_space}: pass --grid-size N to cut each dimension "
                 "into N bins (the table gets N ** dims rows)."
             )
-    elif not isinstance(observation_space, gym.spaces.Discrete):
+    elif not isinstance(
+        observation_space, (gym.spaces.Discrete, gym.spaces.MultiDiscrete, gym.spaces.MultiBinary)
+    ):
         raise InputError(
-            f"Tabular Q-learning reads Discrete observations, or bounded Box ones with --grid-size; {env_id} has "
-            f"{observation_space}. Wrap the env in a gymnasium.ObservationWrapper that numbers the observations "
-            "0..n-1 with a Discrete(n) observation space, which this recipe reads."
+            f"Tabular Q-learning reads Discrete, MultiDiscrete or MultiBinary observations (a Tuple of Discrete "
+            f"ones too), or bounded Box ones; {env_id} has {observation_space}. Wrap the env in a "
+            "gymnasium.ObservationWrapper that numbers the observations 0..n-1 with a Discrete(n) observation "
+            "space, which this recipe reads."
         )
 
 

@@ -94,8 +94,15 @@ def test_bad_input_is_reported_clearly():
         make_env("CartPole-v1", num_envs=0)
     with pytest.raises(InputError, match="cannot be copied"):
         make_env(gym.make("CartPole-v1"), num_envs=2)
-    with pytest.raises(InputError, match="not supported"):
-        make_env("Blackjack-v1")  # Tuple observations
+    with pytest.raises(InputError, match="not supported.*wrap other Tuple observations"):
+        make_env(TupleOfBoxEnv())
+
+
+class TupleOfBoxEnv(gym.Env):
+    """Tuple observations that are not all Discrete."""
+
+    observation_space = gym.spaces.Tuple((gym.spaces.Discrete(2), gym.spaces.Box(-1.0, 1.0, (2,))))
+    action_space = gym.spaces.Discrete(2)
 
 
 class ShiftedDiscreteEnv(gym.Env):

@@ -191,3 +191,20 @@ def test_export_command_writes_beside_the_checkpoint(tmp_path):
     json.dumps(summary)
     with pytest.raises(InputError, match="No agent checkpoint"):
         export.main(export.ExportConfig(tmp_path / "missing"))
+
+
+@pytest.mark.parametrize("builder", ["mlp_actor", "q_actor", "q_table"])
+def test_multidiscrete_observations_keep_their_start(builder, tmp_path):
+    space = gym.spaces.MultiDiscrete([3, 4], start=[-1, 5])
+    space.seed(0)
+    torch.manual_seed(0)
+    agent = Agent.build("test", space, gym.spaces.Discrete(5), "test", builder, {}).eval()
+    with torch.no_grad():  # a table or network whose greedy action depends on the observation
+        for parameter in agent.policy.parameters():
+            parameter.copy_(torch.randn_like(parameter))
+    path = export_onnx(agent, tmp_path / "policy.onnx")
+    batch = np.stack([space.sample() for _ in range(12)])
+    (actions,) = onnx_actions(path, batch)
+    expected = agent.predict(batch)
+    np.testing.assert_array_equal(actions, expected)
+    assert len(set(expected.tolist())) > 1

@@ -8,11 +8,24 @@ import pytest
 import space_envs  # noqa: F401 - registers Look-v0 and Sign-v0
 import torch
 from run_helpers import tiny_dqn, tiny_off_policy, tiny_ppo
-from torchrl.data import Bounded, Unbounded
+from tensordict import TensorDict
+from torchrl.data import Bounded, MultiCategorical, Unbounded
+from torchrl.envs.utils import ExplorationType, set_exploration_type
 
 from agents import Agent, image_layout
-from agents.networks import NatureCNN, ToFloat, find_normalizer, observation_encoder
+from agents.networks import (
+    NatureCNN,
+    ToFloat,
+    encoder_width,
+    find_normalizer,
+    make_actor,
+    observation_encoder,
+)
 from agents.recurrent import sequence_length
+from envs import make_env
+from envs.specs import space_to_spec
+from envs.wrappers import DiscreteTuple, is_discrete_tuple
+from errors import InputError
 from recipes import dqn, ppo, sac
 from training import quiet
 
@@ -137,3 +150,78 @@ def test_recurrent_sequences_default_to_the_longest_length_both_batch_sizes_divi
     config = ppo.PPOConfig()
     config.network.recurrent = "lstm"
     config.validate()  # 1 env x 2048 steps, minibatches of 64: sequences of 64
+
+
+class Counters(gym.Env):
+    """Observations of a ``MultiDiscrete`` space with a start (``Tuple`` of ``Discrete``s with ``kind="tuple"``)."""
+
+    action_space = gym.spaces.Discrete(5)
+
+    def __init__(self, kind="multi_discrete"):
+        self.observation_space = (
+            gym.spaces.MultiDiscrete([3, 4], start=[-1, 5])
+            if kind == "multi_discrete"
+            else gym.spaces.Tuple((gym.spaces.Discrete(3, start=-1), gym.spaces.Discrete(4, start=5)))
+        )
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return self.observation_space.sample(), {}
+
+    def step(self, action):
+        return self.observation_space.sample(), 0.0, False, False, {}
+
+
+@pytest.mark.parametrize("kind", ["multi_discrete", "tuple"])
+def test_discrete_observations_with_a_start_reach_the_network_as_in_training(kind):
+    env = make_env(Counters(kind), seed=0)
+    assert isinstance(env.single_observation_space, gym.spaces.MultiDiscrete)
+    torch.manual_seed(0)
+    policy = make_actor(env.observation_spec["observation"], env.action_spec, hidden_sizes=[16])
+    agent = Agent(policy, "Counters-v0", env.single_observation_space, env.single_action_space, "ppo")
+    raw = [Counters(kind).observation_space.sample() for _ in range(30)]  # as the env gives them
+    trained_on = torch.as_tensor(np.asarray(raw) - [-1, 5])  # what the training env hands the network
+    with set_exploration_type(ExplorationType.DETERMINISTIC):
+        expected = policy(TensorDict(observation=trained_on, batch_size=[30]))["action"].numpy()
+    assert (agent.predict(raw) == expected).all()
+    assert agent.predict(raw[0]) == expected[0]
+    with pytest.raises(InputError, match="outside the agent's observation space"):
+        agent.predict(trained_on.numpy()[:, ::-1] + 10)
+
+
+def test_a_tuple_of_discrete_observations_is_read_as_multi_discrete():
+    env = DiscreteTuple(gym.make("Blackjack-v1"))
+    assert env.observation_space == gym.spaces.MultiDiscrete([32, 11, 2])
+    observation, _ = env.reset(seed=0)
+    assert observation.dtype == np.int64 and observation in env.observation_space
+    assert not is_discrete_tuple(gym.spaces.Tuple((gym.spaces.Discrete(2), gym.spaces.Box(0, 1))))
+    with pytest.raises(InputError, match="Tuple observations of Discrete spaces"):
+        DiscreteTuple(gym.make("CartPole-v1"))
+    spec = make_env("Blackjack-v1", num_envs=2).observation_spec["observation"]
+    assert isinstance(spec, MultiCategorical) and spec.shape == (2, 3)
+
+
+@pytest.mark.parametrize(
+    "space",
+    [gym.spaces.MultiDiscrete([[2, 3], [4, 5]]), gym.spaces.MultiBinary([2, 3])],
+    ids=["multi_discrete_2d", "multi_binary_2d"],
+)
+def test_discrete_observations_of_several_dims_are_flattened(space):
+    spec = space_to_spec(space, 4)
+    encoder, width = observation_encoder(spec, normalize=False)
+    assert width == encoder_width(spec) == (14 if isinstance(space, gym.spaces.MultiDiscrete) else 6)
+    features = encoder(spec.rand())
+    assert features.shape == (4, width) and features.dtype == torch.float32
+    if isinstance(space, gym.spaces.MultiDiscrete):
+        assert (features.sum(-1) == 4).all()  # one hot value per component
+
+
+def test_tuple_and_dict_action_spaces_are_refused_naming_the_spaces_that_work():
+    class TupleActions(Counters):
+        action_space = gym.spaces.Tuple((gym.spaces.Discrete(2), gym.spaces.Discrete(3)))
+
+    with pytest.raises(
+        InputError,
+        match=r"Action space Tuple\(Discrete\(2\), Discrete\(3\)\) is not supported.*MultiDiscrete",
+    ):
+        make_env(TupleActions())

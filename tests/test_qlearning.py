@@ -10,7 +10,7 @@ import pytest
 import space_envs  # noqa: F401 - registers Sign-v0
 import torch
 from tensordict import TensorDict
-from torchrl.data import Bounded, Categorical
+from torchrl.data import Binary, Bounded, Categorical, MultiCategorical
 from torchrl.objectives import DQNLoss, ValueEstimators
 
 from agents import Agent
@@ -163,9 +163,53 @@ def test_spaces_a_table_cannot_hold_raise_input_errors(env_id, grid_size, messag
         qlearning.main(tiny_qlearning(output_dir, env_id, grid_size=grid_size))
 
 
-def test_multi_discrete_observations_are_refused_with_a_way_out():
+def test_observation_spaces_without_a_table_are_refused_with_a_way_out():
     with pytest.raises(InputError, match=r"numbers the observations 0..n-1 with a Discrete\(n\)"):
-        qlearning.check_spaces("Grid-v0", gym.spaces.MultiDiscrete([3, 4]), gym.spaces.Discrete(2), None)
+        qlearning.check_spaces("Text-v0", gym.spaces.Text(4), gym.spaces.Discrete(2), None)
+    qlearning.check_spaces("Grid-v0", gym.spaces.MultiDiscrete([3, 4]), gym.spaces.Discrete(2), None)
+
+
+def test_multi_discrete_and_multi_binary_observations_get_a_row_per_combination():
+    actions = Categorical(2, shape=(3,))
+    grid = MultiCategorical(
+        torch.tensor([[2, 3], [4, 5]]).expand(3, 2, 2), shape=(3, 2, 2), dtype=torch.int64
+    )
+    table = make_q_table(grid, actions)
+    cells = table(
+        TensorDict(
+            observation=torch.tensor([[[0, 0], [0, 0]], [[1, 2], [3, 4]], [[0, 0], [0, 1]]]), batch_size=[3]
+        )
+    )
+    assert cells["cell"].tolist() == [0, 2 * 3 * 4 * 5 - 1, 1]
+    assert cells["action_value"].shape == (3, 2)
+    bits = make_q_table(Binary(n=3, shape=(3, 3), dtype=torch.int8), actions)
+    cells = bits(
+        TensorDict(
+            observation=torch.tensor([[0, 0, 0], [1, 1, 1], [1, 0, 0]], dtype=torch.int8), batch_size=[3]
+        )
+    )
+    assert cells["cell"].tolist() == [0, 7, 4]
+    with pytest.raises(InputError, match="drop it for MultiDiscrete or MultiBinary"):
+        make_q_table(grid, actions, grid_size=4)
+
+
+@pytest.mark.learning
+def test_qlearning_learns_blackjack_from_its_tuple_observations(output_dir):
+    # Blackjack-v1 observes Tuple(Discrete(32), Discrete(11), Discrete(2)), read as MultiDiscrete: 704 rows
+    config = quiet(
+        qlearning.QLearningConfig(),
+        output_dir,
+        env_id="Blackjack-v1",
+        total_frames=50_000,
+        eval_every=50_000,
+        stop_at_return=float("inf"),
+    )
+    qlearning.main(config)
+    agent = Agent.load(output_dir)
+    assert isinstance(agent.observation_space, gym.spaces.MultiDiscrete)
+    result = agent.evaluate(episodes=2_000, seed=0)
+    assert result.mean >= -0.15  # a random policy: about -0.4; the best: about -0.05
+    assert agent.predict((21, 10, 0)) == 0  # stick on 21
 
 
 def test_invalid_hyperparameters_raise_input_errors(output_dir):
