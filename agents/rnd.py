@@ -17,7 +17,7 @@ import torch
 from tensordict import TensorDictBase
 from tensordict.utils import NestedKey
 from torch import nn
-from torchrl.data import Binary, Categorical, TensorSpec
+from torchrl.data import Categorical, TensorSpec
 from torchrl.envs.transforms import RunningMeanStd
 from torchrl.objectives import RNDLoss
 
@@ -34,7 +34,8 @@ def make_rnd_networks(
     embedding_dim: int = 64,
     activation: str = "relu",
 ) -> tuple[nn.Module, nn.Module]:
-    """Build the target and predictor networks of RND for Box observations (integer ones read as floats).
+    """Build the target and predictor networks of RND for Box observations (integer ones, MultiDiscrete and
+    MultiBinary read as floats).
 
     As in the paper, the predictor is deeper than the target (one more hidden layer), so that it can fit the
     target's features on the states it is trained on without being a copy of it.
@@ -50,7 +51,7 @@ def make_rnd_networks(
         ``(target_network, predictor_network)``, plain modules mapping observations to embeddings.
 
     Raises:
-        InputError: for Discrete or MultiDiscrete observations and uint8 images.
+        InputError: for Discrete observations and uint8 images.
 
     Examples:
         >>> from envs import make_env
@@ -59,10 +60,10 @@ def make_rnd_networks(
         >>> predictor(env.reset()["observation"]).shape
         torch.Size([2, 32])
     """
-    if isinstance(observation_spec, Categorical) and not isinstance(observation_spec, Binary):
+    if type(observation_spec) is Categorical:  # not its subclasses MultiCategorical and Binary
         raise InputError(
-            "RND reads Box observations (MultiBinary too); one-hot encode Discrete and MultiDiscrete ones with a "
-            "gymnasium.ObservationWrapper."
+            "RND reads Box, MultiDiscrete and MultiBinary observations as arrays of numbers; one-hot encode "
+            "Discrete ones with a gymnasium.ObservationWrapper."
         )
     if image_layout(observation_spec) is not None:
         raise InputError("RND's networks are MLPs: uint8 image observations are not supported here.")

@@ -134,7 +134,9 @@ def test_recipes_whose_networks_read_one_array_refuse_dict_observations(output_d
         rnd_ppo.main(config)
     config = qlearning.QLearningConfig()
     quiet(config, output_dir, env_id=ENV_ID, total_frames=256)
-    with pytest.raises(InputError, match="Tabular Q-learning reads Discrete, MultiDiscrete or MultiBinary observations"):
+    with pytest.raises(
+        InputError, match="Tabular Q-learning reads Discrete, MultiDiscrete or MultiBinary observations"
+    ):
         qlearning.main(config)
 
 

@@ -113,6 +113,8 @@ def test_integer_box_observations_are_normalised_as_floats():
     assert data["next", "observation"].dtype == torch.int64
     data = rnd.add_intrinsic_reward(data)
     assert data["next", "intrinsic_reward"].dtype == torch.float32
+    target, _ = make_rnd_networks(make_env("Blackjack-v1").observation_spec["observation"])  # MultiDiscrete
+    assert target(torch.zeros(2, 3)).shape == (2, 64)
     assert torch.isfinite(data["next", "intrinsic_reward"]).all()
     assert torch.isfinite(rnd(data)["loss_predictor"])
 
