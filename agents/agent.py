@@ -730,8 +730,11 @@ class Agent(nn.Module):
                 env_wrappers=metadata.get("env_wrappers") or [],
             )
             agent.allowed_wrappers = set(allow_wrappers)
-        except InputError:
-            raise
+        except InputError as error:
+            if str(path) in str(error):
+                raise
+            # a builder's refusal of an option (--hidden-sizes ...), read here from the file's description
+            raise InputError(f"{path} has an invalid agent description: {error}") from None
         except Exception as error:  # noqa: BLE001 - a forged description fails the builders in many ways
             raise InputError(
                 f"{path} has an incomplete or invalid agent description ({type(error).__name__}: "

@@ -40,7 +40,7 @@ from torchrl.envs.utils import ExplorationType, exploration_type, set_exploratio
 from torchrl.modules import MLP, ProbabilisticActor
 from torchrl.modules.models.exploration import gSDEModule
 
-from agents.networks import ACTIVATIONS, encoder_width, is_float_box, observation_encoder
+from agents.networks import ACTIVATIONS, check_mlp_options, encoder_width, is_float_box, observation_encoder
 from envs.vector import GymnasiumVectorEnv
 from errors import InputError
 
@@ -267,8 +267,7 @@ def make_gsde_actor(
             "gSDE (--use-sde) needs a bounded one-dimensional Box action space, got "
             f"{type(action_spec).__name__} of shape {tuple(action_spec.shape[1:])}."
         )
-    if activation not in ACTIVATIONS:
-        raise InputError(f"Unknown activation {activation!r}; choose one of {sorted(ACTIVATIONS)}.")
+    check_mlp_options(hidden_sizes, activation)
     if encoder is None:
         encoder, in_features = observation_encoder(observation_spec, normalize_obs)
     else:

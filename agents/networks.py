@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import numbers
 import weakref
 from collections.abc import Sequence
 
@@ -475,10 +476,21 @@ def action_mask_kwargs(env: EnvBase) -> dict[str, bool]:
     return {"action_mask": True} if ACTION_MASK_KEY in env.observation_spec.keys() else {}  # noqa: SIM118 - a Composite spec
 
 
-def make_mlp(in_features: int, out_features: int, hidden_sizes: Sequence[int], activation: str) -> MLP:
-    """A TorchRL ``MLP`` with the named activation between layers and none on the output."""
+def check_mlp_options(hidden_sizes: Sequence[int], activation: str) -> None:
+    """Raise :class:`InputError` for an unknown activation or a hidden width that is not a positive integer."""
     if activation not in ACTIVATIONS:
         raise InputError(f"Unknown activation {activation!r}; choose one of {sorted(ACTIVATIONS)}.")
+    if any(
+        isinstance(size, bool) or not isinstance(size, numbers.Integral) or size < 1 for size in hidden_sizes
+    ):
+        raise InputError(
+            f"--hidden-sizes must be positive integers (units per hidden layer), got {list(hidden_sizes)}."
+        )
+
+
+def make_mlp(in_features: int, out_features: int, hidden_sizes: Sequence[int], activation: str) -> MLP:
+    """A TorchRL ``MLP`` with the named activation between layers and none on the output."""
+    check_mlp_options(hidden_sizes, activation)
     return MLP(
         in_features=in_features,
         out_features=out_features,

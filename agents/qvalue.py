@@ -32,7 +32,7 @@ from torchrl.objectives.value.functional import td0_return_estimate
 
 from agents.actor_critic import ForeachSoftUpdate
 from agents.fast_paths import flat_select, unrolled
-from agents.networks import ACTIVATIONS, observation_encoder
+from agents.networks import ACTIVATIONS, check_mlp_options, observation_encoder
 from agents.options import Options
 from envs.specs import ACTION_MASK_KEY
 from errors import InputError, check_ranges
@@ -190,8 +190,7 @@ def make_q_network(
             ``"independent"`` (:class:`IndependentNoisyLinear`) Gaussian noise.
         num_atoms: the atoms of a distributional (C51) network; None for one value per action.
     """
-    if activation not in ACTIVATIONS:
-        raise InputError(f"Unknown activation {activation!r}; choose one of {sorted(ACTIVATIONS)}.")
+    check_mlp_options(hidden_sizes, activation)
     if noisy_type not in NOISY_LAYERS:
         raise InputError(f"Unknown noisy type {noisy_type!r}; choose one of {sorted(NOISY_LAYERS)}.")
     encoder, in_features = observation_encoder(observation_spec, normalize_obs)

@@ -181,15 +181,15 @@ class A2CConfig(Options):
         loss, optim = self.loss, self.optim
         require_positive(steps_per_env=self.collector.steps_per_env)
         check_ranges(
-            lr=(optim.lr, "> 0"),
+            lr=(optim.lr, "(0, inf)"),
             max_grad_norm=(optim.max_grad_norm, "> 0"),
             gamma=(loss.gamma, "(0, 1]"),
             gae_lambda=(loss.gae_lambda, "[0, 1]"),  # None: n-step returns
             entropy_coef=(loss.entropy_coef, ">= 0"),
-            critic_coef=(loss.critic_coef, "> 0"),
-            reward_scale=(loss.reward_scale, "> 0"),
-            critic_lr=(optim.critic_lr, "> 0"),
-            optimizer_eps=(optim.optimizer_eps, "> 0"),
+            critic_coef=(loss.critic_coef, "(0, inf)"),
+            reward_scale=(loss.reward_scale, "(0, inf)"),
+            critic_lr=(optim.critic_lr, "(0, inf)"),
+            optimizer_eps=(optim.optimizer_eps, "(0, inf)"),
         )
         check_sde_options(self.network.use_sde, self.network.sde_sample_freq)
         if self.network.use_sde:

@@ -135,7 +135,7 @@ class DDPGConfig(Options):
         check_batch_fits_buffer(buffer.batch_size, buffer.buffer_size)
         if self.network.noise == "ou":
             single_collector_only(self.run, "--noise ou")
-        check_ranges(ou_theta=(self.network.ou_theta, "> 0"))
+        check_ranges(ou_theta=(self.network.ou_theta, "(0, inf)"))
 
 
 @recipe_main

@@ -220,8 +220,8 @@ class DQNConfig(Options):
             target_update_interval=loss.target_update_interval,
         )
         check_ranges(
-            lr=(optim.lr, "> 0"),
-            adam_eps=(optim.adam_eps, "> 0"),
+            lr=(optim.lr, "(0, inf)"),
+            adam_eps=(optim.adam_eps, "(0, inf)"),
             max_grad_norm=(optim.max_grad_norm, "> 0"),
             gamma=(loss.gamma, "(0, 1]"),
             tau=(loss.tau, "(0, 1]"),

@@ -123,7 +123,9 @@ class ESConfig(Options):
                 f"--num-envs is the ES population and must be even (antithetic pairs), got {self.run.num_envs}."
             )
         check_ranges(
-            sigma=(search.sigma, "> 0"), lr=(optim.lr, "> 0"), weight_decay=(optim.weight_decay, ">= 0")
+            sigma=(search.sigma, "(0, inf)"),
+            lr=(optim.lr, "(0, inf)"),
+            weight_decay=(optim.weight_decay, ">= 0"),
         )
         if self.run.collector_backend == "multiprocess":
             raise InputError(

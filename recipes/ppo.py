@@ -202,15 +202,15 @@ def check_ppo_options(
         minibatch_size=optim.minibatch_size,
     )
     check_ranges(
-        lr=(optim.lr, "> 0"),
+        lr=(optim.lr, "(0, inf)"),
         max_grad_norm=(optim.max_grad_norm, "> 0"),
         gamma=(loss.gamma, "(0, 1]"),
         gae_lambda=(loss.gae_lambda, "[0, 1]"),
         clip_epsilon=(loss.clip_epsilon, "> 0"),
         entropy_coef=(loss.entropy_coef, ">= 0"),
         critic_coef=(loss.critic_coef, ">= 0"),
-        critic_lr=(optim.critic_lr, "> 0"),
-        adam_eps=(optim.adam_eps, "> 0"),
+        critic_lr=(optim.critic_lr, "(0, inf)"),
+        adam_eps=(optim.adam_eps, "(0, inf)"),
         clip_value=(loss.clip_value, "> 0"),
     )
     frames_per_batch = run.num_envs * collector.steps_per_env

@@ -130,7 +130,7 @@ class ReinforceConfig(Options):
             episodes_per_update=self.collector.episodes_per_update, steps_per_env=self.collector.steps_per_env
         )
         check_ranges(
-            lr=(self.optim.lr, "> 0"),
+            lr=(self.optim.lr, "(0, inf)"),
             gamma=(self.loss.gamma, "(0, 1]"),
             entropy_coef=(self.loss.entropy_coef, ">= 0"),
         )

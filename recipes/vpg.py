@@ -142,8 +142,8 @@ class VPGConfig(Options):
             episodes_per_update=self.collector.episodes_per_update, steps_per_env=self.collector.steps_per_env
         )
         check_ranges(
-            lr=(optim.lr, "> 0"),
-            critic_lr=(optim.critic_lr, "> 0"),
+            lr=(optim.lr, "(0, inf)"),
+            critic_lr=(optim.critic_lr, "(0, inf)"),
             gamma=(loss.gamma, "(0, 1]"),
             baseline_rate=(loss.baseline_rate, "(0, 1]"),
             entropy_coef=(loss.entropy_coef, ">= 0"),

@@ -183,8 +183,8 @@ def test_es_generations_move_theta_and_are_reproducible(output_dir, tmp_path):
     "change,message",
     [
         ({"run.num_envs": 7}, "must be even"),
-        ({"search.sigma": 0.0}, "--sigma must be > 0"),
-        ({"optim.lr": -1.0}, "--lr must be > 0"),
+        ({"search.sigma": 0.0}, "--sigma must be in .0, inf."),
+        ({"optim.lr": -1.0}, "--lr must be in .0, inf."),
         ({"optim.weight_decay": -0.1}, "--weight-decay must be >= 0"),
         ({"search.episodes_per_member": 0}, "--episodes-per-member must be a positive integer"),
         ({"run.collector_backend": "ray", "run.num_workers": 3}, "must split evenly over --num-workers 3"),

@@ -224,7 +224,12 @@ def test_cli_help_documents_the_common_options():
     [
         (["--env-id", "NoSuchEnv-v0"], "Unknown Gymnasium env id 'NoSuchEnv-v0'"),
         (["--total-frames", "-5"], "--total-frames must be a positive integer"),
-        (["--lr", "-1"], "--lr must be > 0"),
+        (["--lr", "-1"], "--lr must be in (0, inf)"),
+        (["--lr", "inf"], "--lr must be in (0, inf), got inf"),
+        (
+            ["--hidden-sizes", "64", "0"],
+            "--hidden-sizes must be positive integers (units per hidden layer), got [64, 0]",
+        ),
         (["--gamma", "1.5"], "--gamma must be in (0, 1]"),
         (
             ["--device", "cuda:3"],
@@ -256,3 +261,27 @@ def test_evaluate_command(output_dir):
         for line in result.stderr.strip().splitlines()
         if line.startswith("error: Unknown Gymnasium env id")
     ]
+
+
+def test_every_network_builder_refuses_hidden_sizes_that_are_not_positive_integers():
+    from agents import make_q_actor
+    from agents.continuous import make_qvalue_critic
+    from agents.gsde import make_gsde_actor
+    from agents.networks import make_actor
+    from envs import make_env
+
+    discrete, box = make_env("CartPole-v1"), make_env("Pendulum-v1")
+    builders = [
+        lambda sizes: make_actor(discrete.observation_spec["observation"], discrete.action_spec, sizes),
+        lambda sizes: make_q_actor(discrete.observation_spec["observation"], discrete.action_spec, sizes),
+        lambda sizes: make_q_actor(
+            discrete.observation_spec["observation"], discrete.action_spec, sizes, dueling=True
+        ),
+        lambda sizes: make_qvalue_critic(box.observation_spec["observation"], box.action_spec, sizes),
+        lambda sizes: make_gsde_actor(box.observation_spec["observation"], box.action_spec, sizes),
+    ]
+    for build in builders:
+        build([8, 8])
+        for sizes in ([0], [8, -3], [8.5], [True]):
+            with pytest.raises(InputError, match="--hidden-sizes must be positive integers"):
+                build(sizes)

@@ -180,7 +180,8 @@ class OffPolicyCollectorConfig(Options):
         """Raise :class:`InputError` for values outside their meaningful range."""
         require_positive(steps_per_env=self.steps_per_env)
         check_ranges(
-            updates_per_frame=(self.updates_per_frame, "> 0"), learning_starts=(self.learning_starts, ">= 0")
+            updates_per_frame=(self.updates_per_frame, "(0, inf)"),
+            learning_starts=(self.learning_starts, ">= 0"),
         )
 
     def updates_per_batch(self, frames_per_batch: int) -> int:

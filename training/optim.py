@@ -35,9 +35,9 @@ class OffPolicyOptimConfig(Options):
 
     def validate(self) -> None:
         check_ranges(
-            lr=(self.lr, "> 0"),
-            actor_lr=(self.actor_lr, "> 0"),
-            adam_eps=(self.adam_eps, "> 0"),
+            lr=(self.lr, "(0, inf)"),
+            actor_lr=(self.actor_lr, "(0, inf)"),
+            adam_eps=(self.adam_eps, "(0, inf)"),
             max_grad_norm=(self.max_grad_norm, "> 0"),
         )
 
