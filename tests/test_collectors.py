@@ -228,6 +228,12 @@ def test_a_budget_below_one_batch_says_how_many_frames_it_collects(recipe, tmp_p
     assert summary["frames"] == 64
 
 
+def test_more_envs_than_frames_is_refused_before_any_env_is_built():
+    with pytest.raises(InputError, match="--num-envs 100000000 is more than --total-frames 50000"):
+        RunConfig(num_envs=100_000_000, total_frames=50_000).validate()
+    RunConfig(num_envs=8, total_frames=8).validate()
+
+
 def test_a_budget_of_whole_batches_runs_without_the_warning(tmp_path):
     config = quiet(ppo.PPOConfig(), tmp_path, total_frames=64, eval_episodes=1)
     config.run.num_envs, config.collector.steps_per_env = 2, 32

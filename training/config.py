@@ -163,6 +163,11 @@ class RunConfig(Options):
             eval_every=self.eval_every,
             eval_episodes=self.eval_episodes,
         )
+        if self.num_envs > self.total_frames:  # a typo's hundred million envs would be built before failing
+            raise InputError(
+                f"--num-envs {self.num_envs} is more than --total-frames {self.total_frames}: each env takes at "
+                "least one step, so some would never be used; lower --num-envs or raise --total-frames."
+            )
         if self.checkpoint_every is not None:
             require_positive(checkpoint_every=self.checkpoint_every)
         if self.stop_at_return is not None and math.isnan(self.stop_at_return):
