@@ -223,12 +223,12 @@ def make_q_table(
             raise InputError(
                 "--grid-size cuts Box observations into cells; drop it for MultiDiscrete or MultiBinary observations."
             )
+        shape = observation_spec.shape[1:]
         sizes = (
             multi_discrete_sizes(observation_spec)
             if isinstance(observation_spec, MultiCategorical)
-            else [2] * observation_spec.shape[1:].numel()
+            else [2] * shape.numel()
         )
-        shape = observation_spec.shape[1:]
         encoder = IntegerCells(torch.zeros(shape, dtype=torch.int64), torch.tensor(sizes).reshape(shape) - 1)
         num_states = encoder.num_cells
     elif isinstance(observation_spec, Categorical):
