@@ -26,7 +26,7 @@ from torch import nn
 
 from errors import InputError
 from training.optim import clip_and_step
-from training.replay import _entries, _gather
+from training.replay import gather_rows, plain_entries
 
 LossFunction = Callable[[TensorDictBase], tuple[torch.Tensor, TensorDictBase]]
 """``minibatch -> (total loss to minimise, detached metrics to log)``."""
@@ -266,14 +266,14 @@ class EpochMinibatches:
         if self._pending is not None and self._pending.device != items.device:  # resumed onto another device
             self._pending = self._pending.to(items.device)
         # plain tensors in plain TensorDicts: each entry gathered with index_select, as items[index] gathers them
-        plain = type(items) is TensorDict and _entries(items, items.batch_size) is not None
+        plain = type(items) is TensorDict and plain_entries(items, items.batch_size) is not None
         for _ in range(count):
             if self._pending is None or self._length != length:
                 self._pending, self._length = torch.randperm(length, device=items.device), length
             index, self._pending = self._pending[: self.size], self._pending[self.size :]
             if len(self._pending) < self.size:  # the epoch is over: the next one's permutation, drawn now
                 self._pending = torch.randperm(length, device=self._pending.device)
-            yield _gather(items, index) if plain else items[index]
+            yield gather_rows(items, index) if plain else items[index]
 
     def state_dict(self) -> dict[str, Any]:
         return {"pending": self._pending, "length": self._length}

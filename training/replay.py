@@ -69,7 +69,7 @@ class LeanReplayBuffer(TensorDictReplayBuffer):
         stored = self._storage._storage
         if type(stored._tensordict.get(INDEX_KEY)) is not torch.Tensor:
             return None
-        entries = _entries(stored, stored.batch_size)
+        entries = plain_entries(stored, stored.batch_size)
         if entries is None:
             return None
         return [(key, value) for key, value in entries if key != (INDEX_KEY,)]
@@ -86,7 +86,7 @@ class LeanReplayBuffer(TensorDictReplayBuffer):
             <= self._storage.max_size  # larger: rows overwrite each other, as TorchRL does
         ):
             return None
-        entries = _entries(data, data.batch_size)
+        entries = plain_entries(data, data.batch_size)
         if entries is None:
             return None
         return _in_order(entries, stored, self.priority_key)
@@ -180,7 +180,7 @@ class LeanReplayBuffer(TensorDictReplayBuffer):
             index = torch.randint(
                 0, storage._len, (batch_size,), generator=storage._rng, device=storage.device
             )
-            data = _gather(storage._storage, index, skip=INDEX_KEY)
+            data = gather_rows(storage._storage, index, skip=INDEX_KEY)
         return data, {INDEX_KEY: index}
 
 
@@ -219,7 +219,7 @@ def _write_rows(whole: torch.Tensor, start: int, value: torch.Tensor) -> None:
         whole.narrow(0, start, rows).copy_(value)
 
 
-def _entries(data: TensorDict, batch_size: torch.Size, prefix: tuple[str, ...] = ()) -> list | None:
+def plain_entries(data: TensorDict, batch_size: torch.Size, prefix: tuple[str, ...] = ()) -> list | None:
     """Every tensor of ``data`` with its key path, when ``data`` is plain tensors in plain TensorDicts of
     ``batch_size`` without dimension names; else None."""
     if data.batch_size != batch_size or data._has_names():
@@ -229,7 +229,7 @@ def _entries(data: TensorDict, batch_size: torch.Size, prefix: tuple[str, ...] =
         if type(value) is torch.Tensor:
             entries.append((prefix + (name,), value))
         elif type(value) is TensorDict:
-            nested = _entries(value, batch_size, prefix + (name,))
+            nested = plain_entries(value, batch_size, prefix + (name,))
             if nested is None:
                 return None
             entries.extend(nested)
@@ -238,14 +238,14 @@ def _entries(data: TensorDict, batch_size: torch.Size, prefix: tuple[str, ...] =
     return entries
 
 
-def _gather(data: TensorDict, index: torch.Tensor, skip: str | None = None) -> TensorDict:
-    """``data[index]`` for a 1-D ``index`` along the first dimension, for the TensorDicts :func:`_entries`
+def gather_rows(data: TensorDict, index: torch.Tensor, skip: str | None = None) -> TensorDict:
+    """``data[index]`` for a 1-D ``index`` along the first dimension, for the TensorDicts :func:`plain_entries`
     accepts, without ``skip``."""
     return TensorDict._new_unsafe(
         {
             name: torch.index_select(value, 0, index)
             if type(value) is torch.Tensor
-            else _gather(value, index)
+            else gather_rows(value, index)
             for name, value in data._tensordict.items()
             if name != skip
         },
