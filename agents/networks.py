@@ -423,12 +423,22 @@ def is_float_box(action_spec: TensorSpec) -> bool:
     return isinstance(action_spec, Bounded | Unbounded) and action_spec.dtype.is_floating_point
 
 
+def fixed_action_dims(action_spec: TensorSpec) -> list[int]:
+    """The dims of a Box action spec whose low equals high (a fixed value: no range to squash a policy into)."""
+    if not isinstance(action_spec, Bounded) or not action_spec.dtype.is_floating_point:
+        return []
+    low, high = action_spec.space.low, action_spec.space.high
+    flat = (low >= high).reshape(-1, *action_spec.shape[-1:]).any(0)
+    return flat.nonzero().flatten().tolist()
+
+
 def box_policy_kwargs(
     action_spec: TensorSpec, log_std_init: float = 0.0, squash: bool = True, use_sde: bool = False
 ) -> dict[str, float | bool]:
     """The policy builder's keywords for a PPO/A2C/REINFORCE/VPG policy's Box options: the first scale
     (:func:`initial_scale_kwargs`) and, for :func:`make_actor`, ``squash=False`` (an unbounded Gaussian that the
-    env clips) when asked, and always for a Box with an infinite bound, which has no range to squash into. A gSDE
+    env clips) when asked, and always for a Box with an infinite bound or a fixed dim (low equal to high), which
+    have no range to squash into. A gSDE
     policy is unsquashed already, so ``squash`` adds nothing to it.
 
     Raises:
@@ -437,7 +447,8 @@ def box_policy_kwargs(
     kwargs: dict[str, float | bool] = dict(initial_scale_kwargs(log_std_init, action_spec, use_sde))
     if not squash and not is_float_box(action_spec):
         raise InputError("--no-squash makes a Box action policy unbounded; drop it for these actions.")
-    if (not squash or isinstance(action_spec, Unbounded)) and is_float_box(action_spec) and not use_sde:
+    unbounded = isinstance(action_spec, Unbounded) or bool(fixed_action_dims(action_spec))
+    if (not squash or unbounded) and is_float_box(action_spec) and not use_sde:
         kwargs["squash"] = False
     return kwargs
 
@@ -623,6 +634,13 @@ def make_actor(
             raise InputError(
                 "A Box action space with an infinite bound has no range to squash the policy into: build it "
                 "with squash=False (a Gaussian whose actions the env clips to the finite bounds)."
+            )
+        if squash and (fixed := fixed_action_dims(action_spec)):
+            raise InputError(
+                f"Box action dims {fixed} have low equal to high (a fixed value), and a tanh-normal policy needs "
+                "high > low in every dim: drop those dims from the env's action space (a gymnasium.ActionWrapper), "
+                "build the policy with squash=False (recipes.ppo, a2c, reinforce, vpg and rnd_ppo do so by "
+                "themselves), or use recipes.td3 or recipes.ddpg, whose deterministic policy keeps them at their value."
             )
         action_dim = action_spec.shape[-1]
         if state_dependent_scale:

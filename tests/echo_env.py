@@ -29,6 +29,12 @@ class MixedBoundsEcho(EchoAction):
     action_space = gym.spaces.Box(np.array([-1.0, -np.inf], np.float32), np.array([1.0, np.inf], np.float32))
 
 
+class FixedDimEcho(EchoAction):
+    """EchoAction whose second action dim is fixed, ``[-1, 1] x [0.5, 0.5]`` (low equal to high)."""
+
+    action_space = gym.spaces.Box(np.array([-1.0, 0.5], np.float32), np.array([1.0, 0.5], np.float32))
+
+
 class Reach(gym.Env):
     """Say a number: the observation is a target in [-4, 4], the reward minus the action's distance to it, with an
     action space unbounded both ways (``Box(-inf, inf, (1,))``); ten steps an episode, a new target each step."""
@@ -48,4 +54,5 @@ class Reach(gym.Env):
 
 
 gym.register("MixedBoundsEcho-v0", entry_point=MixedBoundsEcho, max_episode_steps=20)
+gym.register("FixedDimEcho-v0", entry_point=FixedDimEcho, max_episode_steps=20)
 gym.register("Reach-v0", entry_point=Reach, max_episode_steps=10)

@@ -16,7 +16,7 @@ from torchrl.modules import IndependentNormal, TanhNormal
 
 from agents import Agent, make_actor
 from agents.gsde import clip_env_actions, clips_actions
-from agents.networks import box_policy_kwargs
+from agents.networks import box_policy_kwargs, fixed_action_dims
 from envs import make_env
 from errors import InputError
 from recipes import a2c, ppo, rnd_ppo, sac, td3
@@ -175,6 +175,29 @@ def test_a_box_with_an_infinite_bound_gets_an_unsquashed_gaussian_and_the_squash
         with pytest.raises(InputError) as error:
             recipe.main(config)
         assert "has an infinite bound" in str(error.value) and "\n" not in str(error.value)
+
+
+def test_a_box_with_a_fixed_dim_gets_an_unsquashed_gaussian_that_acts_at_its_value_and_sac_refuses_it(
+    tmp_path,
+):
+    env = make_env("echo_env:FixedDimEcho-v0", num_envs=2)
+    spec = env.action_spec
+    assert fixed_action_dims(spec) == [1]
+    assert box_policy_kwargs(spec) == {"squash": False}
+    with pytest.raises(InputError, match=r"Box action dims \[1\] have low equal to high"):
+        make_actor(env.observation_spec["observation"], spec)
+    env.close()
+    config = quiet(ppo.PPOConfig(), tmp_path / "ppo", env_id="echo_env:FixedDimEcho-v0", total_frames=64)
+    config.collector.steps_per_env, config.optim.minibatch_size, config.run.eval_episodes = 32, 32, 1
+    ppo.main(config)
+    agent = Agent.load(tmp_path / "ppo")
+    assert agent.policy_kwargs["squash"] is False
+    actions = agent.predict(np.random.default_rng(0).uniform(-1, 1, (16, 2)).astype(np.float32))
+    assert (actions[:, 1] == 0.5).all() and (np.abs(actions[:, 0]) <= 1.0).all()
+    config = quiet(sac.SACConfig(), tmp_path / "sac", env_id="echo_env:FixedDimEcho-v0", total_frames=64)
+    with pytest.raises(InputError, match="low equal to high") as error:
+        sac.main(config)
+    assert "\n" not in str(error.value)
 
 
 def test_the_training_env_clips_only_the_finite_bounds_of_a_box_with_an_infinite_one():
