@@ -135,7 +135,7 @@ class PopulationNetwork(nn.Module):
             raise ValueError(
                 f"A batch of {inputs.shape[0]} inputs does not split into {population_size} parameter sets."
             )
-        grouped = inputs.reshape(population_size, -1, *inputs.shape[1:])
+        grouped = inputs.reshape(population_size, inputs.shape[0] // population_size, *inputs.shape[1:])
         outputs = self._forward_all(self.population, grouped)
         return outputs.reshape(inputs.shape[0], *outputs.shape[2:])
 

@@ -276,6 +276,18 @@ class DictEncoder(nn.Module):
             find_normalizer(self.encoders[key]).update(observations.get(key))
 
 
+def require_observation_values(observation_spec: TensorSpec, algorithm: str) -> None:
+    """Raise :class:`InputError` if the observations hold no value at all (a Box of shape ``(0,)``: a bandit),
+    which ``algorithm`` cannot train on (TorchRL's SACLoss, RND's novelty); the other recipes can (a bias is a
+    policy)."""
+    if observation_spec.shape[1:].numel() == 0:
+        raise InputError(
+            f"{algorithm} needs at least one observation value; this env's observations are empty (shape "
+            f"{tuple(observation_spec.shape[1:])}). Observe a constant (a Box of shape (1,) that is always 0), or "
+            "use recipes.ppo, a2c, dqn, td3, ddpg, reinforce, vpg or es, which train on empty observations (a bandit)."
+        )
+
+
 def observation_encoder(observation_spec: TensorSpec, normalize: bool) -> tuple[nn.Module, int]:
     """Return the input layer for observations of ``observation_spec`` and the width it outputs.
 

@@ -21,7 +21,7 @@ from torchrl.data import Categorical, TensorSpec
 from torchrl.envs.transforms import RunningMeanStd
 from torchrl.objectives import RNDLoss
 
-from agents.networks import as_vector, image_layout, make_mlp
+from agents.networks import as_vector, image_layout, make_mlp, require_observation_values
 from errors import InputError
 
 INTRINSIC_REWARD_KEY = "intrinsic_reward"
@@ -51,7 +51,7 @@ def make_rnd_networks(
         ``(target_network, predictor_network)``, plain modules mapping observations to embeddings.
 
     Raises:
-        InputError: for Discrete observations and uint8 images.
+        InputError: for Discrete, empty and uint8 image observations.
 
     Examples:
         >>> from envs import make_env
@@ -65,6 +65,7 @@ def make_rnd_networks(
             "RND reads Box, MultiDiscrete and MultiBinary observations as arrays of numbers; one-hot encode "
             "Discrete ones with a gymnasium.ObservationWrapper."
         )
+    require_observation_values(observation_spec, "RND")
     if image_layout(observation_spec) is not None:
         raise InputError("RND's networks are MLPs: uint8 image observations are not supported here.")
     if observation_spec.dtype.is_complex or observation_spec.dtype == torch.bool:

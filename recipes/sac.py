@@ -50,6 +50,7 @@ from agents import (
 from agents.continuous import check_box_actions, default_target_entropy
 from agents.gsde import check_sde_options, make_gsde_env
 from agents.loss_addons import LossAddon, LossAddonConfig, addon_losses, build_loss_addons, split_parameters
+from agents.networks import require_observation_values
 from agents.options import Options, defaults
 from errors import InputError
 from training import (
@@ -234,12 +235,13 @@ def main(
             "recipes.sac.apply_discrete_settings(config)).",
             stacklevel=2,
         )
-    if not discrete:
-        try:
+    try:
+        require_observation_values(env.observation_spec["observation"], "SAC")
+        if not discrete:
             check_box_actions(env.action_spec, "SAC")
-        except InputError:
-            env.close()
-            raise
+    except InputError:
+        env.close()
+        raise
     action_dim = env.action_spec.shape[-1] if not discrete else env.action_spec.space.n
     observation_spec = env.observation_spec["observation"]
 

@@ -1,7 +1,8 @@
 """Envs whose observations take the less common Box forms: images channels last ``(H, W, 3)``, grayscale ``(H,
 W)`` or two stacked RGB frames ``(2, H, W, 3)`` (``Look-v0``), a scalar Box ``()`` and an integer Box
-(``Sign-v0``). Importing this module registers them; in each, the reward is 1 for the action that names the side
-the observation shows, ten steps an episode."""
+(``Sign-v0``), and a bandit that observes nothing, a Box of shape ``(0,)`` (``Bandit-v0``). Importing this module
+registers them; in the first two the reward is 1 for the action that names the side the observation shows, ten
+steps an episode."""
 
 import gymnasium as gym
 import numpy as np
@@ -62,5 +63,20 @@ class Sign(Sides):
         return np.array([sign * 3, self.steps % 5], np.int64)
 
 
+class Bandit(gym.Env):
+    """Three arms and nothing to observe (an empty Box): arm ``a`` pays ``a / 2``, one pull an episode."""
+
+    observation_space = gym.spaces.Box(0.0, 1.0, (0,), np.float32)
+    action_space = gym.spaces.Discrete(3)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return np.zeros(0, np.float32), {}
+
+    def step(self, action):
+        return np.zeros(0, np.float32), int(action) / 2, True, False, {}
+
+
 gym.register("Look-v0", entry_point=Look, max_episode_steps=10)
+gym.register("Bandit-v0", entry_point=Bandit)
 gym.register("Sign-v0", entry_point=Sign, max_episode_steps=10)

@@ -5,9 +5,9 @@ learning on each, with the saved agent predicting from the env's own observation
 import gymnasium as gym
 import numpy as np
 import pytest
-import space_envs  # noqa: F401 - registers Look-v0 and Sign-v0
+import space_envs  # noqa: F401 - registers Look-v0, Sign-v0 and Bandit-v0
 import torch
-from run_helpers import tiny_dqn, tiny_off_policy, tiny_ppo
+from run_helpers import tiny_dqn, tiny_es, tiny_off_policy, tiny_ppo, tiny_rnd_ppo
 from tensordict import TensorDict
 from torchrl.data import Bounded, MultiCategorical, Unbounded
 from torchrl.envs.utils import ExplorationType, set_exploration_type
@@ -26,7 +26,7 @@ from envs import make_env
 from envs.specs import space_to_spec
 from envs.wrappers import DiscreteTuple, is_discrete_tuple
 from errors import InputError
-from recipes import dqn, ppo, sac
+from recipes import dqn, es, ppo, rnd_ppo, sac
 from training import quiet
 
 
@@ -225,3 +225,28 @@ def test_tuple_and_dict_action_spaces_are_refused_naming_the_spaces_that_work():
         match=r"Action space Tuple\(Discrete\(2\), Discrete\(3\)\) is not supported.*MultiDiscrete",
     ):
         make_env(TupleActions())
+
+
+@pytest.mark.parametrize(
+    ("make_config", "main"), [(tiny_ppo, ppo.main), (tiny_dqn, dqn.main), (tiny_es, es.main)]
+)
+def test_recipes_learn_a_bandit_that_observes_nothing(output_dir, make_config, main):
+    config = make_config(output_dir, env_id="space_envs:Bandit-v0", seed=0)
+    if main is dqn.main:
+        config.optim.lr, config.run.total_frames = 1e-3, 8_192  # Q is the arm's pay; greedy after 10%
+    if main is es.main:
+        config.run.total_frames = config.run.eval_every = 512  # a generation is 8 one-pull episodes
+    summary = main(config)
+    assert summary["eval_return_mean"] == 1.0, summary  # the best arm
+    assert Agent.load(output_dir).predict(np.zeros(0, np.float32)) == 2
+
+
+@pytest.mark.parametrize(("make_config", "main", "name"), [
+    (tiny_off_policy(sac.SACConfig), sac.main, "SAC"), (tiny_rnd_ppo, rnd_ppo.main, "RND")])  # fmt: skip
+def test_sac_and_rnd_refuse_empty_observations_in_one_line(output_dir, make_config, main, name):
+    config = make_config(output_dir, env_id="space_envs:Bandit-v0")
+    if main is sac.main:
+        config.network.discrete = True
+    with pytest.raises(InputError, match=f"{name} needs at least one observation value") as error:
+        main(config)
+    assert "\n" not in str(error.value)
