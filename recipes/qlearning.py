@@ -26,6 +26,7 @@ backend, 4096 envs: 8M frames, about 23 s, about -147 (-200 means the car never 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,7 +38,7 @@ from torchrl.objectives import DQNLoss, ValueEstimators
 
 from agents import Agent, ExplorationConfig, make_q_table
 from agents.options import Options, defaults
-from agents.tabular import CELL_KEY, check_finite_bounds, egreedy_module, q_value_actor
+from agents.tabular import CELL_KEY, MAX_TABLE_ENTRIES, check_finite_bounds, egreedy_module, q_value_actor
 from errors import InputError
 from training import (
     Callback,
@@ -120,6 +121,16 @@ def check_spaces(
         )
     if isinstance(observation_space, gym.spaces.Box):
         check_finite_bounds(observation_space.low, observation_space.high)
+        dims = int(np.prod(observation_space.shape))
+        if (
+            np.issubdtype(observation_space.dtype, np.floating)
+            and dims
+            > math.log2(MAX_TABLE_ENTRIES / action_space.n)  # 2 ** dims rows: too many even at 2 bins
+        ):
+            raise InputError(
+                f"{env_id} has Box observations of {dims} values: even two bins each make 2 ** {dims} table rows, "
+                "more than a Q-table holds; use recipes.dqn or recipes.ppo, whose networks read them."
+            )
         if grid_size is None and np.issubdtype(observation_space.dtype, np.floating):
             raise InputError(
                 f"{env_id} has Box observations {observation_space}: pass --grid-size N to cut each dimension "

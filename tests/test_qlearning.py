@@ -167,6 +167,14 @@ def test_observation_spaces_without_a_table_are_refused_with_a_way_out():
     with pytest.raises(InputError, match=r"numbers the observations 0..n-1 with a Discrete\(n\)"):
         qlearning.check_spaces("Text-v0", gym.spaces.Text(4), gym.spaces.Discrete(2), None)
     qlearning.check_spaces("Grid-v0", gym.spaces.MultiDiscrete([3, 4]), gym.spaces.Discrete(2), None)
+    image = gym.spaces.Box(0.0, 1.0, (64, 64, 3))  # 2 ** 12288 rows at two bins a value: a network's job
+    with pytest.raises(
+        InputError, match=r"12288 values: even two bins each make 2 \*\* 12288 table rows.*recipes.dqn"
+    ):
+        qlearning.check_spaces("Image-v0", image, gym.spaces.Discrete(2), 4)
+    qlearning.check_spaces(
+        "Wide-v0", gym.spaces.Box(0.0, 1.0, (24,)), gym.spaces.Discrete(2), 2
+    )  # 2 ** 25 entries
 
 
 def test_multi_discrete_and_multi_binary_observations_get_a_row_per_combination():
