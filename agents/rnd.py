@@ -21,7 +21,7 @@ from torchrl.data import Categorical, TensorSpec
 from torchrl.envs.transforms import RunningMeanStd
 from torchrl.objectives import RNDLoss
 
-from agents.networks import as_vector, image_layout, make_mlp, require_observation_values
+from agents.networks import OneHot, as_vector, image_layout, make_mlp, require_observation_values
 from errors import InputError
 
 INTRINSIC_REWARD_KEY = "intrinsic_reward"
@@ -35,14 +35,16 @@ def make_rnd_networks(
     activation: str = "relu",
 ) -> tuple[nn.Module, nn.Module]:
     """Build the target and predictor networks of RND for Box observations (integer ones, MultiDiscrete and
-    MultiBinary read as floats).
+    MultiBinary read as floats) and Discrete ones (one-hot encoded first: a new state is a new input unit, and the
+    bonus fades as a count-based one would).
 
     As in the paper, the predictor is deeper than the target (one more hidden layer), so that it can fit the
     target's features on the states it is trained on without being a copy of it.
 
     Args:
         observation_spec: the spec of ``"observation"`` (batched: the leading dim is the number of envs); Box
-            observations of any shape and real dtype, flattened (the loss normalises them to floats first).
+            observations of any shape and real dtype, flattened (the loss normalises them to floats first), or
+            Discrete ones (:func:`normalizes_observations` is False for them: the loss hands over the index).
         hidden_sizes: hidden layer widths of the target; the predictor gets one more layer of the last width.
         embedding_dim: width of the embedding the predictor learns to reproduce.
         activation: ``"tanh"``, ``"relu"``, ``"elu"`` or ``"silu"``.
@@ -51,7 +53,7 @@ def make_rnd_networks(
         ``(target_network, predictor_network)``, plain modules mapping observations to embeddings.
 
     Raises:
-        InputError: for Discrete, empty and uint8 image observations.
+        InputError: for empty and uint8 image observations.
 
     Examples:
         >>> from envs import make_env
@@ -60,24 +62,27 @@ def make_rnd_networks(
         >>> predictor(env.reset()["observation"]).shape
         torch.Size([2, 32])
     """
-    if type(observation_spec) is Categorical:  # not its subclasses MultiCategorical and Binary
-        raise InputError(
-            "RND reads Box, MultiDiscrete and MultiBinary observations as arrays of numbers; one-hot encode "
-            "Discrete ones with a gymnasium.ObservationWrapper."
-        )
     require_observation_values(observation_spec, "RND")
-    if image_layout(observation_spec) is not None:
-        raise InputError("RND's networks are MLPs: uint8 image observations are not supported here.")
-    if observation_spec.dtype.is_complex or observation_spec.dtype == torch.bool:
-        raise InputError(f"RND reads observations of real numbers, got {observation_spec.dtype}.")
-    shape = observation_spec.shape[1:]
-    in_features = int(torch.Size(shape).numel())
     predictor_sizes = [*hidden_sizes, hidden_sizes[-1]] if hidden_sizes else [embedding_dim]
-    target = nn.Sequential(as_vector(shape), make_mlp(in_features, embedding_dim, hidden_sizes, activation))
-    predictor = nn.Sequential(
-        as_vector(shape), make_mlp(in_features, embedding_dim, predictor_sizes, activation)
-    )
+    if not normalizes_observations(observation_spec):  # Discrete: each network reads the one-hot vector
+        n = observation_spec.space.n
+        encoders, in_features = (OneHot(n), OneHot(n)), n
+    else:
+        if image_layout(observation_spec) is not None:
+            raise InputError("RND's networks are MLPs: uint8 image observations are not supported here.")
+        if observation_spec.dtype.is_complex or observation_spec.dtype == torch.bool:
+            raise InputError(f"RND reads observations of real numbers, got {observation_spec.dtype}.")
+        shape = observation_spec.shape[1:]
+        encoders, in_features = (as_vector(shape), as_vector(shape)), int(torch.Size(shape).numel())
+    target = nn.Sequential(encoders[0], make_mlp(in_features, embedding_dim, hidden_sizes, activation))
+    predictor = nn.Sequential(encoders[1], make_mlp(in_features, embedding_dim, predictor_sizes, activation))
     return target, predictor
+
+
+def normalizes_observations(observation_spec: TensorSpec) -> bool:
+    """Whether RND normalises these observations with running statistics: all but Discrete ones, whose index is
+    one-hot encoded by the networks instead (a normalised index would not be one)."""
+    return type(observation_spec) is not Categorical  # not its subclasses MultiCategorical and Binary
 
 
 class RandomNetworkDistillation(RNDLoss):
@@ -90,7 +95,8 @@ class RandomNetworkDistillation(RNDLoss):
     reward normalisation), as the intrinsic reward.
 
     Observations are normalised with running mean and variance (updated by :meth:`add_intrinsic_reward`, before
-    the batch's rewards are computed) and clipped to ``[-5, 5]``. The paper first runs a random agent for a while
+    the batch's rewards are computed) and clipped to ``[-5, 5]``, unless ``normalize_observations`` is False
+    (Discrete observations, which the networks one-hot encode). The paper first runs a random agent for a while
     to initialise these statistics; here the first collected batch plays that role.
 
     Keys (change them with ``set_keys``):
@@ -108,6 +114,8 @@ class RandomNetworkDistillation(RNDLoss):
         normalize_reward: divide intrinsic rewards by that standard deviation.
         update_fraction: fraction of each minibatch that trains the predictor, drawn at random; below 1 it slows
             the predictor down, so that novelty fades more slowly (the paper: 0.25).
+        normalize_observations: keep running observation statistics and normalise by them (False: the networks
+            read the observations as they are; :func:`normalizes_observations` says which).
 
     Examples:
         >>> from envs import make_env
@@ -137,6 +145,7 @@ class RandomNetworkDistillation(RNDLoss):
         gamma: float = 0.99,
         normalize_reward: bool = True,
         update_fraction: float = 0.25,
+        normalize_observations: bool = True,
     ):
         if not 0 < gamma <= 1:
             raise InputError(f"RND gamma must be in (0, 1], got {gamma}.")
@@ -145,7 +154,7 @@ class RandomNetworkDistillation(RNDLoss):
         super().__init__(
             predictor_network,
             target_network,
-            obs_rms=RunningMeanStd(tuple(observation_shape)),
+            obs_rms=RunningMeanStd(tuple(observation_shape)) if normalize_observations else None,
             obs_clip=OBSERVATION_CLIP,
             update_fraction=update_fraction,
         )
@@ -165,7 +174,10 @@ class RandomNetworkDistillation(RNDLoss):
         Returns:
             The mean squared difference of predictor and target embeddings, shape ``(*batch, 1)``.
         """
-        normalized = self.obs_rms.normalize(observation).clamp(-self.obs_clip, self.obs_clip)
+        if self.obs_rms is None:
+            normalized = observation.float()  # as RNDLoss.forward reads it
+        else:
+            normalized = self.obs_rms.normalize(observation).clamp(-self.obs_clip, self.obs_clip)
         error = self.predictor_network(normalized) - self.target_network(normalized)
         return error.pow(2).mean(-1, keepdim=True)
 
@@ -189,7 +201,7 @@ class RandomNetworkDistillation(RNDLoss):
                 f"add_intrinsic_reward takes a batch of shape [num_envs, time] or [time], got {tensordict.batch_size}."
             )
         observation = tensordict.get(self.tensor_keys.observation)
-        if update_statistics:
+        if update_statistics and self.obs_rms is not None:
             self.obs_rms.update(observation)
         reward = self.prediction_error(observation)
         if self.normalize_reward:
@@ -213,4 +225,9 @@ class RandomNetworkDistillation(RNDLoss):
         self.return_rms.update(returns_ET)
 
 
-__all__ = ["INTRINSIC_REWARD_KEY", "RandomNetworkDistillation", "make_rnd_networks"]
+__all__ = [
+    "INTRINSIC_REWARD_KEY",
+    "RandomNetworkDistillation",
+    "make_rnd_networks",
+    "normalizes_observations",
+]

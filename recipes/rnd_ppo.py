@@ -58,7 +58,7 @@ from agents.loss_addons import (
 )
 from agents.networks import action_mask_kwargs, box_policy_kwargs
 from agents.options import Options, defaults
-from agents.rnd import INTRINSIC_REWARD_KEY
+from agents.rnd import INTRINSIC_REWARD_KEY, normalizes_observations
 from errors import InputError
 from recipes.ppo import CollectorConfig, LossConfig, NetworkConfig, OptimConfig, check_ppo_options
 from training import (
@@ -243,6 +243,7 @@ def main(
         observation_shape=observation_spec.shape[1:],
         gamma=intrinsic_config.gamma_int,
         update_fraction=intrinsic_config.rnd_update_fraction,
+        normalize_observations=normalizes_observations(observation_spec),
     ).to(device)
 
     # loss + value estimators: the clipped objective reads the combined advantage; one GAE per reward stream

@@ -46,13 +46,15 @@ class Look(Sides):
 
 
 class Sign(Sides):
-    """A scalar Box (``()``, float32) or an integer Box (``(2,)``, int64) holding the side: action 0 for -1, 1
-    for +1."""
+    """A scalar Box (``()``, float32), an integer Box (``(2,)``, int64) or a Discrete(2) holding the side:
+    action 0 for -1 (Discrete: 0), 1 for +1 (Discrete: 1)."""
 
     def __init__(self, kind: str = "scalar"):
         self.kind = kind
         if kind == "scalar":
             self.observation_space = gym.spaces.Box(-1.0, 1.0, (), np.float32)
+        elif kind == "discrete":
+            self.observation_space = gym.spaces.Discrete(2)
         else:
             self.observation_space = gym.spaces.Box(-5, 5, (2,), np.int64)
 
@@ -60,6 +62,8 @@ class Sign(Sides):
         sign = 2 * self.side - 1
         if self.kind == "scalar":
             return np.array(sign, np.float32)
+        if self.kind == "discrete":
+            return self.side
         return np.array([sign * 3, self.steps % 5], np.int64)
 
 

@@ -5,11 +5,13 @@ import sys
 from pathlib import Path
 
 import pytest
-import space_envs  # noqa: F401 - registers Sign-v0 and Look-v0
+import space_envs  # noqa: F401 - registers Sign-v0, Look-v0 and Bandit-v0
 import torch
 from tensordict import TensorDict
 
 from agents import Agent, RandomNetworkDistillation, make_rnd_networks, trainable_parameters
+from agents.networks import OneHot
+from agents.rnd import normalizes_observations
 from envs import make_env
 from errors import InputError
 from recipes import ppo, rnd_ppo
@@ -99,8 +101,6 @@ def test_keys_shapes_and_observation_statistics():
     assert (data["next", "bonus"] >= 0).all()
     assert rnd.obs_rms.count.item() == pytest.approx(48, abs=1e-3)
     assert set(rnd(data).keys()) == {"loss_predictor"}
-    with pytest.raises(InputError, match="one-hot encode Discrete"):
-        make_rnd_networks(make_env("FrozenLake-v1").observation_spec["observation"])
     with pytest.raises(InputError, match="uint8 image observations are not supported"):
         make_rnd_networks(
             make_env("space_envs:Look-v0", env_kwargs={"layout": "hwc"}).observation_spec["observation"]
@@ -117,6 +117,43 @@ def test_integer_box_observations_are_normalised_as_floats():
     assert target(torch.zeros(2, 3)).shape == (2, 64)
     assert torch.isfinite(data["next", "intrinsic_reward"]).all()
     assert torch.isfinite(rnd(data)["loss_predictor"])
+
+
+def test_discrete_observations_are_one_hot_encoded_without_statistics_and_a_repeated_state_stops_paying():
+    env = make_env("FrozenLake-v1", num_envs=4, seed=0)
+    spec = env.observation_spec["observation"]
+    assert not normalizes_observations(spec) and normalizes_observations(
+        make_env("CartPole-v1").observation_spec["observation"]
+    )
+    torch.manual_seed(0)
+    target, predictor = make_rnd_networks(spec, hidden_sizes=(32, 32), embedding_dim=16)
+    assert isinstance(target[0], OneHot) and target(torch.tensor([3, 15])).shape == (2, 16)
+    rnd = RandomNetworkDistillation(
+        target,
+        predictor,
+        spec.shape[1:],
+        normalize_reward=False,
+        update_fraction=1.0,
+        normalize_observations=False,
+    )
+    assert rnd.obs_rms is None
+    data = rnd.add_intrinsic_reward(env.rollout(12, break_when_any_done=False))
+    assert data["next", "intrinsic_reward"].shape == (4, 12, 1)
+
+    def batch(state):
+        return TensorDict({"next": {"observation": torch.full((1, 8), state)}}, batch_size=[1, 8])
+
+    def reward(state):
+        return rnd.add_intrinsic_reward(batch(state))["next", "intrinsic_reward"].mean().item()
+
+    familiar_before, novel_before = reward(5), reward(14)
+    optimizer = torch.optim.Adam(trainable_parameters(rnd), lr=1e-3)
+    for _ in range(200):
+        optimizer.zero_grad()
+        rnd(batch(5))["loss_predictor"].backward()
+        optimizer.step()
+    assert reward(5) < 0.01 * familiar_before
+    assert reward(14) > 0.05 * novel_before and reward(14) > 100 * reward(5)
 
 
 def tiny_rnd_ppo(output_dir, env_id="rlkit/DeepSea-v0", **run_overrides):
@@ -168,8 +205,8 @@ def test_rnd_ppo_rejects_bad_options(output_dir):
     config.intrinsic.gamma_int = 1.5
     with pytest.raises(InputError, match="--gamma-int"):
         rnd_ppo.main(config)
-    config = tiny_rnd_ppo(output_dir, env_id="FrozenLake-v1")
-    with pytest.raises(InputError, match="one-hot encode Discrete"):
+    config = tiny_rnd_ppo(output_dir, env_id="space_envs:Bandit-v0")
+    with pytest.raises(InputError, match="RND needs at least one observation value"):
         rnd_ppo.main(config)
 
 
@@ -178,6 +215,14 @@ def test_rnd_ppo_learns_on_integer_box_observations(output_dir):
     config = tiny_rnd_ppo(output_dir, env_id="space_envs:Sign-v0", env_kwargs=["kind=int"], seed=0)
     config.run.total_frames = 1_024
     assert rnd_ppo.main(config)["eval_return_mean"] >= 9.0
+
+
+def test_rnd_ppo_learns_on_discrete_observations(output_dir):
+    # a random policy scores 5 of 10
+    config = tiny_rnd_ppo(output_dir, env_id="space_envs:Sign-v0", env_kwargs=["kind=discrete"], seed=0)
+    config.run.total_frames = 1_024
+    assert rnd_ppo.main(config)["eval_return_mean"] >= 9.0
+    assert Agent.load(output_dir).predict(1) == 1
 
 
 def test_rnd_ppo_cli_help_lists_the_intrinsic_options():
