@@ -98,6 +98,12 @@ def set_specs(
             "MultiBinary space (several Discrete choices at once are a MultiDiscrete space; a gymnasium."
             "ActionWrapper can map one onto the env's own actions)."
         )
+    if isinstance(action_space, gym.spaces.Box) and len(action_space.shape) != 1:
+        raise InputError(
+            f"Box action spaces must be one-dimensional (a policy outputs a vector), got shape {action_space.shape}: "
+            "wrap the env in gymnasium.wrappers.TransformAction(env, lambda a: a.reshape(env.action_space.shape), "
+            "Box(env.action_space.low.reshape(-1), env.action_space.high.reshape(-1)))."
+        )
     entries = {
         EPISODE_RETURN_KEY: Unbounded(shape=(num_envs, 1), device=device),
         EPISODE_LENGTH_KEY: Unbounded(shape=(num_envs, 1), dtype=torch.int64, device=device),

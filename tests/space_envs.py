@@ -1,6 +1,7 @@
 """Envs whose observations take the less common Box forms: images channels last ``(H, W, 3)``, grayscale ``(H,
 W)`` or two stacked RGB frames ``(2, H, W, 3)`` (``Look-v0``), a scalar Box ``()`` and an integer Box
-(``Sign-v0``), and a bandit that observes nothing, a Box of shape ``(0,)`` (``Bandit-v0``). Importing this module
+(``Sign-v0``), a scalar Box action (``Nudge-v0``; ``FlatNudge-v0`` wraps it into a vector), and a bandit that
+observes nothing, a Box of shape ``(0,)`` (``Bandit-v0``). Importing this module
 registers them; in the first two the reward is 1 for the action that names the side the observation shows, ten
 steps an episode."""
 
@@ -81,6 +82,35 @@ class Bandit(gym.Env):
         return np.zeros(0, np.float32), int(action) / 2, True, False, {}
 
 
+class Nudge(gym.Env):
+    """A scalar Box action (shape ``()``): say the observed number in [-1, 1], reward minus the distance to it."""
+
+    observation_space = gym.spaces.Box(-1.0, 1.0, (1,), np.float32)
+    action_space = gym.spaces.Box(-1.0, 1.0, (), np.float32)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.target = self.np_random.uniform(-1, 1, (1,)).astype(np.float32)
+        return self.target, {}
+
+    def step(self, action):
+        reward = -abs(float(action) - float(self.target[0]))
+        self.target = self.np_random.uniform(-1, 1, (1,)).astype(np.float32)
+        return self.target, reward, False, False, {}
+
+
+def flat_nudge() -> gym.Env:
+    """Nudge with the vector action the recipes need, through the wrapper their error message names."""
+    env = Nudge()
+    return gym.wrappers.TransformAction(
+        env,
+        lambda a: a.reshape(env.action_space.shape),
+        gym.spaces.Box(env.action_space.low.reshape(-1), env.action_space.high.reshape(-1)),
+    )
+
+
 gym.register("Look-v0", entry_point=Look, max_episode_steps=10)
+gym.register("Nudge-v0", entry_point=Nudge, max_episode_steps=10)
+gym.register("FlatNudge-v0", entry_point=flat_nudge, max_episode_steps=10)
 gym.register("Bandit-v0", entry_point=Bandit)
 gym.register("Sign-v0", entry_point=Sign, max_episode_steps=10)

@@ -250,3 +250,15 @@ def test_sac_and_rnd_refuse_empty_observations_in_one_line(output_dir, make_conf
     with pytest.raises(InputError, match=f"{name} needs at least one observation value") as error:
         main(config)
     assert "\n" not in str(error.value)
+
+
+def test_box_actions_of_other_shapes_are_refused_naming_a_wrapper_that_works(output_dir):
+    with pytest.raises(
+        InputError, match=r"Box action spaces must be one-dimensional .* got shape \(\): wrap"
+    ) as error:
+        ppo.main(tiny_ppo(output_dir, env_id="space_envs:Nudge-v0"))
+    assert "gymnasium.wrappers.TransformAction" in str(error.value) and "\n" not in str(error.value)
+    summary = ppo.main(
+        tiny_ppo(output_dir, env_id="space_envs:FlatNudge-v0", total_frames=256, overwrite=True)
+    )
+    assert summary["frames"] == 256
