@@ -4,6 +4,7 @@
 import json
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -15,7 +16,7 @@ from envs import make_env
 from envs.wrappers import MaxTotalReward, parse_env_wrappers, wrapper_functions
 from errors import InputError
 from recipes import evaluate, ppo
-from training import Callback
+from training import Callback, RunConfig
 
 TESTS = Path(__file__).resolve().parent
 SCALE = "reward_wrapper.ScaleReward"
@@ -198,6 +199,14 @@ def test_bad_env_options_are_refused_before_any_work(output_dir, options, messag
     with pytest.raises(InputError, match=message):
         ppo.main(tiny_ppo(output_dir, **options))
     assert not output_dir.exists()
+
+
+def test_training_envs_drawn_in_a_window_warn_that_they_run_at_its_frame_rate():
+    with pytest.warns(UserWarning, match="render_mode=human draws every step of every training env"):
+        RunConfig(env_kwargs=("render_mode=human",)).validate()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        RunConfig(eval_env_kwargs=("render_mode=human",)).validate()
 
 
 def test_render_needs_a_display_and_shows_episodes_where_one_exists(output_dir, monkeypatch):

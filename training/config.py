@@ -6,6 +6,7 @@ import dataclasses
 import json
 import math
 import typing
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, TypeVar
@@ -207,6 +208,13 @@ class RunConfig(Options):
                 )
 
     def _validate_env_options(self) -> None:
+        if self.env_options.get("render_mode") == "human":
+            warnings.warn(
+                "--env-kwargs render_mode=human draws every step of every training env in a window at the env's "
+                "frame rate (CartPole-v1: 50 steps a second), and training runs at that pace; watch the evaluations "
+                "with --eval-env-kwargs render_mode=human instead, or keep their videos (--video).",
+                stacklevel=2,
+            )
         if self.max_episode_steps is not None:
             require_positive(max_episode_steps=self.max_episode_steps)
             if "max_episode_steps" in self.env_options:
