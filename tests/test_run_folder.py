@@ -21,6 +21,7 @@ from agents.files import remove_stale_temporaries, write_text
 from errors import InputError, WriteError
 from recipes import dqn, ppo
 from training import RunConfig, quiet
+from training.cli import integral_notation
 from training.seeding import set_matmul_precision
 from training.state import TrainingState
 
@@ -392,3 +393,17 @@ def test_resume_accepts_an_env_registered_with_a_function_in_its_kwargs(tmp_path
         assert registration(env_id) == registration(env_id)
     finally:
         gym.registry.pop(env_id, None)
+
+
+def test_whole_numbers_in_scientific_notation_are_read_by_integer_options(tmp_path):
+    assert (
+        integral_notation("1e6") == "1000000"
+        and integral_notation("--total-frames=2.5e5") == "--total-frames=250000"
+    )
+    for unchanged in ("3e-4", "1.5e0", "1e400", "x=1e5", "CartPole-v1", "100"):
+        assert integral_notation(unchanged) == unchanged
+    result = run_recipe(
+        "recipes.ppo", "--total-frames", "2.56e2", "--num-envs", "1e3", "--output-dir", str(tmp_path / "run")
+    )
+    assert result.returncode == 2
+    assert "--num-envs 1000 is more than --total-frames 256" in result.stderr  # parsed, then refused

@@ -4,6 +4,7 @@ failed run, 2 bad input, 128 + N stopped by signal N)."""
 from __future__ import annotations
 
 import gc
+import re
 import signal
 import sys
 import traceback
@@ -20,6 +21,16 @@ from training.presets import apply_preset, describe, list_presets, mark_given
 from training.resume import RESUME_FILE, explicit_options, resumed_config
 
 ASYNC_ALIASES = {"--async": "--no-sync"}  # gradient workers: --sync (the default) or --async
+SCIENTIFIC = re.compile(r"[0-9]+(\.[0-9]+)?[eE]\+?[0-9]+")  # 1e6, 2.5e5: how budgets are written in RL
+
+
+def integral_notation(token: str) -> str:
+    """``token`` with a whole number in scientific notation (``1e6``, ``--total-frames=2.5e5``) written out in
+    digits, so that integer options take it as float ones always did; anything else unchanged."""
+    option, equals, value = token.rpartition("=") if token.startswith("--") else ("", "", token)
+    if not SCIENTIFIC.fullmatch(value) or not float(value).is_integer() or float(value) >= 2**63:
+        return token
+    return f"{option}{equals}{int(float(value))}"
 
 
 def run_cli(
@@ -45,7 +56,7 @@ def run_cli(
                 print(f"error: {error}", file=sys.stderr)
                 raise SystemExit(2) from None
             return
-    argv = [ASYNC_ALIASES.get(token, token) for token in sys.argv[1:]]
+    argv = [integral_notation(ASYNC_ALIASES.get(token, token)) for token in sys.argv[1:]]
     config = tyro.cli(config_type, args=argv, description=description, config=(tyro.conf.OmitArgPrefixes,))
     given = explicit_options(argv)
     mark_given(config, given)  # tyro passed every field: the user's are the command line's
