@@ -76,6 +76,7 @@ from training import (
     make_training_env,
     mean_metrics,
     prepare_process,
+    preset_note,
     recipe_main,
     refuse_loss_addons,
     require_positive,
@@ -216,8 +217,10 @@ def check_ppo_options(
     frames_per_batch = run.num_envs * collector.steps_per_env
     if optim.minibatch_size > frames_per_batch:
         raise InputError(
-            f"--minibatch-size {optim.minibatch_size} exceeds the {frames_per_batch} frames per batch "
-            "(num_envs * steps_per_env)."
+            f"--minibatch-size {optim.minibatch_size} exceeds the {frames_per_batch} frames per batch (--num-envs "
+            f"{run.num_envs} x --steps-per-env {collector.steps_per_env}"
+            f"{preset_note(run, 'minibatch_size', 'num_envs', 'steps_per_env')}): lower --minibatch-size or raise "
+            "--num-envs or --steps-per-env."
         )
     check_sde_options(network.use_sde, network.sde_sample_freq)
     if network.use_sde:

@@ -272,3 +272,18 @@ def test_ppo_with_reward_normalization_and_clipped_values_resumes_exactly(output
     resumed.run.resume = output_dir
     result = ppo.main(resumed)
     assert result["eval_return_mean"] == whole["eval_return_mean"]
+
+
+def test_an_error_about_options_the_user_never_typed_names_the_preset_that_set_them(tmp_path):
+    config = quiet(ppo.PPOConfig(), tmp_path, env_id="CartPole-v1", num_envs=2)  # the preset: 16 steps, 256
+    with pytest.raises(InputError) as error:
+        ppo.main(config)
+    assert str(error.value) == (
+        "--minibatch-size 256 exceeds the 32 frames per batch (--num-envs 2 x --steps-per-env 16; the preset "
+        "CartPole-v1 set --minibatch-size, --steps-per-env): lower --minibatch-size or raise --num-envs or "
+        "--steps-per-env."
+    )
+    config = quiet(ppo.PPOConfig(), tmp_path, env_id="CartPole-v1", num_envs=2, preset="none")
+    config.optim.minibatch_size = 8192
+    with pytest.raises(InputError, match=r"\(--num-envs 2 x --steps-per-env 2048\): lower"):
+        ppo.main(config)

@@ -65,7 +65,7 @@ from training.optim import (
     clip_gradients,
     fused_adam,
 )
-from training.presets import apply_preset
+from training.presets import apply_preset, preset_note
 from training.replay import LeanReplayBuffer
 from training.run import Run
 from training.seeding import prepare_process
@@ -103,6 +103,7 @@ __all__ = [
     "make_training_env",
     "mean_metrics",
     "prepare_process",
+    "preset_note",
     "quiet",
     "recipe_main",
     "refuse_loss_addons",

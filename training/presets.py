@@ -297,6 +297,14 @@ def apply_preset(config: Any, path: Path, given: Collection[str] | None = None) 
     return record
 
 
+def preset_note(run: Any, *names: str) -> str:
+    """``"; the preset NAME set --a, --b"`` for those of the options ``names`` that the run's preset set (for an
+    error about them, so that a user who never typed them sees where they came from), else ``""``."""
+    applied = run.preset_applied or {}
+    set_here = [f"--{name.replace('_', '-')}" for name in names if name in applied.get("set", {})]
+    return f"; the preset {applied.get('name')} set {', '.join(set_here)}" if set_here else ""
+
+
 def json_ready(value: Any) -> Any:
     """``value`` as it reads back from JSON (tuples as lists), for comparisons with a saved record."""
     if isinstance(value, dict):
