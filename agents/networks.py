@@ -450,8 +450,7 @@ def box_policy_kwargs(
     """The policy builder's keywords for a PPO/A2C/REINFORCE/VPG policy's Box options: the first scale
     (:func:`initial_scale_kwargs`) and, for :func:`make_actor`, ``squash=False`` (an unbounded Gaussian that the
     env clips) when asked, and always for a Box with an infinite bound or a fixed dim (low equal to high), which
-    have no range to squash into. A gSDE
-    policy is unsquashed already, so ``squash`` adds nothing to it.
+    have no range to squash into. A gSDE policy is unsquashed already, so ``squash`` adds nothing to it.
 
     Raises:
         InputError: ``log_std_init`` other than 0, or ``squash=False``, for actions that are not a Box.
@@ -459,8 +458,8 @@ def box_policy_kwargs(
     kwargs: dict[str, float | bool] = dict(initial_scale_kwargs(log_std_init, action_spec, use_sde))
     if not squash and not is_float_box(action_spec):
         raise InputError("--no-squash makes a Box action policy unbounded; drop it for these actions.")
-    unbounded = isinstance(action_spec, Unbounded) or bool(fixed_action_dims(action_spec))
-    if (not squash or unbounded) and is_float_box(action_spec) and not use_sde:
+    no_range = isinstance(action_spec, Unbounded) or bool(fixed_action_dims(action_spec))
+    if (not squash or no_range) and is_float_box(action_spec) and not use_sde:
         kwargs["squash"] = False
     return kwargs
 

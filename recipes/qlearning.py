@@ -122,11 +122,8 @@ def check_spaces(
     if isinstance(observation_space, gym.spaces.Box):
         check_finite_bounds(observation_space.low, observation_space.high)
         dims = int(np.prod(observation_space.shape))
-        if (
-            np.issubdtype(observation_space.dtype, np.floating)
-            and dims
-            > math.log2(MAX_TABLE_ENTRIES / action_space.n)  # 2 ** dims rows: too many even at 2 bins
-        ):
+        most_dims = math.log2(MAX_TABLE_ENTRIES / action_space.n)  # a grid of two bins has 2 ** dims rows
+        if np.issubdtype(observation_space.dtype, np.floating) and dims > most_dims:
             raise InputError(
                 f"{env_id} has Box observations of {dims} values: even two bins each make 2 ** {dims} table rows, "
                 "more than a Q-table holds; use recipes.dqn or recipes.ppo, whose networks read them."
