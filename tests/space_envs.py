@@ -1,9 +1,8 @@
 """Envs whose observations take the less common Box forms: images channels last ``(H, W, 3)``, grayscale ``(H,
 W)`` or two stacked RGB frames ``(2, H, W, 3)`` (``Look-v0``), a scalar Box ``()`` and an integer Box
 (``Sign-v0``), a scalar Box action (``Nudge-v0``; ``FlatNudge-v0`` wraps it into a vector), and a bandit that
-observes nothing, a Box of shape ``(0,)`` (``Bandit-v0``). Importing this module
-registers them; in the first two the reward is 1 for the action that names the side the observation shows, ten
-steps an episode."""
+observes nothing, a Box of shape ``(0,)`` (``Bandit-v0``). Importing this module registers them; in the first two
+the reward is 1 for the action that names the side the observation shows, ten steps an episode."""
 
 import gymnasium as gym
 import numpy as np

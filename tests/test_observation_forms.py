@@ -5,7 +5,7 @@ learning on each, with the saved agent predicting from the env's own observation
 import gymnasium as gym
 import numpy as np
 import pytest
-import space_envs  # noqa: F401 - registers Look-v0, Sign-v0 and Bandit-v0
+import space_envs  # noqa: F401 - registers Look-v0, Sign-v0, Bandit-v0, Nudge-v0 and FlatNudge-v0
 import torch
 from run_helpers import tiny_dqn, tiny_es, tiny_off_policy, tiny_ppo, tiny_rnd_ppo
 from tensordict import TensorDict
