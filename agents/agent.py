@@ -483,7 +483,7 @@ class Agent(nn.Module):
         """Run whole episodes and return their returns and lengths.
 
         Episodes run in up to ``max_parallel_envs`` Gymnasium envs at once, with one batched policy call per
-        step. Episode ``k`` is reset with ``seed + k``, so the same seed gives the same episodes whatever the
+        step. Episode ``k`` is reset with ``seed + k`` (modulo 2**32), so the same seed gives the same episodes whatever the
         parallelism. Rewards are the env's own, without any training-time wrapper: Atari ids run in
         :func:`envs.atari.make_atari_env` with ``training=False``, so the agent sees the observations it was
         trained on while episodes are whole games scored with the game's own rewards.
@@ -504,7 +504,15 @@ class Agent(nn.Module):
 
         Returns:
             An :class:`EvaluationResult` with ``episodes`` returns and lengths.
+
+        Raises:
+            InputError: ``episodes`` below 1, or a ``seed`` outside Gymnasium's ``[0, 2**32)`` (episode seeds
+                ``seed + k`` past its end wrap around to 0).
         """
+        if episodes < 1:
+            raise InputError(f"episodes must be a positive integer, got {episodes}.")
+        if seed is not None and not 0 <= seed < 2**32:
+            raise InputError(f"seed must be in [0, 2**32), got {seed}.")
         if render:
             check_display()
             video_path, max_parallel_envs = None, 1
@@ -603,7 +611,7 @@ class Agent(nn.Module):
 
         def start(index: int) -> None:
             nonlocal next_episode
-            episode_seed = None if seed is None else seed + next_episode
+            episode_seed = None if seed is None else (seed + next_episode) % 2**32
             observations[index], info = envs[index].reset(seed=episode_seed)
             masks[index] = info.get("action_mask")
             episode_of[index] = next_episode

@@ -66,6 +66,15 @@ def test_evaluate_returns_per_episode_results_reproducibly(tmp_path):
     assert video.stat().st_size > 1000
 
 
+def test_evaluate_refuses_seeds_outside_gymnasiums_range_and_wraps_episode_seeds_past_its_end():
+    agent = make_agent()
+    for bad in ({"seed": -1}, {"seed": 2**32}, {"episodes": 0}):
+        with pytest.raises(InputError, match="seed must be in|episodes must be"):
+            agent.evaluate(**{"episodes": 2, **bad})
+    last = agent.evaluate(episodes=2, seed=2**32 - 1)  # its second episode is seeded 0
+    np.testing.assert_array_equal(last.returns[1:], agent.evaluate(episodes=1, seed=0).returns)
+
+
 def test_evaluate_in_a_user_env():
     agent = make_agent()
     result = agent.evaluate(gym.make("CartPole-v1"), episodes=2, seed=0)

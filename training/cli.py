@@ -131,7 +131,8 @@ def run_command(main: Callable[[ConfigT], dict[str, Any]], config_type: type[Con
     with exit status 1. Returns the parsed config and the summary."""
     import json
 
-    config = tyro.cli(config_type, description=description)
+    argv = [integral_notation(token) for token in sys.argv[1:]]
+    config = tyro.cli(config_type, args=argv, description=description)
     try:
         summary = main(config)
     except InputError as error:

@@ -19,8 +19,9 @@ EVAL_SEED_OFFSET = 1_000_000  # evaluation episodes are seeded apart from the tr
 
 
 def evaluation_seed(seed: int) -> int:
-    """The seed of a run's evaluation episodes (episode ``i`` resets with it plus ``i``)."""
-    return seed + EVAL_SEED_OFFSET
+    """The seed of a run's evaluation episodes (episode ``i`` resets with it plus ``i``), in Gymnasium's
+    ``[0, 2**32)`` for every run seed."""
+    return (seed + EVAL_SEED_OFFSET) % 2**32
 
 
 def run_deterministic(agent: Agent, episodes: int, seed: int, **options: Any) -> EvaluationResult:
