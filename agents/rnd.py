@@ -22,7 +22,7 @@ from torchrl.envs.transforms import RunningMeanStd
 from torchrl.objectives import RNDLoss
 
 from agents.networks import OneHot, as_vector, image_layout, make_mlp, require_observation_values
-from errors import InputError
+from errors import InputError, NonFiniteError
 
 INTRINSIC_REWARD_KEY = "intrinsic_reward"
 OBSERVATION_CLIP = 5.0  # Burda et al. 2018, section 2.4: normalised observations are clipped to [-5, 5]
@@ -204,6 +204,12 @@ class RandomNetworkDistillation(RNDLoss):
         if update_statistics and self.obs_rms is not None:
             self.obs_rms.update(observation)
         reward = self.prediction_error(observation)
+        if not torch.isfinite(reward).all():  # before it reaches the advantages, the update and the weights
+            raise NonFiniteError(
+                "NaN or Inf in RND's intrinsic reward: the observations are not finite, or so large (about 1e19 "
+                "or more) that their running variance overflows float32; scale them down (a gymnasium."
+                "wrappers.TransformObservation)."
+            )
         if self.normalize_reward:
             if update_statistics:
                 self._update_return_statistics(reward.reshape(-1, tensordict.shape[-1]))

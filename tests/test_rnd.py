@@ -13,7 +13,7 @@ from agents import Agent, RandomNetworkDistillation, make_rnd_networks, trainabl
 from agents.networks import OneHot
 from agents.rnd import normalizes_observations
 from envs import make_env
-from errors import InputError
+from errors import InputError, NonFiniteError
 from recipes import ppo, rnd_ppo
 from training import RunConfig, evaluation_seed
 
@@ -105,6 +105,13 @@ def test_keys_shapes_and_observation_statistics():
         make_rnd_networks(
             make_env("space_envs:Look-v0", env_kwargs={"layout": "hwc"}).observation_spec["observation"]
         )
+
+
+def test_observations_too_large_for_the_running_variance_stop_with_a_message_not_nan_weights():
+    _, rnd = make_rnd("Pendulum-v1")
+    huge = TensorDict({"next": {"observation": torch.full((2, 4, 3), 3e38)}}, batch_size=[2, 4])
+    with pytest.raises(NonFiniteError, match="running variance overflows float32"):
+        rnd.add_intrinsic_reward(huge)
 
 
 def test_integer_box_observations_are_normalised_as_floats():
