@@ -45,6 +45,8 @@ import tempfile
 import time
 import warnings
 
+from benchmarks.common import whole_number
+
 ENV_ID = "ALE/Pong-v5"
 SIDES = ["sb3", "ours", "ours-compiled", "ours-bf16", "ours-ieee", "sb3-subproc", "ours-async"]
 OURS_SIDES = [side for side in SIDES if side.startswith("ours")]
@@ -173,11 +175,11 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--algo", choices=["ppo", "dqn"], default="ppo")
-    parser.add_argument("--frames", type=int, default=16_384, help="agent steps per run")
+    parser.add_argument("--frames", type=whole_number, default=16_384, help="agent steps per run")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])
     parser.add_argument("--sides", nargs="+", default=["sb3", "ours"], choices=SIDES)
     parser.add_argument(
-        "--learning-starts", type=int, default=2_000, help="DQN: random steps before learning"
+        "--learning-starts", type=whole_number, default=2_000, help="DQN: random steps before learning"
     )
     parser.add_argument(
         "--threads", type=int, default=0, help="our torch threads (0: torch's default, as SB3 runs)"

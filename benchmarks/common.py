@@ -22,6 +22,21 @@ EVAL_SEED_OFFSET = (
 )
 
 
+def whole_number(text: str) -> int:
+    """An argparse ``type`` for counts written as RL writes budgets: ``100000``, ``1e5``, ``2.5e5``."""
+    try:
+        return int(text)
+    except ValueError:
+        pass
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not value.is_integer():
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number (e.g. 100000 or 1e5)")
+    return int(value)
+
+
 def evaluate_sb3(
     model: Any,
     env_id: str,

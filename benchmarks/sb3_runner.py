@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import EVAL_SEED_OFFSET
+from benchmarks.common import EVAL_SEED_OFFSET, whole_number
 
 MUJOCO = ["HalfCheetah-v5", "Hopper-v5", "Walker2d-v5", "Ant-v5", "Humanoid-v5"]
 LUNAR_CONTINUOUS = "LunarLander-v3 continuous=true"
@@ -252,8 +252,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--env", required=True)
     parser.add_argument("--env-kwargs", nargs="*", default=[], help="KEY=VALUE arguments of gymnasium.make")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--frames", type=int, required=True)
-    parser.add_argument("--eval-every", type=int, required=True)
+    parser.add_argument("--frames", type=whole_number, required=True)
+    parser.add_argument("--eval-every", type=whole_number, required=True)
     parser.add_argument("--eval-episodes", type=int, default=10)
     parser.add_argument("--output-dir", type=Path, required=True)
     args = parser.parse_args(argv)

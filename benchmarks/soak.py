@@ -26,6 +26,8 @@ import threading
 import time
 from pathlib import Path
 
+from benchmarks.common import whole_number
+
 RECIPES = {
     "ppo": ("recipes.ppo", "PPOConfig", 100_000),
     "dqn": ("recipes.dqn", "DQNConfig", 50_000),
@@ -93,9 +95,9 @@ def main() -> None:
     parser.add_argument("--env-id", default=None, help="default: the recipe's")
     parser.add_argument("--minutes", type=float, default=30.0)
     parser.add_argument(
-        "--frames-per-cycle", type=int, default=None, help="default: a recipe-specific budget"
+        "--frames-per-cycle", type=whole_number, default=None, help="default: a recipe-specific budget"
     )
-    parser.add_argument("--checkpoint-every", type=int, default=5_000)
+    parser.add_argument("--checkpoint-every", type=whole_number, default=5_000)
     parser.add_argument(
         "--leg-s",
         type=float,

@@ -47,6 +47,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from benchmarks.common import whole_number
+
 ROOT = Path(__file__).resolve().parents[1]
 REFERENCES = Path(__file__).with_name("references.csv")
 BOOTSTRAP_SAMPLES = 2_000
@@ -578,7 +580,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--algos", nargs="+", default=[], help="recipes, e.g. ppo sac")
     parser.add_argument("--envs", nargs="+", default=[], help='env ids, with kwargs as "ID key=value"')
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
-    parser.add_argument("--frames", type=int, default=None, help="budget per run (default: the preset's)")
+    parser.add_argument(
+        "--frames", type=whole_number, default=None, help="budget per run (default: the preset's)"
+    )
     parser.add_argument("--results", type=Path, default=Path(__file__).with_name("results"))
     parser.add_argument("--jobs", type=int, default=2, help="runs at a time (without --ray-address)")
     parser.add_argument(
@@ -587,7 +591,7 @@ def main(argv: list[str] | None = None) -> None:
         help="run on a Ray cluster: its address (e.g. auto, ray://head:10001), or local for this machine's cores",
     )
     parser.add_argument(
-        "--checkpoint-every", type=int, default=50_000, help="frames between resume checkpoints"
+        "--checkpoint-every", type=whole_number, default=50_000, help="frames between resume checkpoints"
     )
     parser.add_argument(
         "--report-only", action="store_true", help="only rebuild the report from finished runs"

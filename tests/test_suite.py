@@ -131,6 +131,14 @@ def test_report_only_without_runs(tmp_path, capsys):
     assert not Path(tmp_path / "empty" / "report.md").exists()
 
 
+def test_budgets_take_scientific_notation_and_refuse_fractions(tmp_path, capsys):
+    suite.main(["--frames", "2.5e4", "--report-only", "--results", str(tmp_path)])
+    for bad in ("1.5", "1e-3", "inf", "many"):
+        with pytest.raises(SystemExit):
+            suite.main(["--frames", bad, "--results", str(tmp_path)])
+        assert f"{bad!r} is not a whole number" in capsys.readouterr().err
+
+
 def test_a_worker_that_cannot_see_the_results_folder_sends_the_run_back(tmp_path):
     """On a node without the head's filesystem the run goes to a temporary folder and its files travel back."""
     job = suite.Job("reinforce", "CartPole-v1", 0)
