@@ -713,6 +713,8 @@ class Agent(nn.Module):
             raise InputError(
                 f"{path} has agent format version {metadata.get('format_version')}, expected {FORMAT_VERSION}."
             )
+        component = component_of(path, tensors, "policy")
+        saved = state_shapes(path, component, tensors[component])
         try:
             observation_space, action_space = (
                 space_from_json(metadata[key], max_elements=max(2**20, path.stat().st_size))
@@ -721,10 +723,8 @@ class Agent(nn.Module):
             builder, policy_kwargs = builder_name(metadata["policy_builder"]), metadata["policy_kwargs"]
             if not isinstance(policy_kwargs, dict):
                 raise TypeError("policy_kwargs is not a mapping")
-            component = component_of(tensors, "policy")
-            saved = state_shapes(path, component, tensors[component])
             check_description_fits(
-                path, builder, POLICY_BUILDERS[builder], observation_space, action_space, policy_kwargs, saved
+                builder, POLICY_BUILDERS[builder], observation_space, action_space, policy_kwargs, saved
             )
             agent = cls.build(
                 env_id=metadata["env_id"],
@@ -738,10 +738,7 @@ class Agent(nn.Module):
                 env_wrappers=metadata.get("env_wrappers") or [],
             )
             agent.allowed_wrappers = set(allow_wrappers)
-        except InputError as error:
-            if str(path) in str(error):
-                raise
-            # a builder's refusal of an option (--hidden-sizes ...), read here from the file's description
+        except InputError as error:  # a builder's refusal of an option (--hidden-sizes ...) or of its size
             raise InputError(f"{path} has an invalid agent description: {error}") from None
         except Exception as error:  # noqa: BLE001 - a forged description fails the builders in many ways
             raise InputError(

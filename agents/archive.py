@@ -119,13 +119,13 @@ def _check_state(path: Path, name: str, state: Any, tensors: TensorShapes) -> No
         if not isinstance(node, dict):
             continue
         kind = node.get("kind")
-        if kind is not None and kind not in _STATE_KINDS:
+        if kind is not None and (not isinstance(kind, str) or kind not in _STATE_KINDS):
             raise InputError(f"{path} describes an unknown kind of value {kind!r} in {name!r}.")
         if kind in ("numpy", "numpy_scalar"):
             itemsize = _plain_dtype(path, name, node.get("dtype")).itemsize
         if kind in ("tensor", "numpy"):
             key = node.get("key")
-            if key not in tensors:
+            if not isinstance(key, str) or key not in tensors:
                 raise InputError(f"{path} refers to a tensor {key!r} it does not hold in {name!r}.")
             shape, dtype = tensors[key]
             scale = max(1.0, itemsize / dtype.itemsize) if kind == "numpy" else 1.0
@@ -208,12 +208,12 @@ def state_shapes(path: Path, component: str, tensors: TensorShapes) -> TensorSha
     return named
 
 
-def component_of(tensors: dict[str, TensorShapes], name: str) -> str:
-    """The archive folder of the component called ``name`` (e.g. "policy")."""
+def component_of(path: Path, tensors: dict[str, TensorShapes], name: str) -> str:
+    """The archive folder of the component called ``name`` (e.g. "policy") in the checked archive ``path``."""
     for folder in tensors:
         if folder.rsplit("-", 1)[-1] == name:
             return folder
-    raise InputError(f"The checkpoint holds no {name!r} tensors.")
+    raise InputError(f"{path} holds no {name!r} tensors: the file is damaged or forged.")
 
 
 def nbytes(shapes: TensorShapes) -> int:

@@ -14,7 +14,6 @@ from __future__ import annotations
 import inspect
 import math
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import gymnasium as gym
@@ -30,7 +29,6 @@ SLACK_BYTES = 2**20  # what an estimate may exceed the file's tensors by (small 
 
 
 def check_description_fits(
-    path: Path,
     builder: str,
     make_policy: Callable[..., nn.Module],
     observation_space: gym.Space,
@@ -39,28 +37,25 @@ def check_description_fits(
     saved: TensorShapes,
 ) -> None:
     """Raise :class:`InputError` unless the policy that ``make_policy`` (registered as ``builder``) would build holds
-    the tensors ``saved``."""
+    the tensors ``saved``; the caller names the file."""
     observation_spec, action_spec = space_to_spec(observation_space, 1), space_to_spec(action_space, 1)
     try:
         with torch.device("meta"):
             policy = make_policy(observation_spec, action_spec, **policy_kwargs)
     except (RuntimeError, NotImplementedError):  # reads a value while it is built: estimate instead
-        _check_estimate(
-            path, builder, make_policy, observation_space, action_space, policy_kwargs, nbytes(saved)
-        )
+        _check_estimate(builder, make_policy, observation_space, action_space, policy_kwargs, nbytes(saved))
         return
     implied = {name: (tuple(tensor.shape), tensor.dtype) for name, tensor in policy.state_dict().items()}
     if implied != saved:
         differences = sorted(set(implied.items()) ^ set(saved.items()), key=str)
         raise InputError(
-            f"{path} describes a policy ({builder}) whose tensors differ from those the file holds (first: "
+            f"it describes a policy ({builder}) whose tensors differ from those the file holds (first: "
             f"{differences[0][0]}: described {implied.get(differences[0][0])}, held {saved.get(differences[0][0])}); "
             "the file is damaged or forged."
         )
 
 
 def _check_estimate(
-    path: Path,
     builder: str,
     make_policy: Callable[..., nn.Module],
     observation_space: gym.Space,
@@ -88,6 +83,6 @@ def _check_estimate(
         estimate = sum(tensor.numel() * tensor.element_size() for tensor in mlp.state_dict().values())
     if estimate > 2 * held + SLACK_BYTES:
         raise InputError(
-            f"{path} describes a policy ({builder}) of about {estimate} bytes but holds {held} bytes of tensors; "
+            f"it describes a policy ({builder}) of about {estimate} bytes but holds {held} bytes of tensors; "
             "the file is damaged or forged. Refusing to build it."
         )

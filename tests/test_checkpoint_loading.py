@@ -224,6 +224,34 @@ def test_a_state_description_that_decodes_to_more_than_the_file_is_refused(tmp_p
         Agent.load(path)
 
 
+def test_forged_tensor_references_and_components_are_named_with_the_file(tmp_path):
+    path = saved_agent(tmp_path)
+
+    def unhashable_key(state):
+        state["items"][0][1]["key"] = ["tensor_00000000"]
+
+    forge_state(path, unhashable_key)
+    with pytest.raises(InputError, match=r"refers to a tensor \['tensor_00000000'\] it does not hold"):
+        Agent.load(path)
+    path = saved_agent(tmp_path)
+    forge_state(path, lambda state: state["items"][0][1].update(kind=["tensor"]))
+    with pytest.raises(InputError, match=r"unknown kind of value \['tensor'\]"):
+        Agent.load(path)
+    path = saved_agent(tmp_path)
+    rewrite(
+        path,
+        lambda entries: entries.update(
+            {
+                name.replace("-policy/", "-critic/"): entries.pop(name)
+                for name in list(entries)
+                if "-policy/" in name
+            }
+        ),
+    )
+    with pytest.raises(InputError, match=f"{path} holds no 'policy' tensors"):
+        Agent.load(path)
+
+
 def test_forged_descriptions_fail_in_one_line_not_in_a_traceback(tmp_path):
     path = saved_agent(tmp_path)
     rewrite(
