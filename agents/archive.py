@@ -173,7 +173,8 @@ def _check_tensors(path: Path, name: str, meta: Any, sizes: dict[str, int]) -> T
             continue
         if not isinstance(leaf, dict) or not set(leaf) <= _TENSOR_LEAF_KEYS or leaf.get("is_nested"):
             raise InputError(f"{path} describes something other than plain tensors in {name!r}.")
-        shape, dtype = leaf.get("shape"), _DTYPES.get(leaf.get("dtype"))
+        dtype_name, shape = leaf.get("dtype"), leaf.get("shape")
+        dtype = _DTYPES.get(dtype_name) if isinstance(dtype_name, str) else None
         if (
             dtype is None
             or not isinstance(shape, list)

@@ -237,6 +237,20 @@ def test_forged_tensor_references_and_components_are_named_with_the_file(tmp_pat
     forge_state(path, lambda state: state["items"][0][1].update(kind=["tensor"]))
     with pytest.raises(InputError, match=r"unknown kind of value \['tensor'\]"):
         Agent.load(path)
+    for field, value in (("dtype", ["torch.float32"]), ("shape", [4, -16]), ("shape", "16")):
+        path = saved_agent(tmp_path)
+
+        def forge_meta(entries, field=field, value=value):
+            name = next(name for name in entries if name.endswith("/meta.json"))
+            meta = json.loads(entries[name])
+            meta["tensor_00000000"][field] = value
+            entries[name] = json.dumps(meta).encode()
+
+        rewrite(path, forge_meta)
+        with pytest.raises(
+            InputError, match="declares tensor 'tensor_00000000' with an unsupported shape or dtype"
+        ):
+            Agent.load(path)
     path = saved_agent(tmp_path)
     rewrite(
         path,
