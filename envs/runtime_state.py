@@ -91,11 +91,45 @@ def _object_state(obj: Any) -> dict[str, Any]:
     return {"class": type(obj).__name__, "values": values, "generators": generators, "spaces": spaces}
 
 
+def _same_form(current: Any, saved: Any) -> bool:
+    """Whether ``saved`` may replace the attribute value ``current`` of a freshly built env: the same kind of
+    value (numbers for numbers, numbers of the same shape for an array or a tuple of numbers, text for text);
+    None stands for any value."""
+    if current is None or saved is None:
+        return _is_plain(saved)
+    if isinstance(current, np.ndarray) or isinstance(
+        saved, np.ndarray
+    ):  # or a tuple of numbers (MountainCar's)
+        try:
+            array = np.asarray(saved)
+        except ValueError:  # ragged
+            return False
+        return array.shape == np.shape(current) and array.dtype.kind in "biuf"
+    numbers = (int, float, np.number)
+    if isinstance(current, numbers) and not isinstance(current, bool):
+        return isinstance(saved, numbers) and not isinstance(saved, bool)
+    if isinstance(current, (tuple, list)):
+        return isinstance(saved, type(current)) and _is_plain(saved)
+    return type(saved) is type(current)
+
+
 def _load_object_state(obj: Any, state: dict[str, Any]) -> None:
     if type(obj).__name__ != state["class"]:
         raise InputError(
             f"The checkpoint's env layer {state['class']} does not match this env's {type(obj).__name__}."
         )
+    current = vars(obj)
+    for name, value in state["values"].items():
+        fits = (
+            _same_form(current[name], value)
+            if name in current
+            else name.isidentifier() and not hasattr(type(obj), name) and _is_plain(value)
+        )
+        if name in _SKIPPED or not fits:
+            raise InputError(
+                f"The checkpoint sets {type(obj).__name__}.{name} to {value!r:.60}, which does not fit this env's "
+                f"{current.get(name, 'attribute')!r:.60}; the file is damaged or forged."
+            )
     for name, value in state["values"].items():
         setattr(obj, name, value)
     for name, generator_state in state["generators"].items():
@@ -157,6 +191,16 @@ def env_runtime_state(env: EnvBase) -> tuple[dict[str, Any] | None, str | None]:
     return None, f"{type(env).__name__} (an env of unknown type)"
 
 
+def _fitting(saved: Any, current: torch.Tensor, name: str) -> torch.Tensor:
+    """``saved`` on ``current``'s device and in its dtype, if it is a tensor of ``current``'s shape."""
+    if not isinstance(saved, torch.Tensor) or saved.shape != current.shape or saved.is_complex():
+        raise InputError(
+            f"The checkpoint's env {name} is {type(saved).__name__} {tuple(getattr(saved, 'shape', ()))}, not a "
+            f"tensor of this env's shape {tuple(current.shape)}; the file is damaged or forged."
+        )
+    return saved.to(current.device, current.dtype)
+
+
 def load_env_runtime_state(env: EnvBase, state: dict[str, Any]) -> None:
     """Put ``env`` (freshly built from the same id and number of sub-envs) in the captured ``state``."""
     if state["kind"] == "transformed" and isinstance(env, TransformedEnv):
@@ -165,9 +209,9 @@ def load_env_runtime_state(env: EnvBase, state: dict[str, Any]) -> None:
         return
     if state["kind"] == "torch" and isinstance(env, ClassicControlEnv):
         batch = env.batch
-        batch.state = state["state"].to(env.device, env.dtype)
-        batch.episode_return = state["episode_return"].to(env.device)
-        batch.episode_length = state["episode_length"].to(env.device)
+        batch.state = _fitting(state["state"], batch.state, "state").to(env.device, env.dtype)
+        batch.episode_return = _fitting(state["episode_return"], batch.episode_return, "episode_return")
+        batch.episode_length = _fitting(state["episode_length"], batch.episode_length, "episode_length")
         env.generator.set_state(state["generator"].cpu())
         return
     if state["kind"] == "gymnasium" and isinstance(env, GymnasiumVectorEnv):
@@ -183,14 +227,14 @@ def load_env_runtime_state(env: EnvBase, state: dict[str, Any]) -> None:
                 raise InputError("The checkpoint's env wrappers do not match this run's.")
             for layer, layer_state in zip(layers, layer_states, strict=True):
                 _load_object_state(layer, layer_state)
-        observation = state["observation"]
+        observation, current = state["observation"], env._observation
         env._observation = (
-            observation.to(env.device)
-            if isinstance(observation, torch.Tensor)
+            _fitting(observation, current, "observation")
+            if isinstance(current, torch.Tensor)
             else TensorDict(observation, batch_size=env.batch_size).to(env.device)
         )
-        env._episode_return = state["episode_return"].to(env.device)
-        env._episode_length = state["episode_length"].to(env.device)
+        env._episode_return = _fitting(state["episode_return"], env._episode_return, "episode_return")
+        env._episode_length = _fitting(state["episode_length"], env._episode_length, "episode_length")
         mask = state.get("action_mask")  # absent from checkpoints of before masks
         env._action_mask = None if mask is None else mask.to(env.device)
         env._seed = state["seed"]

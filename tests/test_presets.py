@@ -163,6 +163,10 @@ def test_a_reused_config_takes_the_new_envs_preset():
         and config.optim.lr == 1e-4
         and config.buffer.batch_size == 256
     )
+    for forged in ({"for": ["CartPole-v1"], "set": 3}, ["CartPole-v1"], {"set": {}}):
+        config.run.preset_applied = forged  # as a damaged resume.ckpt would hand it over
+        with pytest.raises(InputError, match="run.preset_applied holds .*, not a record of a preset"):
+            apply_preset(config, dqn.PRESETS)
 
 
 def test_qlearning_mountain_car_runs_with_nothing_but_the_env_id():

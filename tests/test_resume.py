@@ -1,6 +1,7 @@
 """Exact resume: a run stopped half-way (as by SIGINT) and continued with --resume ends with the same parameters as
 one that ran straight through; what resume refuses, and how."""
 
+import json
 import pickle
 import re
 import subprocess
@@ -274,6 +275,117 @@ def test_a_run_that_crashed_resumes_exactly_from_its_last_periodic_checkpoint(tm
     expected, actual = parameters(tmp_path / "straight"), parameters(tmp_path / "crashed")
     for key in expected:
         assert torch.equal(expected[key], actual[key]), key
+
+
+def schema_items(node, *keys):
+    """The [key, value] items of a TorchRL state description reached through the mappings named ``keys``."""
+    for key in keys:
+        node = next(value for name, value in node["items"] if name.get("value") == key)
+    return node["items"]
+
+
+def forge_resume(path, change):
+    """Rewrite ``path``'s manifest and state descriptions with ``change(manifest, state)``."""
+    name = "components/0000-training/state.json"
+    with zipfile.ZipFile(path) as archive:
+        entries = {entry: archive.read(entry) for entry in archive.namelist()}
+    manifest, state = json.loads(entries["manifest.json"]), json.loads(entries[name])
+    change(manifest, state)
+    entries["manifest.json"], entries[name] = json.dumps(manifest).encode(), json.dumps(state).encode()
+    with zipfile.ZipFile(path, "w") as archive:
+        for entry, data in entries.items():
+            archive.writestr(entry, data)
+
+
+def set_item(items, key, value):
+    """Set (or add) the item ``key`` of a description's items to the plain value ``value``."""
+    node = {"kind": "value", "value": value}
+    for item in items:
+        if item[0].get("value") == key:
+            item[1] = node
+            return
+    items.append([{"kind": "value", "value": key}, node])
+
+
+def cartpole_values(state):
+    layer = schema_items(state, "training", "env", "sub_envs")[0]["items"][
+        -1
+    ]  # the CartPoleEnv under its wrappers
+    return schema_items(layer, "values")
+
+
+FORGERIES = {
+    "registration": (
+        lambda manifest, state: manifest["metadata"].update(env_registration=7),
+        "damaged env registration",
+    ),
+    "collector-frames": (
+        lambda manifest, state: set_item(schema_items(state, "training", "collector"), "frames", "many"),
+        r"the training state.collector.frames holds 'many' where this run keeps int",
+    ),
+    "run-state": (
+        lambda manifest, state: set_item(schema_items(state, "run"), "best_return", [1]),
+        r"the run's state.best_return holds \[1\] where this run keeps float",
+    ),
+    "replay-cursor": (
+        lambda manifest, state: set_item(
+            schema_items(state, "training", "replay_buffer", "writer"), "_cursor", 10**9
+        ),
+        "cursor 1000000000 is past its capacity",
+    ),
+    "env-attribute": (
+        lambda manifest, state: set_item(cartpole_values(state), "state", "upright"),
+        r"sets CartPoleEnv.state to 'upright', which does not fit",
+    ),
+    "env-method": (
+        lambda manifest, state: set_item(cartpole_values(state), "step", 1),
+        r"sets CartPoleEnv.step to 1",
+    ),
+}
+
+
+@pytest.mark.parametrize("forgery", FORGERIES)
+def test_a_forged_resume_checkpoint_is_refused_in_one_line_before_the_run_folder_changes(
+    tmp_path, monkeypatch, forgery
+):
+    with monkeypatch.context() as patch:
+        interrupt_at(patch, 1_024)
+        dqn.main(tiny_dqn(tmp_path / "run"))
+    change, message = FORGERIES[forgery]
+    forge_resume(tmp_path / "run" / RESUME_FILE, change)
+    before = {path: path.read_bytes() for path in (tmp_path / "run").rglob("*") if path.is_file()}
+    with pytest.raises(InputError, match=message):
+        dqn.main(tiny_dqn(None, resume=tmp_path / "run"))
+    assert {path: path.read_bytes() for path in (tmp_path / "run").rglob("*") if path.is_file()} == before
+
+
+@pytest.mark.parametrize(
+    "section, option, value, message",
+    [
+        ("run", "seed", None, "run.seed holds None, not int"),
+        ("run", "total_frames", 1.5, "run.total_frames holds 1.5, not int"),
+        ("network", "activation", "gelu", "network.activation holds 'gelu', not one of 'relu', 'tanh'"),
+        ("network", "hidden_sizes", [64, "x"], "network.hidden_sizes holds 'x', not int"),
+        ("network", "hidden_sizes", 64, "network.hidden_sizes holds 64, not a list of int"),
+        ("run", "video", 1, "run.video holds 1, not bool"),
+    ],
+)
+def test_the_command_line_refuses_saved_options_of_the_wrong_type(
+    tmp_path, monkeypatch, section, option, value, message
+):
+    from training.resume import resumed_config
+
+    with monkeypatch.context() as patch:
+        interrupt_at(patch, 1_024)
+        dqn.main(tiny_dqn(tmp_path / "run"))
+    forge_resume(
+        tmp_path / "run" / RESUME_FILE,
+        lambda manifest, state: manifest["metadata"]["config"][section].update({option: value}),
+    )
+    with pytest.raises(
+        InputError, match=f"resume.ckpt cannot be resumed: the saved option {re.escape(message)}"
+    ):
+        resumed_config(dqn.DQNConfig, tiny_dqn(None, resume=tmp_path / "run"), ["--resume", "run"])
 
 
 def test_a_checkpoint_from_before_an_option_existed_still_resumes():

@@ -64,6 +64,10 @@ def test_config_validate_raises_what_main_would(tmp_path):
     config.buffer.beta = 2.0
     with pytest.raises(InputError, match=r"--beta must be in \[0, 1\], got 2.0"):
         config.validate()
+    config = dqn.DQNConfig()
+    config.run.threads = 10**6  # torch would try to start them all
+    with pytest.raises(InputError, match="--threads must be 0 .* up to 1024, got 1000000"):
+        config.validate()
 
 
 def test_quiet_silences_a_config_and_sets_run_options(tmp_path):

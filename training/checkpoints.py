@@ -20,7 +20,7 @@ from training.resume import (
     resume_path,
     save_resume_checkpoint,
 )
-from training.state import TrainingState
+from training.state import TrainingState, check_form
 
 AGENT_FILE = "agent.ckpt"
 BEST_AGENT_FILE = "best_agent.ckpt"
@@ -113,6 +113,10 @@ def read_resume(
             "keeps the saved options (on the command line, give --resume alone)."
         )
     saved, current = metadata.get("env_registration"), registration(metadata["env_id"])
+    if saved is not None and not isinstance(saved, dict):
+        raise InputError(
+            f"{path} holds a damaged env registration ({saved!r:.40}); the file is damaged or forged."
+        )
     if saved is not None and saved != current:
         changed = ", ".join(
             f"{key} (saved {saved.get(key)!r}, now {current.get(key)!r})"
@@ -126,14 +130,35 @@ def read_resume(
     return load_resume_checkpoint(path)
 
 
+def check_resumed_form(saved: Any, form: Any, where: str, path: Path) -> None:
+    """:func:`training.state.check_form`, naming the checkpoint ``path`` in its error."""
+    try:
+        check_form(saved, form, where)
+    except InputError as error:
+        raise InputError(
+            f"{resume_path(path)} cannot be resumed: {error}; the file is damaged or forged."
+        ) from None
+
+
 def restore_training(training: TrainingState, state: dict[str, Any], path: Path) -> None:
     """Load ``state`` into ``training``, or raise :class:`InputError` saying the checkpoint does not fit this run
     (a damaged file, or one written by other code): called before the run writes anything."""
+    # the envs' state is checked as it is loaded (envs.runtime_state): a fresh env's may not be capturable yet
+    form = training.state_dict() | {"env": None, "env_not_saved_because": None}
+    check_resumed_form(state, form, "the training state", path)
     try:
         training.load_state_dict(state)
     except InputError:
         raise
-    except (KeyError, RuntimeError, TypeError, ValueError, IndexError, AttributeError) as error:
+    except (
+        KeyError,
+        RuntimeError,
+        TypeError,
+        ValueError,
+        IndexError,
+        AttributeError,
+        OverflowError,
+    ) as error:
         detail = str(error).splitlines()[0] if str(error) else "no detail"
         raise InputError(
             f"The training state in {resume_path(path)} does not fit this run ({type(error).__name__}: {detail}); "

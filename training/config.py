@@ -22,6 +22,7 @@ from errors import InputError, require_positive
 
 LoggerName = Literal["wandb", "csv", "tensorboard", "none"]
 ConfigT = TypeVar("ConfigT")
+MAX_THREADS = 1024  # torch would try to start as many as asked
 
 
 @dataclass
@@ -156,8 +157,10 @@ class RunConfig(Options):
                 )
         if not 0 <= self.seed < 2**32:
             raise InputError(f"--seed must be in [0, 2**32), got {self.seed}.")
-        if self.threads < 0:
-            raise InputError(f"--threads must be 0 (torch's default) or positive, got {self.threads}.")
+        if not 0 <= self.threads <= MAX_THREADS:
+            raise InputError(
+                f"--threads must be 0 (torch's default) or a positive count up to {MAX_THREADS}, got {self.threads}."
+            )
         require_positive(
             num_envs=self.num_envs,
             total_frames=self.total_frames,

@@ -243,6 +243,12 @@ def apply_preset(config: Any, path: Path, given: Collection[str] | None = None) 
         [str(preset_file)] if preset_file else []
     )
     previous = run.preset_applied
+    if previous is not None and not (
+        isinstance(previous, dict) and isinstance(previous.get("set"), dict) and "for" in previous
+    ):
+        raise InputError(
+            f"run.preset_applied holds {previous!r:.80}, not a record of a preset (leave it to the recipe: None)."
+        )
     if previous is not None and previous.get("for") == json_ready(request):
         return previous
     defaults = type(config)()

@@ -128,32 +128,56 @@ def config_differences(saved: dict[str, Any], current: dict[str, Any]) -> list[s
     return differences
 
 
-def config_from_dict(config_type: type, data: dict[str, Any]) -> Any:
-    """Rebuild a (nested) config dataclass from its JSON form (``config_to_dict``)."""
+def config_from_dict(config_type: type, data: dict[str, Any], prefix: str = "") -> Any:
+    """Rebuild a (nested) config dataclass from its JSON form (``config_to_dict``); :class:`InputError` naming the
+    option for a value that is not of its option's type (a damaged or forged file)."""
+    if not isinstance(data, dict):
+        raise InputError(f"the saved options{f' of {prefix}' if prefix else ''} are not a mapping")
     hints = typing.get_type_hints(config_type)
     values = {}
     for field in dataclasses.fields(config_type):
-        if field.name not in data:
-            continue
-        values[field.name] = _field_value(hints[field.name], data[field.name])
+        if field.name in data:
+            values[field.name] = _field_value(hints[field.name], data[field.name], prefix + field.name)
     return config_type(**values)
 
 
-def _field_value(hint: Any, value: Any) -> Any:
-    if value is None:
-        return None
-    origin = typing.get_origin(hint)
+def _field_value(hint: Any, value: Any, name: str) -> Any:
+    origin, arguments = typing.get_origin(hint), typing.get_args(hint)
     if dataclasses.is_dataclass(hint):
-        return config_from_dict(hint, value)
+        return config_from_dict(hint, value, f"{name}.")
     if origin in (typing.Union, types.UnionType):
-        for option in typing.get_args(hint):
-            if option is not type(None):
-                return _field_value(option, value)
+        if value is None and type(None) in arguments:
+            return None
+        (option,) = (option for option in arguments if option is not type(None))
+        return _field_value(option, value, name)
     if origin is tuple:
-        return tuple(value)
-    if hint is Path:
-        return Path(value)
+        fits = isinstance(value, (list, tuple))
+        value = tuple(_field_value(arguments[0], item, name) for item in value) if fits else value
+    elif origin is typing.Literal:
+        fits = any(type(value) is type(choice) and value == choice for choice in arguments)
+    elif origin is dict or hint is dict:
+        fits = isinstance(value, dict)
+    elif hint in (int, float):  # JSON has no int/float distinction for a float option holding 1
+        fits = isinstance(value, (int, float) if hint is float else int) and not isinstance(value, bool)
+        value = hint(value) if fits else value
+    elif hint in (bool, str):
+        fits = isinstance(value, hint)
+    elif hint is Path:
+        fits = isinstance(value, str)
+        value = Path(value) if fits else value
+    else:
+        raise TypeError(f"config_from_dict cannot check options of type {hint}")
+    if not fits:
+        raise InputError(f"the saved option {name} holds {value!r:.80}, not {_type_name(hint)}")
     return value
+
+
+def _type_name(hint: Any) -> str:
+    if typing.get_origin(hint) is typing.Literal:
+        return "one of " + ", ".join(repr(choice) for choice in typing.get_args(hint))
+    if typing.get_origin(hint) is tuple:
+        return f"a list of {_type_name(typing.get_args(hint)[0])}"
+    return getattr(hint, "__name__", None) or str(hint).replace("typing.", "")
 
 
 def explicit_options(argv: list[str]) -> set[str]:
@@ -181,7 +205,10 @@ def resumed_config(config_type: type, config: Any, argv: list[str] | None = None
             + ", ".join(f"--{name.replace('_', '-')}" for name in sorted(REPORTING_OPTIONS - {"resume"}))
             + " may change)."
         )
-    resumed = config_from_dict(config_type, saved)
+    try:
+        resumed = config_from_dict(config_type, saved)
+    except InputError as error:
+        raise InputError(f"{path} cannot be resumed: {error}; the file is damaged or forged.") from None
     resumed.run.output_dir = None  # the checkpoint's directory, wherever the run was moved (unless given)
     for name in explicit_options(argv) & REPORTING_OPTIONS:
         setattr(resumed.run, name, getattr(config.run, name))

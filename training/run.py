@@ -35,7 +35,14 @@ from agents.networks import find_normalizer
 from envs.vector import registration
 from errors import InputError, NonFiniteError, WriteError
 from training.callbacks import Callback, callback_name, check_callbacks
-from training.checkpoints import AGENT_FILE, BEST_AGENT_FILE, Checkpoints, read_resume, restore_training
+from training.checkpoints import (
+    AGENT_FILE,
+    BEST_AGENT_FILE,
+    Checkpoints,
+    check_resumed_form,
+    read_resume,
+    restore_training,
+)
 from training.collectors import warm_up_normalizer
 from training.config import RunConfig, config_to_dict
 from training.evaluation import EvaluationSchedule, check_evaluation_env, run_deterministic
@@ -46,7 +53,26 @@ from training.plotting import plot_learning_curve
 from training.provenance import run_source
 from training.resume import RESUME_FILE
 from training.signals import SignalWatcher
-from training.state import TrainingState
+from training.state import Maybe, TrainingState
+
+# the form of a run's own state in resume.ckpt (:meth:`Run._run_state`), checked before a resumed run starts
+RUN_STATE_FORM = {
+    "frames": 0,
+    "elapsed_s": 0.0,
+    "training_returns": [(0, 0.0)],
+    "last_return": Maybe(0.0),
+    "recent_returns": [0.0],
+    "evaluations": [
+        {"frames": 0, "wall_time_s": 0.0, "return_mean": 0.0, "return_std": 0.0, "length_mean": 0.0}
+    ],
+    "best_return": 0.0,
+    "solved_at_frames": Maybe(0),
+    "solved_at_s": Maybe(0.0),
+    "next_eval": 0,
+    "time_s": 0.0,
+    "next_checkpoint": Maybe(0),
+    "wandb_id": Maybe(""),
+}
 
 
 class Run:
@@ -83,6 +109,7 @@ class Run:
         # before any folder is touched: a checkpoint that does not fit changes nothing
         if resumed is not None:
             restore_training(training, resumed["training"], run.resume)
+            check_resumed_form(resumed["run"], RUN_STATE_FORM, "the run's state", run.resume)
         self.config["source"] = run_source()
         # the agent makes its evaluation envs as the run made its training envs
         agent.env_kwargs, agent.env_wrappers = run.env_make_kwargs, run.wrapper_specs

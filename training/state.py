@@ -13,9 +13,11 @@ have. :mod:`training.resume` writes and reads it as ``resume.ckpt``.
 from __future__ import annotations
 
 import dataclasses
+import math
 import warnings
 from typing import Any
 
+import numpy as np
 import torch
 from tensordict import TensorDict
 from torch import nn
@@ -95,15 +97,23 @@ class TrainingState:
         if self.replay_buffer is not None:
             _load_replay_buffer_state(self.replay_buffer, state["replay_buffer"])
         if state["target_updater"] is not None:
-            self.target_updater.counter = state["target_updater"]
+            self.target_updater.counter = _count(state["target_updater"], "the target updater's step count")
         for name, extra in self.extras.items():
             extra.load_state_dict(state["extras"][name])
-        self.counters.update(state["counters"])
+        counters = state["counters"]
+        if not isinstance(counters, dict) or not set(counters) <= set(self.counters):
+            raise InputError(
+                f"the saved counters {counters!r:.80} are not this recipe's {sorted(self.counters)}"
+            )
+        self.counters.update(
+            {name: _count(value, f"the counter {name!r}") for name, value in counters.items()}
+        )
         if self.collector is None:
             self.restore_rng(state)
             return
         collector, collector_state = self.collector, state["collector"]
-        collector._frames, collector._iter = collector_state["frames"], collector_state["iter"]
+        collector._frames = _count(collector_state["frames"], "the collector's frame count")
+        collector._iter = _count(collector_state["iter"], "the collector's batch count", minimum=-1)
         if "traj_pool" in collector_state:
             collector._traj_pool.load_state_dict(collector_state["traj_pool"])
         if state["env"] is None:
@@ -125,6 +135,70 @@ class TrainingState:
     def restore_rng(state: dict[str, Any]) -> None:
         """Put Python's, NumPy's and torch's global generators back where ``state`` found them."""
         GlobalRNGState().load_state_dict(state["rng"])
+
+
+class Maybe:
+    """In a form for :func:`check_form`: None, or a value of the form ``form``."""
+
+    def __init__(self, form: Any):
+        self.form = form
+
+
+def check_form(saved: Any, form: Any, where: str) -> None:
+    """Raise :class:`InputError` unless ``saved`` (read from a checkpoint) has the form of ``form``: a fresh run's
+    own state, or a template. Mappings are checked key by key for the keys both hold, tuples item by item, lists
+    item by item against the form's first item, tensors and arrays by dtype and number of dimensions (and shape
+    where the form's is not empty), numbers as numbers (a whole number where the form holds one), text and flags by
+    type. None in ``form`` admits anything; :class:`Maybe` admits None or its form."""
+    if isinstance(form, Maybe):
+        if saved is not None:
+            check_form(saved, form.form, where)
+        return
+    if form is None:
+        return
+    if isinstance(form, dict):
+        fits = isinstance(saved, dict)
+        if fits:
+            for key in form.keys() & saved.keys():
+                check_form(saved[key], form[key], f"{where}.{key}")
+    elif isinstance(form, (tuple, list)):
+        fits = isinstance(saved, (tuple, list)) and (isinstance(form, list) or len(saved) == len(form))
+        for index, item in enumerate(saved if fits else ()):
+            check_form(
+                item,
+                form[index] if isinstance(form, tuple) else form[0] if form else None,
+                f"{where}[{index}]",
+            )
+    elif isinstance(form, (torch.Tensor, np.ndarray)):
+        fits = (
+            type(saved) is type(form)
+            and saved.dtype == form.dtype
+            and saved.ndim == form.ndim
+            and (saved.shape == form.shape or math.prod(form.shape) == 0)
+        )
+    elif isinstance(form, bool):
+        fits = isinstance(saved, bool)
+    elif isinstance(form, (int, np.integer)):
+        fits = isinstance(saved, (int, np.integer)) and not isinstance(saved, bool)
+    elif isinstance(form, (float, np.floating)):
+        fits = isinstance(saved, (int, float, np.integer, np.floating)) and not isinstance(saved, bool)
+    else:
+        fits = type(saved) is type(form)
+    if not fits:
+        found = (
+            f"{type(saved).__name__} {tuple(saved.shape)}" if hasattr(saved, "shape") else repr(saved)[:60]
+        )
+        expected = (
+            f"{type(form).__name__} {tuple(form.shape)}" if hasattr(form, "shape") else type(form).__name__
+        )
+        raise InputError(f"{where} holds {found} where this run keeps {expected}")
+
+
+def _count(value: Any, what: str, minimum: int = 0) -> int:
+    """``value`` if it is a whole number of at least ``minimum``; :class:`InputError` naming ``what`` otherwise."""
+    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+        raise InputError(f"{what} is {value!r:.40}, not a whole number of at least {minimum}")
+    return value
 
 
 def _load_module_state(module: nn.Module, state: dict[str, Any]) -> None:
@@ -163,10 +237,21 @@ def _replay_buffer_state(buffer: ReplayBuffer) -> dict[str, Any]:
 def _load_replay_buffer_state(buffer: ReplayBuffer, state: dict[str, Any]) -> None:
     storage = buffer._storage
     storage.load_state_dict(state["storage"])
+    capacity = storage.max_size
+    _count(
+        capacity - storage._len, f"the replay buffer's free room (length {storage._len!r:.20} of {capacity})"
+    )
+    rows = storage._storage.shape[0] if storage._storage is not None else capacity
+    if rows != capacity:
+        raise InputError(f"the replay buffer holds {rows} rows of storage, not its capacity {capacity}")
     device = getattr(storage, "device", None)
     if storage._storage is not None and device not in (None, "auto"):  # loaded onto the CPU
         storage._storage = storage._storage.to(device)
     buffer._writer.load_state_dict(state["writer"])
+    if _count(getattr(buffer._writer, "_cursor", 0), "the replay buffer's cursor") >= capacity:
+        raise InputError(
+            f"the replay buffer's cursor {buffer._writer._cursor} is past its capacity {capacity}"
+        )
     sampler, sampler_state = buffer._sampler, state["sampler"]
     if isinstance(sampler, PrioritizedSampler):
         leaves = torch.arange(sampler._max_capacity)
