@@ -40,6 +40,7 @@ FORMAT = "rlkit.agent"
 RESUME_FORMAT = "rlkit.resume"  # training.resume's file: the whole training state
 FORMAT_VERSION = 1
 EVALUATION_STEP_LIMIT = 1_000  # episode cap in evaluate() for ids registered without a time limit
+MAX_EVALUATION_EPISODES = 10**9  # evaluate() keeps a return and a length per episode
 
 # Policies an agent checkpoint can be rebuilt from, by name. Loading builds one of these from the saved
 # keyword arguments and then reads tensors into it: nothing from the file is ever executed.
@@ -536,8 +537,8 @@ class Agent(nn.Module):
         env_kwargs: dict[str, Any] | None,
         render: bool = False,
     ) -> EvaluationResult:
-        if episodes < 1:
-            raise InputError(f"episodes must be at least 1, got {episodes}.")
+        if not 1 <= episodes <= MAX_EVALUATION_EPISODES:
+            raise InputError(f"episodes must be between 1 and {MAX_EVALUATION_EPISODES:,}, got {episodes}.")
         if isinstance(env, str) or env is None:
 
             def render_mode(index: int) -> str | None:

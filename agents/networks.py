@@ -42,6 +42,9 @@ from envs.specs import ACTION_MASK_KEY
 from errors import InputError
 
 ACTIVATIONS: dict[str, type[nn.Module]] = {"tanh": nn.Tanh, "relu": nn.ReLU, "elu": nn.ELU, "silu": nn.SiLU}
+MAX_WIDTH = (
+    2**20
+)  # units in one hidden layer: a square layer this wide already holds 4 TiB of float32 weights
 
 
 class OneHot(nn.Module):
@@ -503,10 +506,12 @@ def check_mlp_options(hidden_sizes: Sequence[int], activation: str) -> None:
     if activation not in ACTIVATIONS:
         raise InputError(f"Unknown activation {activation!r}; choose one of {sorted(ACTIVATIONS)}.")
     if any(
-        isinstance(size, bool) or not isinstance(size, numbers.Integral) or size < 1 for size in hidden_sizes
+        isinstance(size, bool) or not isinstance(size, numbers.Integral) or not 1 <= size <= MAX_WIDTH
+        for size in hidden_sizes
     ):
         raise InputError(
-            f"--hidden-sizes must be positive integers (units per hidden layer), got {list(hidden_sizes)}."
+            f"--hidden-sizes must be positive integers up to {MAX_WIDTH:,} (units per hidden layer), got "
+            f"{list(hidden_sizes)}."
         )
 
 

@@ -68,7 +68,7 @@ def test_evaluate_returns_per_episode_results_reproducibly(tmp_path):
 
 def test_evaluate_refuses_seeds_outside_gymnasiums_range_and_wraps_episode_seeds_past_its_end():
     agent = make_agent()
-    for bad in ({"seed": -1}, {"seed": 2**32}, {"episodes": 0}):
+    for bad in ({"seed": -1}, {"seed": 2**32}, {"episodes": 0}, {"episodes": 10**30}):
         with pytest.raises(InputError, match="seed must be in|episodes must be"):
             agent.evaluate(**{"episodes": 2, **bad})
     last = agent.evaluate(episodes=2, seed=2**32 - 1)  # its second episode is seeded 0

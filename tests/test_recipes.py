@@ -228,8 +228,9 @@ def test_cli_help_documents_the_common_options():
         (["--lr", "inf"], "--lr must be in (0, inf), got inf"),
         (
             ["--hidden-sizes", "64", "0"],
-            "--hidden-sizes must be positive integers (units per hidden layer), got [64, 0]",
+            "--hidden-sizes must be positive integers up to 1,048,576 (units per hidden layer), got [64, 0]",
         ),
+        (["--hidden-sizes", "64", "1e12"], "--hidden-sizes must be positive integers up to 1,048,576"),
         (["--gamma", "1.5"], "--gamma must be in (0, 1]"),
         (
             ["--device", "cuda:3"],

@@ -337,6 +337,10 @@ FORGERIES = {
         lambda manifest, state: set_item(cartpole_values(state), "state", "upright"),
         r"sets CartPoleEnv.state to 'upright', which does not fit",
     ),
+    "optimizer-moment": (
+        lambda manifest, state: schema_items(state, "training", "optimizers", "adam", "state", 0).pop(),
+        r"does not fit this run: the adam optimizer's state lacks \['exp_avg",
+    ),
     "env-method": (
         lambda manifest, state: set_item(cartpole_values(state), "step", 1),
         r"sets CartPoleEnv.step to 1",

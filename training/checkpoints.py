@@ -148,8 +148,11 @@ def restore_training(training: TrainingState, state: dict[str, Any], path: Path)
     check_resumed_form(state, form, "the training state", path)
     try:
         training.load_state_dict(state)
-    except InputError:
-        raise
+    except InputError as error:
+        raise InputError(
+            f"The training state in {resume_path(path)} does not fit this run: {error}; nothing in the run folder "
+            "was changed."
+        ) from None
     except (
         KeyError,
         RuntimeError,

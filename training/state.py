@@ -94,6 +94,7 @@ class TrainingState:
             _load_module_state(module, state["modules"][name])
         for name, optimizer in self.optimizers.items():
             optimizer.load_state_dict(state["optimizers"][name])
+            _check_optimizer_state(optimizer, name)
         if self.replay_buffer is not None:
             _load_replay_buffer_state(self.replay_buffer, state["replay_buffer"])
         if state["target_updater"] is not None:
@@ -192,6 +193,32 @@ def check_form(saved: Any, form: Any, where: str) -> None:
             f"{type(form).__name__} {tuple(form.shape)}" if hasattr(form, "shape") else type(form).__name__
         )
         raise InputError(f"{where} holds {found} where this run keeps {expected}")
+
+
+def _check_optimizer_state(optimizer: torch.optim.Optimizer, name: str) -> None:
+    """Raise :class:`InputError` unless every loaded per-parameter state holds what ``optimizer``'s step reads
+    (Adam's moments, RMSprop's average, as the group's options ask) with its parameter's shape."""
+    for group in optimizer.param_groups:
+        required = {"step"}
+        if isinstance(optimizer, torch.optim.Adam):
+            required |= {"exp_avg", "exp_avg_sq"} | ({"max_exp_avg_sq"} if group.get("amsgrad") else set())
+        elif isinstance(optimizer, torch.optim.RMSprop):
+            required |= {"square_avg"} | ({"grad_avg"} if group.get("centered") else set())
+            required |= {"momentum_buffer"} if group.get("momentum", 0) > 0 else set()
+        else:
+            required = set()
+        for parameter in group["params"]:
+            state = optimizer.state.get(parameter)
+            if not state:
+                continue  # a parameter the run has not stepped yet
+            if missing := required - state.keys():
+                raise InputError(f"the {name} optimizer's state lacks {sorted(missing)} for a parameter")
+            for key, value in state.items():
+                if isinstance(value, torch.Tensor) and key != "step" and value.shape != parameter.shape:
+                    raise InputError(
+                        f"the {name} optimizer's {key} has shape {tuple(value.shape)} for a parameter of shape "
+                        f"{tuple(parameter.shape)}"
+                    )
 
 
 def _count(value: Any, what: str, minimum: int = 0) -> int:
