@@ -3,7 +3,10 @@ range checks every config declares its options with."""
 
 from __future__ import annotations
 
+import math
 import re
+
+FLOAT32_MAX = 3.4028234663852886e38  # hyperparameters end up in float32 tensors
 
 
 class InputError(ValueError):
@@ -56,6 +59,10 @@ def check_ranges(**checks: tuple[float | None, str]) -> None:
         errors.InputError: --gamma must be in (0, 1], got 1.5.
     """
     for name, (value, valid_range) in checks.items():
+        if value is not None and math.isfinite(value) and abs(value) > FLOAT32_MAX:
+            raise InputError(
+                f"--{name.replace('_', '-')} is {value}, beyond float32 arithmetic (at most {FLOAT32_MAX:.3g})."
+            )
         if value is None or _within(value, valid_range):
             continue
         expected = valid_range if _BOUND.match(valid_range) else f"in {valid_range}"

@@ -43,6 +43,7 @@ def test_check_ranges_accepts_values_inside(value, valid_range):
         (1.5, "[0, 1]", "--learning-rate must be in [0, 1], got 1.5."),
         (1.0, "[0, 1)", "--learning-rate must be in [0, 1), got 1.0."),
         (float("nan"), "> 0", "--learning-rate must be > 0, got nan."),
+        (1e308, ">= 0", "--learning-rate is 1e+308, beyond float32 arithmetic (at most 3.4e+38)."),
     ],
 )
 def test_check_ranges_names_the_flag_the_range_and_the_value(value, valid_range, message):
