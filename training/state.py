@@ -265,9 +265,8 @@ def _load_replay_buffer_state(buffer: ReplayBuffer, state: dict[str, Any]) -> No
     storage = buffer._storage
     storage.load_state_dict(state["storage"])
     capacity = storage.max_size
-    _count(
-        capacity - storage._len, f"the replay buffer's free room (length {storage._len!r:.20} of {capacity})"
-    )
+    if _count(storage._len, "the replay buffer's length") > capacity:
+        raise InputError(f"the replay buffer's length {storage._len} is more than its capacity {capacity}")
     rows = storage._storage.shape[0] if storage._storage is not None else capacity
     if rows != capacity:
         raise InputError(f"the replay buffer holds {rows} rows of storage, not its capacity {capacity}")
