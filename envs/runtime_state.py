@@ -8,7 +8,9 @@ table), arrays of bytes or strings (maps), the env spec, callables and the wrapp
 a Box2D world, a MuJoCo ``MjData``, the ALE emulator) makes the env's state uncapturable: then
 :func:`env_runtime_state` returns None and a resumed run starts new episodes instead.
 
-Restoring sets those attributes on a freshly built env of the same id; nothing is unpickled or imported.
+Restoring sets those attributes on a freshly built env of the same id, each only to a value of the kind the fresh
+env holds there (numbers for numbers, an array of the same shape, text for text), and never an attribute its class
+defines (a method); nothing is unpickled or imported.
 """
 
 from __future__ import annotations
@@ -97,9 +99,8 @@ def _same_form(current: Any, saved: Any) -> bool:
     None stands for any value."""
     if current is None or saved is None:
         return _is_plain(saved)
-    if isinstance(current, np.ndarray) or isinstance(
-        saved, np.ndarray
-    ):  # or a tuple of numbers (MountainCar's)
+    arrays = isinstance(current, np.ndarray) or isinstance(saved, np.ndarray)
+    if arrays:  # one side may be a tuple of numbers: MountainCar's state is either
         try:
             array = np.asarray(saved)
         except ValueError:  # ragged
@@ -209,7 +210,7 @@ def load_env_runtime_state(env: EnvBase, state: dict[str, Any]) -> None:
         return
     if state["kind"] == "torch" and isinstance(env, ClassicControlEnv):
         batch = env.batch
-        batch.state = _fitting(state["state"], batch.state, "state").to(env.device, env.dtype)
+        batch.state = _fitting(state["state"], batch.state, "state")
         batch.episode_return = _fitting(state["episode_return"], batch.episode_return, "episode_return")
         batch.episode_length = _fitting(state["episode_length"], batch.episode_length, "episode_length")
         env.generator.set_state(state["generator"].cpu())
