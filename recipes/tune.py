@@ -18,7 +18,9 @@ optimization_history.png, param_importances.png and best_preset.json, a preset e
 
 from __future__ import annotations
 
+import fcntl
 import functools
+import gc
 import importlib
 import json
 import math
@@ -205,9 +207,13 @@ def objective(config: TuneConfig, space: dict[str, Any], trial: Any) -> float:
     return sum(returns) / len(returns)
 
 
-def run_worker(config: TuneConfig, index: int) -> bool:
+def run_worker(config: TuneConfig, index: int, first_trial: int = 0) -> bool:
     """Run trials until the study holds ``config.trials`` complete or pruned ones (one process's share); returns
-    whether Ctrl-C (or SIGTERM) stopped them first."""
+    whether Ctrl-C (or SIGTERM) stopped them first.
+
+    A worker takes a trial only while the finished trials and those running in this invocation (numbered from
+    ``first_trial`` on; older running ones were cut off by a crash) are fewer than ``config.trials``, deciding
+    under a lock on a file in the study folder, so that the workers together run exactly that many."""
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -219,19 +225,34 @@ def run_worker(config: TuneConfig, index: int) -> bool:
         pruner=make_pruner(config),
     )
     space = read_search_space(config.algorithm, config.search_space)
-    finished = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED)
-    if len(study.get_trials(deepcopy=False, states=finished)) >= config.trials:
-        return False
-    try:
-        study.optimize(
-            lambda trial: objective(config, space, trial),
-            callbacks=[optuna.study.MaxTrialsCallback(config.trials, states=finished)],
-            catch=(InputError, NonFiniteError),
-            gc_after_trial=True,
-        )
-    except KeyboardInterrupt:
-        return True
-    return False
+    states = optuna.trial.TrialState
+    while True:
+        with open(config.folder / ".trials.lock", "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+            trials = study.get_trials(deepcopy=False)
+            finished = sum(trial.state in (states.COMPLETE, states.PRUNED) for trial in trials)
+            running = sum(trial.state == states.RUNNING and trial.number >= first_trial for trial in trials)
+            if finished + running >= config.trials:
+                return False
+            trial = study.ask()
+        try:
+            value = objective(config, space, trial)
+        except optuna.TrialPruned:
+            study.tell(trial, state=states.PRUNED)  # scored by its last report
+        except (
+            InputError,
+            NonFiniteError,
+        ):  # options that do not combine, a diverging run: the study goes on
+            study.tell(trial, state=states.FAIL)
+        except KeyboardInterrupt:
+            study.tell(trial, state=states.FAIL)
+            return True
+        except BaseException:
+            study.tell(trial, state=states.FAIL)
+            raise
+        else:
+            study.tell(trial, value)
+        gc.collect()
 
 
 def main(config: TuneConfig) -> dict[str, Any]:
@@ -271,12 +292,15 @@ def main(config: TuneConfig) -> dict[str, Any]:
                 "with its own settings, or give another --study-name."
             )
         study.set_user_attr(key, value)
-    interrupted = False
+    interrupted, first_trial = False, len(study.get_trials(deepcopy=False))
     if config.jobs == 1:
-        interrupted = run_worker(config, 0)
+        interrupted = run_worker(config, 0, first_trial)
     else:
         context = multiprocessing.get_context("spawn")
-        workers = [context.Process(target=run_worker, args=(config, index)) for index in range(config.jobs)]
+        workers = [
+            context.Process(target=run_worker, args=(config, index, first_trial))
+            for index in range(config.jobs)
+        ]
         for worker in workers:
             worker.start()
         for worker in workers:
