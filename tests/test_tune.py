@@ -126,7 +126,9 @@ def test_trials_run_in_worker_processes_from_the_command_line(tmp_path):
     assert result.returncode == 0, result.stderr[-2000:]
     lines = result.stdout.splitlines()  # TorchRL logs a line or two before the summary
     summary = json.loads("\n".join(lines[lines.index("{") : lines.index("}") + 1]))
-    assert summary["trials"].get("complete", 0) + summary["trials"].get("pruned", 0) == 3  # none from a second job
+    assert (
+        summary["trials"].get("complete", 0) + summary["trials"].get("pruned", 0) == 3
+    )  # none from a second job
     assert "--preset-file" in result.stderr
 
 
