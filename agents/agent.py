@@ -41,6 +41,7 @@ RESUME_FORMAT = "rlkit.resume"  # training.resume's file: the whole training sta
 FORMAT_VERSION = 1
 EVALUATION_STEP_LIMIT = 1_000  # episode cap in evaluate() for ids registered without a time limit
 MAX_EVALUATION_EPISODES = 10**9  # evaluate() keeps a return and a length per episode
+VIDEO_SUFFIXES = (".mp4", ".mkv", ".mov", ".avi")  # what FFmpeg writes H.264 into
 
 # Policies an agent checkpoint can be rebuilt from, by name. Loading builds one of these from the saved
 # keyword arguments and then reads tensors into it: nothing from the file is ever executed.
@@ -138,10 +139,11 @@ def space_from_json(data: dict[str, Any], max_elements: int | None = None) -> gy
 
 @dataclass(frozen=True)
 class EvaluationResult:
-    """Per-episode returns and lengths of an evaluation, in episode order."""
+    """Per-episode returns and lengths of an evaluation, in episode order, and the video written, if any."""
 
     returns: np.ndarray
     lengths: np.ndarray
+    video_path: Path | None = None
 
     @property
     def mean(self) -> float:
@@ -496,7 +498,8 @@ class Agent(nn.Module):
             episodes: number of episodes.
             deterministic: act with the policy's mode.
             seed: base seed of the episodes' resets; None for unseeded resets.
-            video_path: if given, the first episode is rendered and written there as an MP4.
+            video_path: if given, the first episode is rendered and written there as H.264 video (a file ending
+                in .mp4, .mkv, .mov or .avi, or a folder: its video.mp4).
             max_parallel_envs: most envs created at once when ``env`` is an id.
             env_kwargs: keyword arguments of the env's constructor; default: the agent's own for its own env id,
                 none for another id. The agent's wrappers (``env_wrappers``) wrap every env it makes.
@@ -507,13 +510,22 @@ class Agent(nn.Module):
             An :class:`EvaluationResult` with ``episodes`` returns and lengths.
 
         Raises:
-            InputError: ``episodes`` below 1, or a ``seed`` outside Gymnasium's ``[0, 2**32)`` (episode seeds
-                ``seed + k`` past its end wrap around to 0).
+            InputError: ``episodes`` outside [1, 1e9], a ``seed`` outside Gymnasium's ``[0, 2**32)`` (episode
+                seeds ``seed + k`` past its end wrap around to 0), or a ``video_path`` of another kind of file.
         """
-        if episodes < 1:
-            raise InputError(f"episodes must be a positive integer, got {episodes}.")
+        if not 1 <= episodes <= MAX_EVALUATION_EPISODES:
+            raise InputError(f"episodes must be between 1 and {MAX_EVALUATION_EPISODES:,}, got {episodes}.")
         if seed is not None and not 0 <= seed < 2**32:
             raise InputError(f"seed must be in [0, 2**32), got {seed}.")
+        if video_path is not None:
+            video_path = Path(video_path)
+            if video_path.is_dir():
+                video_path = video_path / "video.mp4"
+            if video_path.suffix.lower() not in VIDEO_SUFFIXES:
+                raise InputError(
+                    f"Cannot write a video to {video_path}: name a file ending in {', '.join(VIDEO_SUFFIXES)} "
+                    "(H.264 video), or a folder for video.mp4."
+                )
         if render:
             check_display()
             video_path, max_parallel_envs = None, 1
@@ -537,8 +549,6 @@ class Agent(nn.Module):
         env_kwargs: dict[str, Any] | None,
         render: bool = False,
     ) -> EvaluationResult:
-        if not 1 <= episodes <= MAX_EVALUATION_EPISODES:
-            raise InputError(f"episodes must be between 1 and {MAX_EVALUATION_EPISODES:,}, got {episodes}.")
         if isinstance(env, str) or env is None:
 
             def render_mode(index: int) -> str | None:
@@ -651,7 +661,7 @@ class Agent(nn.Module):
                             start(index)
         if video_path is not None:
             write_video(frames, video_path, fps=envs[0].metadata.get("render_fps", 30))
-        return EvaluationResult(returns=returns, lengths=lengths)
+        return EvaluationResult(returns=returns, lengths=lengths, video_path=video_path)
 
     # ------------------------------------------------------------ persistence
     def metadata(self) -> dict[str, Any]:

@@ -38,7 +38,7 @@ class EvaluateConfig:
     video: bool = False
     """Record the first episode to video.mp4 (beside the checkpoint, or at --video-path)."""
     video_path: Path | None = None
-    """Where to write the video."""
+    """Where to write the video (a .mp4, .mkv, .mov or .avi file, or a folder for video.mp4); implies --video."""
     render: bool = False
     """Show the episodes in a window (render_mode='human'), one after another; an error where no display exists."""
     allow_wrappers: tuple[str, ...] = ()
@@ -93,7 +93,7 @@ def main(config: EvaluateConfig) -> dict:
         "return_std": result.std,
         "returns": result.returns.tolist(),
         "lengths": result.lengths.tolist(),
-        "video": None if video_path is None else str(video_path),
+        "video": None if result.video_path is None else str(result.video_path),
     }
 
 

@@ -1,7 +1,7 @@
 """Export a saved agent's deterministic policy to a file that runs without this toolkit.
 
-python -m recipes.export runs/demo                          # writes runs/demo/policy.onnx
-python -m recipes.export runs/demo/best_agent.ckpt --output best.onnx
+    python -m recipes.export runs/demo                          # writes runs/demo/policy.onnx
+    python -m recipes.export runs/demo/best_agent.ckpt --output best.onnx
 
 The ONNX model takes a batch of observations as the Gymnasium env returns them and gives the env's actions, with
 the observation normalisation and action scaling inside (see ``agents.export``); run it with ``onnxruntime``.

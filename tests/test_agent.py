@@ -62,8 +62,16 @@ def test_evaluate_returns_per_episode_results_reproducibly(tmp_path):
     np.testing.assert_array_equal(first.lengths, second.lengths)
     np.testing.assert_array_equal(first.returns, first.lengths)  # CartPole pays 1 per step
     video = tmp_path / "episode.mp4"
-    agent.evaluate(episodes=1, seed=3, video_path=video)
+    assert agent.evaluate(episodes=1, seed=3, video_path=video).video_path == video
     assert video.stat().st_size > 1000
+    assert agent.evaluate(episodes=1, video_path=tmp_path).video_path == tmp_path / "video.mp4"  # a folder
+    assert (tmp_path / "video.mp4").stat().st_size > 1000
+    for unwritable in ("episode.gif", "episode", "episode.webm"):
+        with pytest.raises(
+            InputError, match=f"Cannot write a video to .*{unwritable}: name a file ending in .mp4"
+        ):
+            agent.evaluate(episodes=1, video_path=tmp_path / unwritable)
+    assert agent.evaluate(episodes=1).video_path is None
 
 
 def test_evaluate_refuses_seeds_outside_gymnasiums_range_and_wraps_episode_seeds_past_its_end():
