@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import inspect
 import json
 import sys
 import warnings
@@ -20,6 +21,7 @@ from typing import Any, Literal, NamedTuple
 import gymnasium as gym
 import numpy as np
 import torch
+from gymnasium.envs.registration import load_env_creator
 from gymnasium.vector import AutoresetMode
 from tensordict import TensorDictBase
 from torchrl.envs import EnvBase
@@ -355,6 +357,64 @@ def env_spec(env_id: str, import_module: bool = True) -> gym.envs.registration.E
 def check_env_id(env_id: str) -> None:
     """Raise :class:`InputError` unless ``env_id`` is registered with Gymnasium (see :func:`env_spec`)."""
     env_spec(env_id)
+
+
+def _constructor_parameters(creator: Any) -> tuple[dict[str, inspect.Parameter], bool]:
+    """The keyword parameters ``creator`` takes, following a class's ``**kwargs`` up its bases' ``__init__`` (as
+    MuJoCo's envs pass theirs to ``MujocoEnv``), and whether any name goes (a ``**kwargs`` no base closes)."""
+    classes = creator.__mro__ if isinstance(creator, type) else (creator,)
+    parameters: dict[str, inspect.Parameter] = {}
+    for owner in classes:
+        function = owner.__init__ if isinstance(owner, type) else owner
+        if isinstance(owner, type) and "__init__" not in vars(owner):
+            continue
+        if owner is object:
+            return parameters, True  # an __init__ handing **kwargs to object: not read here
+        own = inspect.signature(function).parameters
+        for name, parameter in own.items():
+            if parameter.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY):
+                parameters.setdefault(name, parameter)
+        if not any(parameter.kind is inspect.Parameter.VAR_KEYWORD for parameter in own.values()):
+            return parameters, False
+    return parameters, True
+
+
+# keyword arguments gymnasium.make takes itself, before the env's constructor
+MAKE_KWARGS = {"max_episode_steps", "disable_env_checker", "autoreset", "apply_api_compatibility"}
+
+
+def check_env_kwargs(env_id: str, kwargs: dict[str, Any], option: str = "--env-kwargs") -> None:
+    """Raise :class:`InputError` for a keyword argument that ``env_id``'s constructor does not take, or for text
+    given where the constructor's default is a flag or a number (``continuous=ture`` would be truthy text).
+
+    Constructors that take ``**kwargs`` (MuJoCo's pass them on) accept any name; a constructor whose signature
+    cannot be read is not checked."""
+    entry_point = env_spec(env_id).entry_point
+    try:
+        creator = load_env_creator(entry_point) if isinstance(entry_point, str) else entry_point
+        parameters, open_ended = _constructor_parameters(creator)
+    except (ValueError, TypeError, ImportError, AttributeError):
+        return
+    for key, value in kwargs.items():
+        parameter = parameters.get(key)
+        if parameter is None:
+            if open_ended or key in MAKE_KWARGS:
+                continue
+            names = ", ".join(name for name in parameters if name not in ("self", "args", "kwargs")) or "none"
+            raise InputError(
+                f"{option} {key}={value!r}: {env_id} takes no argument {key!r}; it takes: {names}."
+            )
+        default = parameter.default
+        if isinstance(default, bool) and not isinstance(value, bool):
+            raise InputError(
+                f"{option} {key}={value!r}: {env_id}'s {key} is true or false (default {default})."
+            )
+        if (
+            isinstance(default, (int, float))
+            and not isinstance(default, bool)
+            and not isinstance(value, (int, float))
+        ):
+            raise InputError(f"{option} {key}={value!r}: {env_id}'s {key} is a number (default {default}).")
 
 
 def registration(env_id: str) -> dict[str, Any]:

@@ -188,7 +188,21 @@ def test_another_evaluation_env_id_with_the_same_spaces(output_dir, monkeypatch)
     ("options", "message"),
     [
         ({"eval_env_id": "Acrobot-v1"}, "the env given has"),
-        ({"eval_env_kwargs": ("no_such_option=1",)}, "evaluation env .* cannot be made"),
+        (
+            {"eval_env_kwargs": ("no_such_option=1",)},
+            "--eval-env-kwargs no_such_option=1: CartPole-v1 takes no argument 'no_such_option'; it takes: "
+            "sutton_barto_reward, render_mode",
+        ),
+        ({"env_kwargs": ("nonexistent=3",)}, "--env-kwargs nonexistent=3: CartPole-v1 takes no argument"),
+        (
+            {"env_id": "LunarLander-v3", "env_kwargs": ("continuous=ture",)},
+            r"continuous='ture': LunarLander-v3's continuous is true or false \(default False\)",
+        ),
+        (
+            {"env_id": "LunarLander-v3", "env_kwargs": ("gravity=low",)},
+            r"gravity='low': LunarLander-v3's gravity is a number \(default -10.0\)",
+        ),
+        ({"env_id": "HalfCheetah-v5", "env_kwargs": ("whatever=3",)}, "HalfCheetah-v5 takes no argument"),
         ({"eval_env_kwargs": ("oops",)}, "--eval-env-kwargs takes KEY=VALUE"),
         ({"eval_env_id": "NoSuchEnv-v9"}, "NoSuchEnv"),
         ({"max_total_reward": float("nan")}, "finite"),

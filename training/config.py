@@ -16,7 +16,7 @@ import tyro
 from agents.fast_paths import check_compile
 from agents.options import Options
 from envs.classic import torch_env_class
-from envs.vector import check_device, check_env_id, env_spec
+from envs.vector import check_device, check_env_id, check_env_kwargs, env_spec
 from envs.wrappers import MAX_TOTAL_REWARD, parse_env_wrappers, wrapper_functions
 from errors import InputError, require_positive
 
@@ -228,7 +228,10 @@ class RunConfig(Options):
             raise InputError(f"--max-total-reward must be a finite number, got {self.max_total_reward}.")
         if self.eval_env_id is not None:
             check_env_id(self.eval_env_id)
-        parse_env_kwargs(self.eval_env_kwargs, "--eval-env-kwargs")
+        check_env_kwargs(self.env_id, self.env_options)
+        eval_env_id, eval_env_kwargs = self.eval_env_options
+        if eval_env_kwargs is not None:
+            check_env_kwargs(eval_env_id or self.env_id, eval_env_kwargs, "--eval-env-kwargs")
         wrapper_functions(self.wrapper_specs, self.allowed_wrappers)  # imports each: a missing one fails now
 
     @property
