@@ -190,8 +190,10 @@ def test_another_evaluation_env_id_with_the_same_spaces(output_dir, monkeypatch)
         ({"eval_env_id": "Acrobot-v1"}, "the env given has"),
         (
             {"eval_env_kwargs": ("no_such_option=1",)},
-            "--eval-env-kwargs no_such_option=1: CartPole-v1 takes no argument 'no_such_option'; it takes: "
-            "sutton_barto_reward, render_mode",
+            (
+                "--eval-env-kwargs no_such_option=1: CartPole-v1 takes no argument 'no_such_option'; it takes: "
+                "sutton_barto_reward, render_mode"
+            ),
         ),
         ({"env_kwargs": ("nonexistent=3",)}, "--env-kwargs nonexistent=3: CartPole-v1 takes no argument"),
         (
