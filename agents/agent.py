@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import numbers
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -513,7 +514,7 @@ class Agent(nn.Module):
             InputError: ``episodes`` outside [1, 1e9], a ``seed`` outside Gymnasium's ``[0, 2**32)`` (episode
                 seeds ``seed + k`` past its end wrap around to 0), or a ``video_path`` of another kind of file.
         """
-        if not 1 <= episodes <= MAX_EVALUATION_EPISODES:
+        if not isinstance(episodes, numbers.Integral) or not 1 <= episodes <= MAX_EVALUATION_EPISODES:
             raise InputError(f"episodes must be between 1 and {MAX_EVALUATION_EPISODES:,}, got {episodes}.")
         if seed is not None and not 0 <= seed < 2**32:
             raise InputError(f"seed must be in [0, 2**32), got {seed}.")
@@ -680,11 +681,15 @@ class Agent(nn.Module):
         }
 
     def save(self, path: str | Path) -> Path:
-        """Write the agent to one file, atomically (a crash mid-write leaves any previous file intact).
+        """Write the agent to one file, atomically (a crash mid-write leaves any previous file intact), and return
+        its path: ``path``, or ``path / "agent.ckpt"`` when ``path`` is a folder (as :meth:`load` reads one).
 
         The file is a TorchRL checkpoint archive: a JSON manifest with the env id, spaces, policy builder and
         config, and the policy's tensors (normaliser statistics included) in TensorDict's format.
         """
+        path = Path(path)
+        if path.is_dir() and not path.is_symlink():
+            path = path / "agent.ckpt"
         # written beside the target, then renamed over it in one step (os.replace): at every moment the path
         # holds either the previous complete file or the new one, and a link at the path is replaced, not followed
         checkpoint = Checkpoint(format="archive", policy=self.policy)

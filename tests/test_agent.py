@@ -51,6 +51,10 @@ def test_save_load_keeps_actions_and_normalizer_statistics(tmp_path):
     np.testing.assert_array_equal(loaded.predict(observations), agent.predict(observations))
     assert loaded.env_id == "Pendulum-v1" and loaded.action_space == agent.action_space
     assert loaded.policy_kwargs == {"hidden_sizes": [32], "normalize_obs": True}
+    folder = tmp_path / "run"
+    folder.mkdir()
+    assert agent.save(folder) == folder / "agent.ckpt"  # a folder gets agent.ckpt, as load reads one
+    np.testing.assert_array_equal(Agent.load(folder).predict(observations), agent.predict(observations))
 
 
 def test_evaluate_returns_per_episode_results_reproducibly(tmp_path):
@@ -76,7 +80,7 @@ def test_evaluate_returns_per_episode_results_reproducibly(tmp_path):
 
 def test_evaluate_refuses_seeds_outside_gymnasiums_range_and_wraps_episode_seeds_past_its_end():
     agent = make_agent()
-    for bad in ({"seed": -1}, {"seed": 2**32}, {"episodes": 0}, {"episodes": 10**30}):
+    for bad in ({"seed": -1}, {"seed": 2**32}, {"episodes": 0}, {"episodes": 10**30}, {"episodes": 2.5}):
         with pytest.raises(InputError, match="seed must be in|episodes must be"):
             agent.evaluate(**{"episodes": 2, **bad})
     last = agent.evaluate(episodes=2, seed=2**32 - 1)  # its second episode is seeded 0
