@@ -39,7 +39,7 @@ from agents.agent import Agent
 from agents.files import write_atomically
 from agents.recurrent import IS_INIT_KEY, state_shapes
 from envs.specs import ACTION_MASK_KEY
-from errors import InputError
+from errors import InputError, WriteError
 
 OPSET = 17
 
@@ -159,7 +159,7 @@ def export_onnx(agent: Agent, path: str | Path, opset: int = OPSET) -> Path:
 
     try:
         return write_atomically(Path(path), write)
-    except InputError:
+    except (InputError, WriteError):
         raise
     except Exception as error:  # noqa: BLE001 - tracing fails in many ways
         detail = str(error).splitlines()[0] if str(error) else type(error).__name__

@@ -41,16 +41,18 @@ def temporary_path(path: Path) -> Path:
 
 
 def write_atomically(path: str | Path, write: Callable[[Path], object]) -> Path:
-    """Call ``write(temporary)`` to write the file's content, then rename it over ``path`` in one step.
+    """Call ``write(temporary)`` to write the file's content, then rename it over ``path`` in one step; a missing
+    parent folder is created first.
 
     Raises:
         WriteError: the write failed (a full disk, a read-only folder); the message names ``path`` and says that
             the previous file, if any, is intact. The temporary file is removed.
     """
     path = Path(path)
-    remove_stale_temporaries(path.parent)
     temporary = temporary_path(path)
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        remove_stale_temporaries(path.parent)
         write(temporary)
         os.replace(temporary, path)
     except OSError as error:

@@ -12,7 +12,7 @@ import torch
 from agents import Agent
 from agents.export import DeterministicPolicy, export_onnx, onnx_actions
 from envs import make_atari_env
-from errors import InputError
+from errors import InputError, WriteError
 from recipes import export
 
 pytest.importorskip("onnxruntime")
@@ -191,6 +191,12 @@ def test_export_command_writes_beside_the_checkpoint(tmp_path):
     json.dumps(summary)
     with pytest.raises(InputError, match="No agent checkpoint"):
         export.main(export.ExportConfig(tmp_path / "missing"))
+    nested = tmp_path / "exports" / "v1" / "cartpole.onnx"  # folders that do not exist yet are made
+    assert export.main(export.ExportConfig(tmp_path, output=nested))["output"] == str(nested)
+    assert nested.stat().st_size > 0
+    blocked = tmp_path / "policy.onnx" / "inside.onnx"  # under a file: a write error (exit 1), not bad input
+    with pytest.raises(WriteError, match="Could not write .*inside.onnx"):
+        export.main(export.ExportConfig(tmp_path, output=blocked))
 
 
 @pytest.mark.parametrize("builder", ["mlp_actor", "q_actor", "q_table"])
