@@ -33,7 +33,7 @@ from agents.tabular import make_q_table
 from envs.atari import is_atari, make_atari_env
 from envs.rendering import check_display, headless_rendering
 from envs.specs import ACTION_MASK_KEY, space_to_spec
-from envs.vector import check_device, env_spec
+from envs.vector import check_device, check_env_kwargs, env_spec
 from envs.wrappers import apply_wrappers, check_wrapper_spec, with_discrete_tuples, wrapper_functions
 from errors import InputError
 
@@ -586,13 +586,16 @@ class Agent(nn.Module):
         limit get ``EVALUATION_STEP_LIMIT`` steps, so that a policy which never ends an episode cannot hang.
 
         Raises:
-            InputError: an unknown id, or a wrapper that may not be imported (see :mod:`envs.wrappers`).
+            InputError: an unknown id, a keyword argument its constructor does not take (or text for a flag or
+                number, see :func:`envs.vector.check_env_kwargs`), or a wrapper that may not be imported (see
+                :mod:`envs.wrappers`).
         """
         own_env = env_id is None  # the id read from the checkpoint: its module is never imported here
         env_id = self.env_id if own_env else env_id
         if env_kwargs is None:
             env_kwargs = self.env_kwargs if env_id == self.env_id else {}
         env_spec(env_id, import_module=not own_env)
+        check_env_kwargs(env_id, env_kwargs, "env_kwargs")
         wrappers = [*wrapper_functions(self.env_wrappers, self.allowed_wrappers), with_discrete_tuples]
         if is_atari(env_id):
             return apply_wrappers(

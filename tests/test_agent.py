@@ -83,6 +83,8 @@ def test_evaluate_refuses_seeds_outside_gymnasiums_range_and_wraps_episode_seeds
     for bad in ({"seed": -1}, {"seed": 2**32}, {"episodes": 0}, {"episodes": 10**30}, {"episodes": 2.5}):
         with pytest.raises(InputError, match="seed must be in|episodes must be"):
             agent.evaluate(**{"episodes": 2, **bad})
+    with pytest.raises(InputError, match="env_kwargs foo=1: CartPole-v1 takes no argument 'foo'"):
+        agent.evaluate(episodes=1, env_kwargs={"foo": 1})
     last = agent.evaluate(episodes=2, seed=2**32 - 1)  # its second episode is seeded 0
     np.testing.assert_array_equal(last.returns[1:], agent.evaluate(episodes=1, seed=0).returns)
 
