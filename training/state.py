@@ -148,9 +148,9 @@ class Maybe:
 def check_form(saved: Any, form: Any, where: str) -> None:
     """Raise :class:`InputError` unless ``saved`` (read from a checkpoint) has the form of ``form``: a fresh run's
     own state, or a template. Mappings are checked key by key for the keys both hold, tuples item by item, lists
-    item by item against the form's first item, tensors and arrays by dtype and number of dimensions (and shape
-    where the form's is not empty), numbers as numbers (a whole number where the form holds one), text and flags by
-    type. None in ``form`` admits anything; :class:`Maybe` admits None or its form."""
+    item by item against the form's first item, tensors and arrays by dtype and shape (any shape where the form's
+    is empty: a buffer sized by the first batch), numbers as numbers (a whole number where the form holds one),
+    text and flags by type. None in ``form`` admits anything; :class:`Maybe` admits None or its form."""
     if isinstance(form, Maybe):
         if saved is not None:
             check_form(saved, form.form, where)
@@ -174,8 +174,7 @@ def check_form(saved: Any, form: Any, where: str) -> None:
         fits = (
             type(saved) is type(form)
             and saved.dtype == form.dtype
-            and saved.ndim == form.ndim
-            and (saved.shape == form.shape or math.prod(form.shape) == 0)
+            and (saved.shape == form.shape or math.prod(form.shape) == 0)  # empty: sized by the first batch
         )
     elif isinstance(form, bool):
         fits = isinstance(saved, bool)
