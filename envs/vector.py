@@ -387,8 +387,8 @@ def check_env_kwargs(env_id: str, kwargs: dict[str, Any], option: str = "--env-k
     """Raise :class:`InputError` for a keyword argument that ``env_id``'s constructor does not take, or for text
     given where the constructor's default is a flag or a number (``continuous=ture`` would be truthy text).
 
-    Constructors that take ``**kwargs`` (MuJoCo's pass them on) accept any name; a constructor whose signature
-    cannot be read is not checked."""
+    A class's ``**kwargs`` are followed to its bases' ``__init__`` (MuJoCo's envs pass theirs to ``MujocoEnv``);
+    where no base closes them, any name goes. A constructor whose signature cannot be read is not checked."""
     entry_point = env_spec(env_id).entry_point
     try:
         creator = load_env_creator(entry_point) if isinstance(entry_point, str) else entry_point

@@ -239,11 +239,8 @@ def run_worker(config: TuneConfig, index: int, first_trial: int = 0) -> bool:
             value = objective(config, space, trial)
         except optuna.TrialPruned:
             study.tell(trial, state=states.PRUNED)  # scored by its last report
-        except (
-            InputError,
-            NonFiniteError,
-        ):  # options that do not combine, a diverging run: the study goes on
-            study.tell(trial, state=states.FAIL)
+        except (InputError, NonFiniteError):  # options that do not combine, a diverging run
+            study.tell(trial, state=states.FAIL)  # the study goes on
         except KeyboardInterrupt:
             study.tell(trial, state=states.FAIL)
             return True
