@@ -10,8 +10,8 @@ Each trial samples the recipe's search space (recipes/presets/search_spaces.toml
 for --frames-per-trial frames in OUTPUT_DIR/trials/trial-NNNN (kept), reports every evaluation to its pruner and
 scores the mean return of its last evaluation; with --seeds-per-trial N it trains N seeds one after another
 (trial-NNNN/seed-S) and scores the mean of their last evaluations, so that one lucky seed does not win the study. --jobs processes run trials side by side (default 2: both cores
-here). The study ends once it holds --trials complete or pruned trials; Ctrl-C marks the running trials failed and
-stops, and the same command continues the study. The results go to OUTPUT_DIR: results.md (the best trials),
+here). The study ends once it holds --trials complete or pruned trials, or once --trials of this command's trials
+have failed (options that do not combine, diverging runs); Ctrl-C marks the running trials failed and stops, and the same command continues the study. The results go to OUTPUT_DIR: results.md (the best trials),
 optimization_history.png, param_importances.png and best_preset.json, a preset every recipe takes with
 --preset-file (--list-presets shows it).
 """
@@ -41,7 +41,9 @@ from training.config import parse_env_kwargs
 from training.tuning import (
     ReportEvaluations,
     best_preset,
+    check_space_continues,
     check_space_fits,
+    distribution,
     read_search_space,
     set_options,
     suggest,
@@ -213,7 +215,9 @@ def run_worker(config: TuneConfig, index: int, first_trial: int = 0) -> bool:
 
     A worker takes a trial only while the finished trials and those running in this invocation (numbered from
     ``first_trial`` on; older running ones were cut off by a crash) are fewer than ``config.trials``, deciding
-    under a lock on a file in the study folder, so that the workers together run exactly that many."""
+    under a lock on a file in the study folder, so that the workers together run exactly that many. Failed trials
+    do not count towards them, so it also stops once ``config.trials`` trials of this invocation have failed:
+    options that never combine, or runs that always diverge, would otherwise take trials for ever."""
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -232,7 +236,8 @@ def run_worker(config: TuneConfig, index: int, first_trial: int = 0) -> bool:
             trials = study.get_trials(deepcopy=False)
             finished = sum(trial.state in (states.COMPLETE, states.PRUNED) for trial in trials)
             running = sum(trial.state == states.RUNNING and trial.number >= first_trial for trial in trials)
-            if finished + running >= config.trials:
+            failed = sum(trial.state == states.FAIL and trial.number >= first_trial for trial in trials)
+            if finished + running >= config.trials or failed >= config.trials:
                 return False
             trial = study.ask()
         try:
@@ -261,6 +266,8 @@ def main(config: TuneConfig) -> dict[str, Any]:
         raise InputError("recipes.tune needs Optuna: pip install -e '.[tune]'.") from None
     space = read_search_space(config.algorithm, config.search_space)
     check_space_fits(space, recipe_config(config), str(config.search_space or "the recipe's search space"))
+    for name, entry in space.items():
+        distribution(name, entry)  # one Optuna can sample, before the study exists
     config.folder.mkdir(parents=True, exist_ok=True)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     study = optuna.create_study(
@@ -289,6 +296,7 @@ def main(config: TuneConfig) -> dict[str, Any]:
                 "with its own settings, or give another --study-name."
             )
         study.set_user_attr(key, value)
+    check_space_continues(space, study)
     interrupted, first_trial = False, len(study.get_trials(deepcopy=False))
     if config.jobs == 1:
         interrupted = run_worker(config, 0, first_trial)
@@ -306,8 +314,36 @@ def main(config: TuneConfig) -> dict[str, Any]:
                     worker.join()
                 except KeyboardInterrupt:  # the workers got it too: they finish their trials as failed
                     interrupted = True
-    summary = write_results(config, optuna.load_study(study_name=config.name, storage=config.storage_url))
+    study = optuna.load_study(study_name=config.name, storage=config.storage_url)
+    summary = write_results(config, study)
+    if not interrupted:
+        check_failures(config, study, first_trial)
     return summary | {"interrupted_by": "SIGINT" if interrupted else None}
+
+
+def check_failures(config: TuneConfig, study: Any, first_trial: int) -> None:
+    """After the workers stopped on ``config.trials`` failed trials: raise :class:`InputError` with the last
+    failure's message when no trial of this invocation finished, else warn on stderr that the study holds fewer
+    finished trials than asked."""
+    import optuna
+
+    states = optuna.trial.TrialState
+    trials = [trial for trial in study.get_trials(deepcopy=False) if trial.number >= first_trial]
+    failed = [trial for trial in trials if trial.state == states.FAIL]
+    if len(failed) < config.trials:
+        return
+    error = failed[-1].user_attrs.get("error", "no message (see the trial's folder)")
+    finished = sum(trial.state in (states.COMPLETE, states.PRUNED) for trial in trials)
+    if finished == 0:
+        raise InputError(
+            f"All {len(failed)} trials failed; the last with: {error} Narrow the search space or change the "
+            "options so that its samples can run."
+        )
+    print(
+        f"warning: {len(failed)} trials failed, so the study stopped with {finished} finished trials of the "
+        f"{config.trials} asked; the last failure: {error}",
+        file=sys.stderr,
+    )
 
 
 def write_results(config: TuneConfig, study: Any) -> dict[str, Any]:

@@ -149,6 +149,7 @@ def test_the_recipes_search_spaces_fit_their_recipes():
         ({}, "lr = { low = 0.0, high = 1.0, log = true }", "log scale, so low must be above 0"),
         ({}, "lr = { low = 2.0, high = 1.0 }", "needs finite low < high"),
         ({}, "activation = { choices = ['sigmoid'] }", "activation cannot be"),
+        ({}, "lr = { low = 1e-4, high = 1e-2, log = true, step = 1e-4 }", "lr cannot be sampled"),
         (
             {"pruner": "threshold"},
             "lr = { low = 1e-4, high = 1e-3 }",
@@ -247,3 +248,46 @@ def test_a_trial_stops_at_a_given_return_and_nan_is_refused(tmp_path):
     assert len(rows) == 2
     with pytest.raises(InputError, match="--stop-at-return must be a number"):
         tune.main(tiny(tmp_path, stop_at_return=float("nan")))
+
+
+def test_a_study_whose_trials_all_fail_stops_with_the_failure(tmp_path, capsys):
+    space = tmp_path / "bad.toml"  # a minibatch larger than any batch of the trial: every sample fails
+    space.write_text("minibatch_size = { choices = [100000] }\n")
+    with pytest.raises(InputError, match="All 2 trials failed; the last with: .*minibatch"):
+        tune.main(tiny(tmp_path, search_space=space))
+    assert states(tmp_path) == ["FAIL", "FAIL"]
+    # some finished: the study stops on as many failures as trials asked for, with a warning
+    mixed = tmp_path / "mixed.toml"
+    mixed.write_text("minibatch_size = { choices = [64, 100000] }\n")
+    summary = tune.main(tiny(tmp_path, search_space=mixed, trials=3, output_dir=tmp_path / "mixed"))
+    trial_states = summary["trials"]
+    assert trial_states.get("fail") == 3 or trial_states.get("complete") == 3, trial_states
+    if trial_states.get("fail") == 3:
+        assert f"warning: 3 trials failed, so the study stopped with {trial_states.get('complete', 0)}" in (
+            capsys.readouterr().err
+        )
+
+
+@pytest.mark.parametrize(
+    ("second", "message"),
+    [
+        ("minibatch_size = { choices = [64] }", "sampled minibatch_size from CategoricalDistribution"),
+        ("minibatch_size = { low = 32, high = 64 }", "sampled minibatch_size from CategoricalDistribution"),
+        ("lr = { low = 1e-4, high = 1e-2 }", "sampled lr from FloatDistribution.*log=True"),
+    ],
+)
+def test_a_study_continued_with_a_search_space_optuna_cannot_continue_is_refused(tmp_path, second, message):
+    first = tmp_path / "first.toml"
+    first.write_text(
+        "minibatch_size = { choices = [32, 64] }\nlr = { low = 1e-4, high = 1e-2, log = true }\n"
+    )
+    tune.main(tiny(tmp_path, search_space=first, trials=1))
+    changed = tmp_path / "second.toml"
+    changed.write_text(second + "\n")
+    with pytest.raises(InputError, match=message):
+        tune.main(tiny(tmp_path, search_space=changed, trials=2))
+    assert states(tmp_path) == ["COMPLETE"]  # refused before any trial
+    # other bounds of a range continue, as Optuna allows
+    changed.write_text("lr = { low = 1e-3, high = 1e-2, log = true }\n")
+    tune.main(tiny(tmp_path, search_space=changed, trials=2))
+    assert states(tmp_path) == ["COMPLETE", "COMPLETE"]

@@ -79,24 +79,65 @@ def check_space_fits(space: dict[str, dict[str, Any]], config: Any, source: str)
                 raise InputError(f"{source}: {name} cannot be {error}.") from None
 
 
+def distribution(name: str, entry: dict[str, Any]) -> Any:
+    """The Optuna distribution ``entry`` samples from (choices that Optuna cannot store, lists, as their JSON);
+    :class:`InputError` for a range Optuna cannot sample (a log scale with a step)."""
+    from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
+
+    try:
+        if "choices" in entry:
+            return CategoricalDistribution(
+                [json.dumps(choice) if isinstance(choice, list) else choice for choice in entry["choices"]]
+            )
+        low, high, log = entry["low"], entry["high"], entry.get("log", False)
+        if isinstance(low, int) and isinstance(high, int):
+            return IntDistribution(low, high, log=log, step=entry.get("step", 1))
+        return FloatDistribution(low, high, log=log, step=entry.get("step"))
+    except ValueError as error:
+        raise InputError(f"The search space's {name} cannot be sampled: {error}") from None
+
+
 def suggest(trial: Any, space: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    """Sample each option of ``space`` with ``trial`` (choices that Optuna cannot store, lists, as their JSON)."""
+    """Sample each option of ``space`` with ``trial``."""
+    from optuna.distributions import CategoricalDistribution, IntDistribution
+
     params = {}
     for name, entry in space.items():
-        if "choices" in entry:
-            encoded = [
-                json.dumps(choice) if isinstance(choice, list) else choice for choice in entry["choices"]
-            ]
-            params[name] = trial.suggest_categorical(name, encoded)
-        elif isinstance(entry["low"], int) and isinstance(entry["high"], int):
+        sampled = distribution(name, entry)
+        if isinstance(sampled, CategoricalDistribution):
+            params[name] = trial.suggest_categorical(name, sampled.choices)
+        elif isinstance(sampled, IntDistribution):
             params[name] = trial.suggest_int(
-                name, entry["low"], entry["high"], log=entry.get("log", False), step=entry.get("step", 1)
+                name, sampled.low, sampled.high, log=sampled.log, step=sampled.step
             )
         else:
             params[name] = trial.suggest_float(
-                name, entry["low"], entry["high"], log=entry.get("log", False), step=entry.get("step")
+                name, sampled.low, sampled.high, log=sampled.log, step=sampled.step
             )
     return decode_params(params)
+
+
+def check_space_continues(space: dict[str, dict[str, Any]], study: Any) -> None:
+    """Raise :class:`InputError` for an option of ``space`` that the stored trials of ``study`` sampled from a
+    distribution Optuna cannot continue with ``space``'s: another kind (choices, integers, reals), other choices,
+    or another scale (log or not). Other bounds or steps of a range are allowed, as Optuna allows them."""
+    from optuna.distributions import CategoricalDistribution
+
+    new = {name: distribution(name, entry) for name, entry in space.items()}
+    for trial in study.get_trials(deepcopy=False):
+        for name, old in trial.distributions.items():
+            if name not in new:
+                continue
+            same = type(old) is type(new[name]) and (
+                old.choices == new[name].choices
+                if isinstance(old, CategoricalDistribution)
+                else old.log == new[name].log
+            )
+            if not same:
+                raise InputError(
+                    f"Study {study.study_name!r} sampled {name} from {old}, and this search space gives {new[name]}, "
+                    f"which the study cannot continue with: keep the study's {name}, or give another --study-name."
+                )
 
 
 def decode_params(params: dict[str, Any]) -> dict[str, Any]:
