@@ -8,14 +8,14 @@ trial's periodic evaluations), in a study stored in a database that the same com
 
 Each trial samples the recipe's search space (recipes/presets/search_spaces.toml, or --search-space FILE),
 trains for --frames-per-trial frames in OUTPUT_DIR/trials/trial-NNNN (kept), reports every evaluation to its
-pruner and scores the mean return of its last evaluation; with --seeds-per-trial N it trains N seeds one after
-another (trial-NNNN/seed-S) and scores the mean of their last evaluations, so that one lucky seed does not win
-the study. --jobs processes run trials side by side (default 2: both cores here). The study ends once it holds
---trials complete or pruned trials, or once --trials of this command's trials have failed (options that do not
-combine, diverging runs); Ctrl-C marks the running trials failed and stops, and the same command continues the
-study. The results go to OUTPUT_DIR: results.md (the best trials), optimization_history.png,
-param_importances.png and best_preset.json, a preset every recipe takes with --preset-file (--list-presets shows
-it).
+pruner and scores the mean return of its last evaluation; with --seeds-per-trial N it trains N seeds one
+after another (trial-NNNN/seed-S) and scores the mean of their last evaluations, so that one lucky seed does
+not win the study. --jobs processes run trials side by side (default 2: both cores here). The study ends once
+it holds --trials complete or pruned trials, or once --trials of this command's trials have failed (options
+that do not combine, diverging runs); Ctrl-C marks the running trials failed and stops, and the same command
+continues the study. The results go to OUTPUT_DIR: results.md (the best trials), optimization_history.png,
+param_importances.png and best_preset.json, a preset every recipe takes with --preset-file (--list-presets
+shows it).
 """
 
 from __future__ import annotations
