@@ -56,7 +56,7 @@ def check_entry(name: str, entry: Any, source: Path) -> None:
     if (
         not set(entry) <= {"low", "high", "log", "step"}
         or not numbers
-        or not math.isfinite(low)
+        or not (math.isfinite(low) and math.isfinite(high))
         or low >= high
     ):
         raise InputError(
