@@ -7,6 +7,7 @@ import math
 import re
 
 FLOAT32_MAX = 3.4028234663852886e38  # hyperparameters end up in float32 tensors
+INT64_MAX = 2**63 - 1  # counts end up in int64 tensors and NumPy indices
 
 
 class InputError(ValueError):
@@ -36,10 +37,15 @@ class WriteError(OSError):
 
 
 def require_positive(**values: int) -> None:
-    """Raise :class:`InputError` naming the first option whose value is below 1."""
+    """Raise :class:`InputError` naming the first option whose value is below 1 or beyond the 64-bit integers
+    that counts are kept in (torch's frame counters, NumPy's indices)."""
     for name, value in values.items():
         if value < 1:
             raise InputError(f"--{name.replace('_', '-')} must be a positive integer, got {value}.")
+        if value > INT64_MAX:
+            raise InputError(
+                f"--{name.replace('_', '-')} is {value}, beyond 64-bit integers (at most {INT64_MAX:,})."
+            )
 
 
 _BOUND = re.compile(r"^(>=|>|<=|<)\s*(\S+)$")

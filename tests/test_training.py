@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from errors import InputError, check_ranges
-from recipes import dqn
+from recipes import dqn, ppo
 from training import quiet
 from training.config import parse_env_kwargs
 from training.evaluation import EVAL_SEED_OFFSET, EvaluationSchedule, evaluation_seed
@@ -69,6 +69,19 @@ def test_config_validate_raises_what_main_would(tmp_path):
     config.run.threads = 10**6  # torch would try to start them all
     with pytest.raises(InputError, match="--threads must be 0 .* up to 1024, got 1000000"):
         config.validate()
+
+
+def test_counts_beyond_64_bit_integers_are_refused():
+    config = ppo.PPOConfig()
+    config.optim.num_epochs = 5488135039273247178753  # a typo's epochs would run (and keep metrics) for ever
+    with pytest.raises(InputError, match="--num-epochs is 5488135039273247178753, beyond 64-bit integers"):
+        config.validate()
+    config = ppo.PPOConfig()
+    config.run.total_frames = 2**63
+    with pytest.raises(InputError, match="--total-frames is 9223372036854775808, beyond 64-bit"):
+        config.validate()
+    config.run.total_frames = 2**63 - 1
+    config.validate()
 
 
 def test_quiet_silences_a_config_and_sets_run_options(tmp_path):
