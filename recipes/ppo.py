@@ -64,6 +64,7 @@ from training import (
     Callback,
     EpochMinibatches,
     Learner,
+    MetricMeans,
     Run,
     RunConfig,
     TrainingState,
@@ -74,7 +75,6 @@ from training import (
     fused_adam,
     make_collector,
     make_training_env,
-    mean_metrics,
     prepare_process,
     preset_note,
     recipe_main,
@@ -468,12 +468,12 @@ def main(
     # loop
     for batch in collector:
         learner.set_frames(run.frames)  # collected before this batch: its updates anneal from there
-        metrics_list = []
+        means = MetricMeans("train/")
         for minibatch in minibatches(batch):
             losses, grad_norm = learner.step(minibatch)
-            metrics_list.append(losses.set("grad_norm", grad_norm))
+            means.add(losses.set("grad_norm", grad_norm))
         after_batch(batch)
-        metrics = mean_metrics(metrics_list, "train/")
+        metrics = means.result()
         metrics["train/lr"] = optimizer.param_groups[0]["lr"]
         metrics["train/clip_epsilon"] = loss_module.clip_epsilon.item()
         if run.record_batch(batch, metrics):

@@ -268,8 +268,8 @@ def main(config: TuneConfig) -> dict[str, Any]:
         raise InputError("recipes.tune needs Optuna: pip install -e '.[tune]'.") from None
     space = read_search_space(config.algorithm, config.search_space)
     check_space_fits(space, recipe_config(config), str(config.search_space or "the recipe's search space"))
-    for name, entry in space.items():
-        distribution(name, entry)  # one Optuna can sample, before the study exists
+    # each a distribution Optuna can sample, refused before the study exists
+    distributions = {name: distribution(name, entry) for name, entry in space.items()}
     config.folder.mkdir(parents=True, exist_ok=True)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     study = optuna.create_study(
@@ -298,7 +298,7 @@ def main(config: TuneConfig) -> dict[str, Any]:
                 "with its own settings, or give another --study-name."
             )
         study.set_user_attr(key, value)
-    check_space_continues(space, study)
+    check_space_continues(distributions, study)
     interrupted, first_trial = False, len(study.get_trials(deepcopy=False))
     if config.jobs == 1:
         interrupted = run_worker(config, 0, first_trial)

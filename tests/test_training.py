@@ -12,7 +12,7 @@ from recipes import dqn, ppo
 from training import quiet
 from training.config import parse_env_kwargs
 from training.evaluation import EVAL_SEED_OFFSET, EvaluationSchedule, evaluation_seed
-from training.learner import mean_metrics
+from training.learner import MetricMeans, mean_metrics
 
 ROOT = Path(__file__).parents[1]
 LAYERS = {"errors": 0, "envs": 1, "agents": 2, "training": 3, "recipes": 4}
@@ -284,3 +284,16 @@ def test_mean_metrics_averages_each_metric_over_the_steps():
     # a metric of several values (an add-on's): the mean of all of them, as before
     vector = [{"loss": torch.tensor(1.0), "error": torch.tensor([1.0, 3.0])} for _ in range(2)]
     assert mean_metrics(vector) == {"loss": 1.0, "error": 2.0}
+    assert mean_metrics([]) == {}
+
+
+def test_metric_means_keep_one_running_total_and_start_afresh_after_each_result():
+    means = MetricMeans("train/")
+    assert means.result() == {}
+    for i in range(1, 10_001):  # a batch of many gradient steps: the total, not the steps, is kept
+        means.add({"loss": torch.tensor(float(i)), "error": torch.tensor([0.0, 2.0 * i])})
+    assert means._count == 10_000 and means._total.shape == (2,)
+    assert means.result() == pytest.approx({"train/loss": 5000.5, "train/error": 5000.5})
+    means.add({"loss": torch.tensor(3.0), "error": torch.tensor([1.0])})
+    assert means.result() == {"train/loss": 3.0, "train/error": 1.0}
+    assert means.result() == {}

@@ -53,6 +53,7 @@ from training.lean_collector import LeanCollector
 from training.learner import (
     EpochMinibatches,
     Learner,
+    MetricMeans,
     average_gradients,
     mean_metrics,
     set_learning_rates,
@@ -81,6 +82,7 @@ __all__ = [
     "LeanCollector",
     "LeanReplayBuffer",
     "Learner",
+    "MetricMeans",
     "OffPolicyCollectorConfig",
     "OffPolicyOptimConfig",
     "Run",

@@ -28,7 +28,7 @@ from tensordict import TensorDictBase
 from errors import InputError
 from training.config import config_to_dict
 from training.distributed import EPISODE_KEYS, WORKER_SEED_STRIDE, init_ray
-from training.learner import Learner, average_gradients, mean_metrics
+from training.learner import Learner, MetricMeans, average_gradients
 from training.run import Run
 
 MAX_WORKER_RESTARTS = 3  # fresh replacements of one worker before it is given up
@@ -270,7 +270,7 @@ def train_on_gradient_workers(
     pool = GradientWorkerPool(config)
     max_staleness = run_config.max_staleness
     max_staleness = run_config.gradient_workers if max_staleness is None else max_staleness
-    step_metrics: list[TensorDictBase] = []
+    step_metrics = MetricMeans()  # the applied steps' losses since the last report
     counters = {"dropped": 0, "staleness": 0, "applied": 0}
     # where a step's time goes, summed since the last logged batch: the workers' collection and gradients (per
     # reply), the learner's update and weights (per step), and each step's wall-clock time
@@ -285,7 +285,7 @@ def train_on_gradient_workers(
         if gradient_lists:
             grad_norm = learner.apply_gradients(average_gradients(gradient_lists))
             metrics = torch.stack([reply["metrics"] for reply in replies if reply["metrics"] is not None])
-            step_metrics.append(metrics.mean().set("grad_norm", grad_norm.detach().cpu()))
+            step_metrics.add(metrics.mean().set("grad_norm", grad_norm.detach().cpu()))
         timings["apply"] += time.perf_counter() - start
 
     def publish() -> Any:
@@ -317,8 +317,7 @@ def train_on_gradient_workers(
                 "train/dropped_gradients": counters["dropped"],
             }
             if number == 0:
-                losses = mean_metrics(step_metrics) if step_metrics else {}
-                step_metrics.clear()
+                losses = step_metrics.result()
                 metrics |= {f"train/{key}": value for key, value in losses.items()} | timing_metrics()
                 metrics |= {
                     "train/lr": learner.optimizer.param_groups[0]["lr"],

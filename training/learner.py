@@ -310,21 +310,49 @@ def set_learning_rates(optimizer: torch.optim.Optimizer, rates: Sequence[float],
         group["lr"] = rate * scale
 
 
-def mean_metrics(steps: Sequence[Mapping[str, torch.Tensor]], prefix: str = "") -> dict[str, float]:
-    """The mean over ``steps`` of each scalar metric (the first step's keys), as floats under ``prefix + key``:
-    one stack per step and one mean for all of them (a stack, a mean and a host copy per metric cost more than
-    the arithmetic when each step is one frame's update)."""
-    keys = list(steps[0].keys())
-    if not all(step[key].ndim == 0 for step in steps for key in keys):  # a metric of several values: its mean
-        return {prefix + key: torch.stack([step[key] for step in steps]).mean().item() for key in keys}
-    values = torch.stack([torch.stack([step[key] for key in keys]) for step in steps]).mean(0).tolist()
-    return {prefix + key: value for key, value in zip(keys, values, strict=True)}
+class MetricMeans:
+    """The running mean of each metric (the first step's keys) over the steps added since the last ``result``, in
+    constant memory however many steps a batch holds: one stack and one add per step, one host copy per result (a
+    stack, a mean and a host copy per metric cost more than the arithmetic when each step is one frame's update).
+    A metric of several values counts as its mean."""
+
+    def __init__(self, prefix: str = "") -> None:
+        self.prefix = prefix
+        self._keys: list[str] | None = None
+        self._total: torch.Tensor | None = None
+        self._count = 0
+
+    def add(self, step: Mapping[str, torch.Tensor]) -> None:
+        if self._keys is None:
+            self._keys = list(step.keys())
+        values = torch.stack([step[key] if step[key].ndim == 0 else step[key].mean() for key in self._keys])
+        values = values.double()  # a float32 total of 10k steps drifts in its fourth digit
+        self._total = values if self._total is None else self._total + values
+        self._count += 1
+
+    def result(self) -> dict[str, float]:
+        """The means since the last result (empty if no step was added), under ``prefix + key``; starts afresh."""
+        if self._total is None:
+            return {}
+        values = (self._total / self._count).tolist()
+        means = {self.prefix + key: value for key, value in zip(self._keys, values, strict=True)}
+        self._keys, self._total, self._count = None, None, 0
+        return means
+
+
+def mean_metrics(steps: Iterable[Mapping[str, torch.Tensor]], prefix: str = "") -> dict[str, float]:
+    """The mean over ``steps`` of each metric (the first step's keys), as floats under ``prefix + key``."""
+    means = MetricMeans(prefix)
+    for step in steps:
+        means.add(step)
+    return means.result()
 
 
 __all__ = [
     "EpochMinibatches",
     "Learner",
     "LossFunction",
+    "MetricMeans",
     "Schedule",
     "average_gradients",
     "mean_metrics",

@@ -117,13 +117,13 @@ def suggest(trial: Any, space: dict[str, dict[str, Any]]) -> dict[str, Any]:
     return decode_params(params)
 
 
-def check_space_continues(space: dict[str, dict[str, Any]], study: Any) -> None:
-    """Raise :class:`InputError` for an option of ``space`` that the stored trials of ``study`` sampled from a
-    distribution Optuna cannot continue with ``space``'s: another kind (choices, integers, reals), other choices,
-    or another scale (log or not). Other bounds or steps of a range are allowed, as Optuna allows them."""
+def check_space_continues(new: dict[str, Any], study: Any) -> None:
+    """Raise :class:`InputError` for an option whose distribution in ``new`` (a name -> Optuna distribution, as
+    :func:`distribution` builds them) Optuna cannot continue from the one the stored trials of ``study`` sampled
+    it from: another kind (choices, integers, reals), other choices, or another scale (log or not). Other bounds
+    or steps of a range are allowed, as Optuna allows them."""
     from optuna.distributions import CategoricalDistribution
 
-    new = {name: distribution(name, entry) for name, entry in space.items()}
     for trial in study.get_trials(deepcopy=False):
         for name, old in trial.distributions.items():
             if name not in new:
