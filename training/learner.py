@@ -326,7 +326,9 @@ class MetricMeans:
         if self._keys is None:
             self._keys = list(step.keys())
         values = torch.stack([step[key] if step[key].ndim == 0 else step[key].mean() for key in self._keys])
-        values = values.double()  # a float32 total of 10k steps drifts in its fourth digit
+        # a float32 total of 10k steps drifts in its fourth digit; MPS has no float64
+        if values.device.type != "mps":
+            values = values.double()
         self._total = values if self._total is None else self._total + values
         self._count += 1
 
