@@ -6,7 +6,8 @@ uncompressed, of JSON files and raw tensor files whose shapes and dtypes a ``met
 is loaded :func:`check_archive` checks every entry: its name (JSON or a raw tensor file, nothing TensorDict would
 unpickle), that it is stored uncompressed (so what it extracts to is what the file holds: no zip bomb), that the
 entries fit in the file, that each tensor file holds exactly the bytes its declared shape and dtype need (a short
-file is an error, not zeros), and that every JSON entry parses (deep nesting is an error, not a crash).
+file is an error, not zeros), that every JSON entry parses (deep nesting is an error, not a crash) and that the
+manifest lists for extraction only files the archive holds, each once.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import json
 import math
 import re
 import zipfile
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 import torch
@@ -86,6 +87,9 @@ def _check_entries(path: Path, archive: zipfile.ZipFile) -> dict[str, TensorShap
         for info in entries
         if info.filename.endswith(".json")
     }
+    manifest = documents.get("manifest.json")
+    if isinstance(manifest, dict) and "components" in manifest:
+        _check_listed_files(path, manifest["components"], sizes)
     components = {}
     for name, document in documents.items():
         if name.endswith("/meta.json"):
@@ -94,6 +98,33 @@ def _check_entries(path: Path, archive: zipfile.ZipFile) -> dict[str, TensorShap
         if name.endswith("/state.json"):
             _check_state(path, name, document, components.get(name.removesuffix("/state.json"), {}))
     return components
+
+
+def _check_listed_files(path: Path, components: Any, sizes: dict[str, int]) -> None:
+    """TorchRL's loader extracts every file the manifest lists under each component: refuse a list that names a file
+    the archive does not hold or names one twice (a 1 MB file listing its 1 MB tensor a thousand times would write a
+    gigabyte), so that loading writes at most what the archive holds."""
+    records = list(components.values()) if isinstance(components, dict) else [None]
+    listed: set[str] = set()
+    for record in records:
+        root = record.get("path") if isinstance(record, dict) else None
+        files = record.get("files") if isinstance(record, dict) else None
+        if not (
+            isinstance(root, str) and isinstance(files, list) and all(isinstance(name, str) for name in files)
+        ):
+            raise InputError(
+                f"{path} has a damaged list of component files in its manifest: it is damaged or forged."
+            )
+        for name in files:
+            # the member as TorchRL's loader forms it from the component's folder and the listed name
+            member = (PurePosixPath(root.replace("\\", "/")) / name.replace("\\", "/")).as_posix()
+            if member in listed or member not in sizes:
+                problem = "twice" if member in listed else "which it does not hold"
+                raise InputError(
+                    f"{path} lists {member!r} {problem} in its manifest: the file is damaged or forged. "
+                    "Refusing to extract it."
+                )
+            listed.add(member)
 
 
 # what a state description may hold (TorchRL's state-dict schema), and what a NumPy value may be decoded as

@@ -252,16 +252,18 @@ def test_forged_tensor_references_and_components_are_named_with_the_file(tmp_pat
         ):
             Agent.load(path)
     path = saved_agent(tmp_path)
-    rewrite(
-        path,
-        lambda entries: entries.update(
+
+    def rename_component(entries):
+        entries.update(
             {
                 name.replace("-policy/", "-critic/"): entries.pop(name)
                 for name in list(entries)
                 if "-policy/" in name
             }
-        ),
-    )
+        )
+        listed_files(entries, lambda record: record.update(path=record["path"].replace("-policy", "-critic")))
+
+    rewrite(path, rename_component)
     with pytest.raises(InputError, match=f"{path} holds no 'policy' tensors"):
         Agent.load(path)
 
@@ -305,3 +307,32 @@ def test_forged_descriptions_fail_in_one_line_not_in_a_traceback(tmp_path):
     )
     with pytest.raises(InputError, match="damaged JSON"):
         Agent.load(path)
+
+
+def listed_files(entries, change):
+    manifest = json.loads(entries["manifest.json"])
+    (record,) = manifest["components"].values()
+    change(record)
+    entries["manifest.json"] = json.dumps(manifest).encode()
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (lambda record: record["files"].extend([record["files"][-1]] * 1000), "twice"),
+        (lambda record: record["files"].append("./" + record["files"][-1]), "twice"),
+        (lambda record: record["files"].append("state/tensor_99999999.memmap"), "which it does not hold"),
+        (lambda record: record.update(files="state.json"), "damaged list of component files"),
+        (lambda record: record.update(path=None), "damaged list of component files"),
+    ],
+    ids=["repeated", "repeated-other-spelling", "absent", "not-a-list", "no-folder"],
+)
+def test_a_manifest_listing_files_twice_or_absent_ones_is_refused_before_extraction(
+    tmp_path, change, message
+):
+    path = saved_agent(tmp_path)
+    rewrite(path, lambda entries: listed_files(entries, change))
+    with pytest.raises(InputError, match=message):
+        Agent.load(path)
+    with pytest.raises(InputError, match=message):  # a resume checkpoint is read through the same check
+        read_resume_metadata(path)
