@@ -9,7 +9,8 @@ a Box2D world, a MuJoCo ``MjData``, the ALE emulator) makes the env's state unca
 :func:`env_runtime_state` returns None and a resumed run starts new episodes instead.
 
 Restoring sets those attributes on a freshly built env of the same id, each only to a value of the kind the fresh
-env holds there (numbers for numbers, an array of the same shape, text for text), and never an attribute its class
+env holds there (numbers for numbers, an array of the same shape, text for text), the vector env's configuration
+(its numbers and text, such as ``num_envs``) only to the value it already has, and never an attribute its class
 defines (a method); nothing is unpickled or imported.
 """
 
@@ -93,12 +94,21 @@ def _object_state(obj: Any) -> dict[str, Any]:
     return {"class": type(obj).__name__, "values": values, "generators": generators, "spaces": spaces}
 
 
+def _is_numeric(value: Any) -> bool:
+    """Numbers, numeric arrays and tuples or lists of them (no text)."""
+    if isinstance(value, str):
+        return False
+    if isinstance(value, (tuple, list)):
+        return all(_is_numeric(item) for item in value)
+    return _is_plain(value)
+
+
 def _same_form(current: Any, saved: Any) -> bool:
     """Whether ``saved`` may replace the attribute value ``current`` of a freshly built env: the same kind of
-    value (numbers for numbers, numbers of the same shape for an array or a tuple of numbers, text for text);
-    None stands for any value."""
+    value (numbers for numbers, numbers of the same shape for an array, tuples and lists of the same length whose
+    items fit, text for text); where the fresh env holds None (state set at the first reset), None or numbers."""
     if current is None or saved is None:
-        return _is_plain(saved)
+        return saved is None or _is_numeric(saved)
     arrays = isinstance(current, np.ndarray) or isinstance(saved, np.ndarray)
     if arrays:  # one side may be a tuple of numbers: MountainCar's state is either
         try:
@@ -110,11 +120,18 @@ def _same_form(current: Any, saved: Any) -> bool:
     if isinstance(current, numbers) and not isinstance(current, bool):
         return isinstance(saved, numbers) and not isinstance(saved, bool)
     if isinstance(current, (tuple, list)):
-        return isinstance(saved, type(current)) and _is_plain(saved)
+        return (
+            isinstance(saved, type(current))
+            and len(saved) == len(current)
+            and all(_same_form(now, then) for now, then in zip(current, saved, strict=True))
+        )
     return type(saved) is type(current)
 
 
-def _load_object_state(obj: Any, state: dict[str, Any]) -> None:
+def _load_object_state(obj: Any, state: dict[str, Any], configured: bool = False) -> None:
+    """Set ``obj``'s attributes to the saved values that fit them (see :func:`_same_form`); with ``configured``
+    (the vector env, whose numbers and text are its configuration: ``num_envs`` sizes every step's arrays) those
+    must equal the fresh env's own, and only its arrays, lists and generators take the saved values."""
     if type(obj).__name__ != state["class"]:
         raise InputError(
             f"The checkpoint's env layer {state['class']} does not match this env's {type(obj).__name__}."
@@ -126,6 +143,8 @@ def _load_object_state(obj: Any, state: dict[str, Any]) -> None:
             if name in current
             else name.isidentifier() and not hasattr(type(obj), name) and _is_plain(value)
         )
+        if configured and not isinstance(current.get(name), (np.ndarray, list)):
+            fits = fits and name in current and type(value) is type(current[name]) and value == current[name]
         if name in _SKIPPED or not fits:
             raise InputError(
                 f"The checkpoint sets {type(obj).__name__}.{name} to {value!r:.60}, which does not fit this env's "
@@ -221,7 +240,7 @@ def load_env_runtime_state(env: EnvBase, state: dict[str, Any]) -> None:
             state["sub_envs"]
         ):
             raise InputError("The checkpoint's training envs do not match this run's (number of sub-envs).")
-        _load_object_state(vector_env, state["vector"])
+        _load_object_state(vector_env, state["vector"], configured=True)
         for sub_env, layer_states in zip(vector_env.envs, state["sub_envs"], strict=True):
             layers = _layers(sub_env)
             if len(layers) != len(layer_states):

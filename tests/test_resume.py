@@ -341,6 +341,22 @@ FORGERIES = {
         lambda manifest, state: schema_items(state, "training", "optimizers", "adam", "state", 0).pop(),
         r"does not fit this run: the adam optimizer's state lacks \['exp_avg",
     ),
+    "vector-env-size": (
+        lambda manifest, state: set_item(
+            schema_items(state, "training", "env", "vector", "values"), "num_envs", 2**27
+        ),
+        r"sets SyncVectorEnv.num_envs to 134217728, which does not fit",
+    ),
+    "env-attribute-set-at-reset": (
+        lambda manifest, state: set_item(cartpole_values(state), "steps_beyond_terminated", "boom"),
+        r"sets CartPoleEnv.steps_beyond_terminated to 'boom', which does not fit",
+    ),
+    "env-observations-of-more-envs": (
+        lambda manifest, state: set_item(
+            schema_items(state, "training", "env", "vector", "values"), "_env_obs", [[0.0] * 4] * 3
+        ),
+        r"sets SyncVectorEnv._env_obs to .*, which does not fit",
+    ),
     "env-method": (
         lambda manifest, state: set_item(cartpole_values(state), "step", 1),
         r"sets CartPoleEnv.step to 1",
