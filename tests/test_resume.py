@@ -408,6 +408,26 @@ def test_the_command_line_refuses_saved_options_of_the_wrong_type(
         resumed_config(dqn.DQNConfig, tiny_dqn(None, resume=tmp_path / "run"), ["--resume", "run"])
 
 
+def test_saved_options_describing_networks_larger_than_the_file_are_refused_before_building_them(
+    tmp_path, monkeypatch
+):
+    from training.resume import network_floor, resumed_config
+
+    with monkeypatch.context() as patch:
+        interrupt_at(patch, 1_024)
+        dqn.main(tiny_dqn(tmp_path / "run"))
+    config = resumed_config(dqn.DQNConfig, tiny_dqn(None, resume=tmp_path / "run"), ["--resume", "run"])
+    assert 0 < 4 * network_floor(config) <= (tmp_path / "run" / RESUME_FILE).stat().st_size
+    forge_resume(
+        tmp_path / "run" / RESUME_FILE,
+        lambda manifest, state: manifest["metadata"]["config"]["network"].update(
+            hidden_sizes=[20_000, 20_000]
+        ),
+    )
+    with pytest.raises(InputError, match="describe networks of at least 400,000,000 parameters"):
+        resumed_config(dqn.DQNConfig, tiny_dqn(None, resume=tmp_path / "run"), ["--resume", "run"])
+
+
 def test_a_checkpoint_from_before_an_option_existed_still_resumes():
     from training.resume import config_differences
 

@@ -12,6 +12,7 @@ it; loading it never unpickles anything.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import sys
 import types
 import typing
@@ -21,7 +22,7 @@ from typing import Any
 from torchrl.checkpoint import Checkpoint
 
 from agents.agent import RESUME_FORMAT
-from agents.archive import check_archive, first_line, read_manifest_metadata
+from agents.archive import check_archive, first_line, nbytes, read_manifest_metadata
 from agents.files import write_atomically
 from errors import InputError
 
@@ -79,7 +80,12 @@ def resume_path(path: str | Path) -> Path:
 
 def read_resume_metadata(path: Path) -> dict[str, Any]:
     """The manifest metadata of a resume checkpoint; :class:`InputError` for anything else."""
-    check_archive(path, "resume")
+    return _checked_metadata(path)[0]
+
+
+def _checked_metadata(path: Path) -> tuple[dict[str, Any], int]:
+    """The manifest metadata of a resume checkpoint and the bytes of tensors it holds."""
+    held = sum(nbytes(tensors) for tensors in check_archive(path, "resume").values())
     metadata = read_manifest_metadata(path, "resume")
     if metadata.get("format") != RESUME_FORMAT:
         raise InputError(
@@ -98,7 +104,24 @@ def read_resume_metadata(path: Path) -> dict[str, Any]:
         raise InputError(
             f"{path} has an incomplete description (algorithm, env_id, config); it is damaged or forged."
         )
-    return metadata
+    return metadata, held
+
+
+def network_floor(config: Any) -> int:
+    """The fewest parameters the networks that ``config``'s options describe can have: the products of neighbouring
+    widths of every ``*hidden_sizes`` option and three square matrices of a ``--recurrent`` layer (a GRU's; an
+    LSTM has four). Every network's parameters are in a resume checkpoint, so a file holding fewer bytes of tensors
+    than this in float32 describes networks it does not hold."""
+    total = 0
+    for field in dataclasses.fields(config):
+        value = getattr(config, field.name)
+        if dataclasses.is_dataclass(value):
+            total += network_floor(value)
+        elif field.name.endswith("hidden_sizes") and isinstance(value, tuple):
+            total += sum(width * next_width for width, next_width in itertools.pairwise(value))
+        elif field.name == "recurrent_size" and getattr(config, "recurrent", None) and isinstance(value, int):
+            total += 3 * value * value
+    return total
 
 
 def load_resume_checkpoint(path: Path) -> dict[str, Any]:
@@ -195,7 +218,8 @@ def resumed_config(config_type: type, config: Any, argv: list[str] | None = None
     this command line; :class:`InputError` when other options are given (the saved ones apply)."""
     argv = sys.argv[1:] if argv is None else argv
     path = resume_path(config.run.resume)
-    saved = read_resume_metadata(path)["config"]
+    metadata, held = _checked_metadata(path)
+    saved = metadata["config"]
     changed = sorted(explicit_options(argv) - REPORTING_OPTIONS - {"help"})
     if changed:
         raise InputError(
@@ -209,6 +233,13 @@ def resumed_config(config_type: type, config: Any, argv: list[str] | None = None
         resumed = config_from_dict(config_type, saved)
     except InputError as error:
         raise InputError(f"{path} cannot be resumed: {error}; the file is damaged or forged.") from None
+    floor = network_floor(resumed)
+    if 4 * floor > held:  # checked before anything is built from the options
+        raise InputError(
+            f"{path} cannot be resumed: its saved options describe networks of at least {floor:,} parameters "
+            f"({4 * floor / 2**20:,.1f} MiB) where it holds {held / 2**20:,.1f} MiB of tensors; the file is damaged "
+            "or forged."
+        )
     resumed.run.output_dir = None  # the checkpoint's directory, wherever the run was moved (unless given)
     for name in explicit_options(argv) & REPORTING_OPTIONS:
         setattr(resumed.run, name, getattr(config.run, name))
