@@ -55,14 +55,29 @@ def write_atomically(path: str | Path, write: Callable[[Path], object]) -> Path:
         remove_stale_temporaries(path.parent)
         write(temporary)
         os.replace(temporary, path)
-    except OSError as error:
+    except (OSError, RuntimeError) as error:
+        code, reason = _failed_write(error)
+        if code is None:
+            raise
         kept = f"the previous {path.name} is intact" if path.exists() else f"no {path.name} was written"
-        raise WriteError(
-            error.errno or errno.EIO, f"Could not write {path} ({error.strerror or error}); {kept}."
-        ) from None
+        raise WriteError(code, f"Could not write {path} ({reason}); {kept}.") from None
     finally:
         _remove(temporary)
     return path
+
+
+# how PyTorch reports a failed write to a file (``torch.from_file``, memory-mapped storages) in a RuntimeError:
+# "unable to write to file </path>: No space left on device (28)"
+_TORCH_FILE_ERROR = re.compile(r"unable to .*file.*: (?P<reason>[^:]+?) \((?P<errno>\d+)\)")
+
+
+def _failed_write(error: OSError | RuntimeError) -> tuple[int | None, str]:
+    """The errno and reason of a failed write; ``(None, "")`` for a RuntimeError that is not PyTorch's report
+    of one (a bug in the writer, which should surface as it is)."""
+    if isinstance(error, OSError):
+        return error.errno or errno.EIO, error.strerror or str(error)
+    match = _TORCH_FILE_ERROR.search(str(error).split("\n", 1)[0])
+    return (int(match["errno"]), match["reason"]) if match else (None, "")
 
 
 def write_text(path: str | Path, text: str) -> Path:

@@ -17,7 +17,7 @@ import torch
 from run_helpers import interrupt_at
 
 from agents import Agent, files
-from agents.files import remove_stale_temporaries, write_text
+from agents.files import remove_stale_temporaries, write_atomically, write_text
 from errors import InputError, WriteError
 from recipes import dqn, ppo
 from training import RunConfig, quiet
@@ -407,3 +407,28 @@ def test_whole_numbers_in_scientific_notation_are_read_by_integer_options(tmp_pa
     )
     assert result.returncode == 2
     assert "--num-envs 1000 is more than --total-frames 256" in result.stderr  # parsed, then refused
+
+
+def test_pytorch_s_report_of_a_full_disk_is_a_write_error_and_other_runtime_errors_pass(tmp_path):
+    path = tmp_path / "resume.ckpt"
+    write_text(path, "previous")
+
+    def torch_full_disk(temporary):
+        raise RuntimeError(
+            f"unable to write to file <{temporary}/tensor_00000064.memmap>: No space left on device (28)"
+        )
+
+    with pytest.raises(WriteError) as error:
+        write_atomically(path, torch_full_disk)
+    assert error.value.errno == errno.ENOSPC
+    assert (
+        str(error.value)
+        == f"Could not write {path} (No space left on device); the previous resume.ckpt is intact."
+    )
+
+    def bug(temporary):
+        raise RuntimeError("mat1 and mat2 shapes cannot be multiplied")
+
+    with pytest.raises(RuntimeError, match="mat1 and mat2"):
+        write_atomically(path, bug)
+    assert path.read_text() == "previous" and [entry.name for entry in tmp_path.iterdir()] == ["resume.ckpt"]
