@@ -27,6 +27,7 @@ import importlib
 import json
 import math
 import multiprocessing
+import os
 import signal
 import sys
 import warnings
@@ -233,7 +234,8 @@ def run_worker(config: TuneConfig, index: int, first_trial: int = 0) -> bool:
     space = read_search_space(config.algorithm, config.search_space)
     states = optuna.trial.TrialState
     while True:
-        with open(config.folder / ".trials.lock", "a") as lock:
+        flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW  # never through a link planted there
+        with open(os.open(config.folder / ".trials.lock", flags, 0o644), "a") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
             trials = study.get_trials(deepcopy=False)
             finished = sum(trial.state in (states.COMPLETE, states.PRUNED) for trial in trials)
@@ -271,10 +273,25 @@ def main(config: TuneConfig) -> dict[str, Any]:
     # each a distribution Optuna can sample, refused before the study exists
     distributions = {name: distribution(name, entry) for name, entry in space.items()}
     config.folder.mkdir(parents=True, exist_ok=True)
+    for name in ("study.db", ".trials.lock"):  # written in place, so a link there would be written through
+        if (config.folder / name).is_symlink():
+            raise InputError(
+                f"{config.folder / name} is a link; the study writes its own files there. Remove the link or give "
+                "another --output-dir."
+            )
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    study = optuna.create_study(
-        study_name=config.name, storage=config.storage_url, direction="maximize", load_if_exists=True
-    )
+    from sqlalchemy.exc import SQLAlchemyError
+
+    try:
+        study = optuna.create_study(
+            study_name=config.name, storage=config.storage_url, direction="maximize", load_if_exists=True
+        )
+    except SQLAlchemyError as error:  # a file that is not a database, a database of another program
+        reason = str(getattr(error, "orig", None) or error).splitlines()[0]
+        raise InputError(
+            f"Could not open the study's storage {config.storage_url} ({reason}); move the file away or give "
+            "another --storage or --output-dir."
+        ) from None
     describe = {
         "algorithm": config.algorithm,
         "env_id": config.env_id,

@@ -205,6 +205,25 @@ def test_results_replace_a_link_instead_of_writing_through_it(tmp_path):
     assert outside.read_text() == "precious" and not (tmp_path / "study" / "results.md").is_symlink()
 
 
+@pytest.mark.parametrize("name", ["study.db", ".trials.lock"])
+def test_a_link_in_place_of_the_study_s_own_files_is_refused(tmp_path, name):
+    outside = tmp_path / "outside"
+    (tmp_path / "study").mkdir()
+    (tmp_path / "study" / name).symlink_to(outside)
+    with pytest.raises(InputError, match=f"{name} is a link; the study writes its own files there"):
+        tune.main(tiny(tmp_path, trials=1))
+    assert not outside.exists()
+
+
+def test_a_study_file_that_is_not_a_database_is_one_line(tmp_path):
+    (tmp_path / "study").mkdir()
+    (tmp_path / "study" / "study.db").write_bytes(bytes(range(256)) * 20)
+    with pytest.raises(
+        InputError, match=r"Could not open the study's storage .*study.db \(file is not a database\)"
+    ):
+        tune.main(tiny(tmp_path, trials=1))
+
+
 def test_a_trial_over_several_seeds_scores_their_mean_and_its_steps_run_on(tmp_path):
     summary = tune.main(tiny(tmp_path, trials=1, seeds_per_trial=2))
     trial_folder = tmp_path / "study" / "trials" / "trial-0000"
