@@ -367,8 +367,49 @@ class RayRunner(Runner):
 
 # ---------------------------------------------------------------------------------------------------- the report
 def read_runs(results: Path) -> list[dict[str, Any]]:
-    """The records of the finished runs."""
-    return [json.loads(path.read_text()) for path in sorted((results / "records").glob("*/*/seed*.json"))]
+    """The records of the finished runs (a damaged one is left out with a warning, see :func:`read_record`)."""
+    records = (read_record(path) for path in sorted((results / "records").glob("*/*/seed*.json")))
+    return [record for record in records if record is not None]
+
+
+def read_record(path: Path) -> dict[str, Any] | None:
+    """The record at ``path``, or None with a warning naming it when it is not one the suite wrote (damaged, edited
+    by hand, or from another program): the report goes on without it."""
+    try:
+        record = json.loads(path.read_text())
+        _check_record(record)
+    except (OSError, ValueError, TypeError, KeyError, RecursionError) as error:
+        reason = f"{type(error).__name__}: {str(error).splitlines()[0][:200] if str(error) else 'no detail'}"
+        print(
+            f"warning: {path} is not a run record the suite can read ({reason}); left out of the report. Delete "
+            "it and its run folder to run it again.",
+            flush=True,
+        )
+        return None
+    return record
+
+
+def _check_record(record: Any) -> None:
+    """Raise ValueError unless ``record`` has the fields, of the types, that the report reads."""
+
+    def number(value: Any) -> bool:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+    summary, curve = record["summary"], record["curve"]
+    if not (
+        isinstance(record["algorithm"], str)
+        and isinstance(record["env"], str)
+        and isinstance(record["seed"], int)
+        and isinstance(summary, dict)
+        and isinstance(summary["frames"], int)
+        and all(number(summary[key]) for key in ("seed", "eval_return_mean", "wall_time_s", "fps"))
+        and isinstance(curve, list)
+        and curve
+        and all(isinstance(point, list) and len(point) == 2 and all(map(number, point)) for point in curve)
+        and (record.get("preset") is None or isinstance(record["preset"], str))
+        and isinstance(record.get("config", {}), dict)
+    ):
+        raise ValueError("fields missing or of the wrong type")
 
 
 def read_references() -> dict[tuple[str, str], dict[str, str]]:
@@ -612,9 +653,8 @@ def main(argv: list[str] | None = None) -> None:
         jobs = make_jobs(args.algos, args.envs, args.seeds, args.with_sb3)
         pending = [job for job in jobs if not finished(job, args.results)]
         for job in jobs:
-            if job not in pending and (
-                changes := preset_changes(json.loads(job.record(args.results).read_text()))
-            ):
+            record = None if job in pending else read_record(job.record(args.results))
+            if record is not None and (changes := preset_changes(record)):
                 print(
                     f"warning: {job.algorithm} {job.env} seed {job.seed} was run with another preset "
                     f"({'; '.join(changes)}); delete {job.record(args.results)} and its run folder to run it again",

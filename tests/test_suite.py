@@ -227,3 +227,21 @@ def test_random_scores_of_atari_games_are_whole_games_of_the_real_score(tmp_path
     assert built == [False]  # the evaluation envs: whole games, unclipped points
     assert score >= 0 and float(score).is_integer()
     assert json.loads(cache.read_text()) == {"ALE/Breakout-v5": score}
+
+
+def test_damaged_records_are_left_out_of_the_report_with_a_warning(tmp_path, capsys):
+    folder = tmp_path / "records" / "ppo" / "CartPole-v1"
+    folder.mkdir(parents=True)
+    (folder / "seed0.json").write_text("[" * 100_000 + "]" * 100_000)
+    (folder / "seed1.json").write_text(json.dumps({"algorithm": "ppo", "seed": 1}))
+    (folder / "seed2.json").write_text(
+        json.dumps({"algorithm": "ppo", "env": "CartPole-v1", "seed": 2, "summary": {}, "curve": "up"})
+    )
+    suite.main(["--report-only", "--results", str(tmp_path)])
+    output = capsys.readouterr().out
+    for seed, reason in ((0, "RecursionError"), (1, "KeyError: 'summary'"), (2, "KeyError: 'frames'")):
+        assert (
+            f"warning: {folder / f'seed{seed}.json'} is not a run record the suite can read ({reason}"
+            in output
+        )
+    assert "| ppo |" not in (tmp_path / "report.md").read_text()
