@@ -2,6 +2,7 @@
 fails to resume before it changes anything, and cleans up what interrupted writes left behind."""
 
 import errno
+import fcntl
 import json
 import math
 import os
@@ -432,3 +433,61 @@ def test_pytorch_s_report_of_a_full_disk_is_a_write_error_and_other_runtime_erro
     with pytest.raises(RuntimeError, match="mat1 and mat2"):
         write_atomically(path, bug)
     assert path.read_text() == "previous" and [entry.name for entry in tmp_path.iterdir()] == ["resume.ckpt"]
+
+
+def test_a_config_json_that_is_not_a_run_s_is_never_replaced_and_its_folder_is_left_alone(output_dir):
+    output_dir.mkdir(parents=True, exist_ok=True)
+    (output_dir / "config.json").write_text('{"theme": "dark"}')
+    (output_dir / "videos").mkdir()
+    (output_dir / "videos" / "holiday.mp4").write_text("mine")
+    for overwrite in (False, True):
+        with pytest.raises(InputError, match=r"config.json is not a run's configuration"):
+            ppo.main(tiny_ppo(output_dir, overwrite=overwrite))
+    assert (output_dir / "config.json").read_text() == '{"theme": "dark"}'
+    assert (output_dir / "videos" / "holiday.mp4").read_text() == "mine"
+
+
+def hold_lock(folder):
+    """A process holding ``folder``'s run lock, as a live run does, until killed."""
+    script = (
+        "import fcntl, os, sys, time\n"
+        "descriptor = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT)\n"
+        "fcntl.flock(descriptor, fcntl.LOCK_EX)\n"
+        "print('locked', flush=True)\n"
+        "time.sleep(120)\n"
+    )
+    process = subprocess.Popen(
+        [sys.executable, "-c", script, str(folder / ".run.lock")], stdout=subprocess.PIPE, text=True
+    )
+    assert process.stdout.readline() == "locked\n"
+    return process
+
+
+def test_a_folder_a_live_run_is_writing_into_is_refused_even_with_overwrite_or_resume(output_dir):
+    ppo.main(tiny_ppo(output_dir, checkpoint_every=256))
+    files_before = {path: path.read_bytes() for path in output_dir.rglob("*") if path.is_file()}
+    holder = hold_lock(output_dir)
+    try:
+        with pytest.raises(InputError, match=f"Another run is writing into {output_dir} right now"):
+            ppo.main(tiny_ppo(output_dir, overwrite=True, seed=1))
+        with pytest.raises(InputError, match="Another run is writing into"):
+            ppo.main(tiny_ppo(None, resume=output_dir))
+    finally:
+        holder.kill()
+        holder.wait()
+    assert {path: path.read_bytes() for path in output_dir.rglob("*") if path.is_file()} == files_before
+    ppo.main(tiny_ppo(output_dir, overwrite=True, seed=1))  # free again once the other run is gone
+    # and released by the run that ended: another process could take the lock now
+    descriptor = os.open(output_dir / ".run.lock", os.O_RDWR)
+    try:
+        fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    finally:
+        os.close(descriptor)
+
+
+def test_a_link_in_place_of_the_lock_is_refused(output_dir, tmp_path):
+    output_dir.mkdir(parents=True, exist_ok=True)
+    (output_dir / ".run.lock").symlink_to(tmp_path / "outside")
+    with pytest.raises(InputError, match=r"Cannot make the run folder's lock .*\.run\.lock"):
+        ppo.main(tiny_ppo(output_dir))
+    assert not (tmp_path / "outside").exists()

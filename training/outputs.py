@@ -8,6 +8,8 @@ took that name in the same second. A resumed run writes into the folder it conti
 
 from __future__ import annotations
 
+import fcntl
+import json
 import os
 import shutil
 from datetime import datetime
@@ -38,8 +40,27 @@ def run_files(folder: Path) -> list[str]:
     def present(name: str) -> bool:
         return (folder / name).exists() or (folder / name).is_symlink()
 
-    files = [name for name in RUN_FILES if present(name)]
+    files = [
+        name for name in RUN_FILES if present(name) and (name != "config.json" or _is_run_config(folder))
+    ]
     return files + [name for name in RUN_FOLDERS if present(name)] if files else []
+
+
+def _is_run_config(folder: Path) -> bool:
+    """Whether ``folder``'s config.json is a run's: empty (claimed by a run that stopped before writing it) or a
+    JSON object with the run's options under "run"; not a file of the same name that something else wrote."""
+    path = folder / "config.json"
+    try:
+        if path.is_symlink() or not path.is_file():
+            return (
+                path.is_symlink()
+            )  # a link in place of a run's file: clear_run removes the link, never its target
+        if path.stat().st_size > 2**20:  # a run's config.json is a few kilobytes
+            return False
+        text = path.read_text()
+        return not text or isinstance(json.loads(text).get("run"), dict)
+    except (OSError, ValueError, AttributeError, RecursionError):
+        return False
 
 
 def prepare_run_folder(algorithm: str, run: RunConfig, resumed: bool) -> Path:
@@ -59,6 +80,22 @@ def prepare_run_folder(algorithm: str, run: RunConfig, resumed: bool) -> Path:
     if folder.exists() and not folder.is_dir():
         raise InputError(f"--output-dir {folder} is a file; name a folder for the run's outputs.")
     _make_folder(folder)
+    lock_run_folder(folder)  # before anything there is looked at or removed: no other run is writing into it
+    try:
+        _check_run_folder(folder, run, resumed)
+    except BaseException:
+        release_run_folder(folder)
+        raise
+    return folder
+
+
+def _check_run_folder(folder: Path, run: RunConfig, resumed: bool) -> None:
+    """Check (and with ``run.overwrite`` clear) the locked ``folder`` as :func:`prepare_run_folder` describes."""
+    if (folder / "config.json").exists() and not _is_run_config(folder):
+        raise InputError(
+            f"{folder / 'config.json'} is not a run's configuration, and a run writes its own config.json there; "
+            "move that file or choose another --output-dir."
+        )
     continues_here = resumed and folder.resolve() == _resume_folder(run.resume).resolve()
     existing = [] if continues_here else run_files(folder)
     if existing and not run.overwrite:
@@ -72,7 +109,6 @@ def prepare_run_folder(algorithm: str, run: RunConfig, resumed: bool) -> Path:
     _refuse_links_in_log_folders(folder)
     if not continues_here:
         _claim(folder)
-    return folder
 
 
 def _claim(folder: Path) -> None:
@@ -134,8 +170,57 @@ def _fresh_folder(algorithm: str, run: RunConfig) -> Path:
                 f"Cannot create the run folder {folder} ({error.strerror}); pass --output-dir."
             ) from None
         _claim(folder)
+        lock_run_folder(folder)
         return folder
     raise InputError(f"Too many runs named {base}-N; pass --output-dir.")
+
+
+LOCK_FILE = ".run.lock"
+_LOCKS: dict[
+    Path, list[int]
+] = {}  # run folder (resolved) -> [descriptor of its lock file, runs of this process]
+
+
+def lock_run_folder(folder: Path) -> None:
+    """Take the run folder's lock (``flock`` on its ``.run.lock``, which the system releases when the process
+    ends), held until :func:`release_run_folder`: a second run, even one given ``--overwrite`` or ``--resume``,
+    cannot write into a folder that a live run is writing into. Runs of this process share it.
+
+    Raises:
+        InputError: another process holds the lock, or the lock file cannot be made (a link stands there).
+    """
+    key = folder.resolve()
+    if key in _LOCKS:
+        _LOCKS[key][1] += 1
+        return
+    path = folder / LOCK_FILE
+    try:
+        descriptor = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+    except OSError as error:  # ELOOP: a link planted there; EACCES: a read-only folder
+        raise InputError(
+            f"Cannot make the run folder's lock {path} ({error.strerror}); remove what stands there or choose "
+            "another --output-dir."
+        ) from None
+    try:
+        fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(descriptor)
+        raise InputError(
+            f"Another run is writing into {folder} right now; wait for it to end, or choose another --output-dir."
+        ) from None
+    _LOCKS[key] = [descriptor, 1]
+
+
+def release_run_folder(folder: Path) -> None:
+    """Release a run's hold on its folder's lock (see :func:`lock_run_folder`); the last run of this process that
+    held it unlocks it."""
+    held = _LOCKS.get(folder.resolve())
+    if held is None:
+        return
+    held[1] -= 1
+    if held[1] == 0:
+        del _LOCKS[folder.resolve()]
+        os.close(held[0])  # closing the descriptor releases the flock
 
 
 def _make_folder(folder: Path) -> None:

@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import time
 import warnings
+import weakref
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, NoReturn
@@ -48,7 +49,7 @@ from training.config import RunConfig, config_to_dict
 from training.evaluation import EvaluationSchedule, check_evaluation_env, run_deterministic
 from training.logger import is_wandb, log_video, make_logger
 from training.metrics import Metrics, find_non_finite
-from training.outputs import prepare_run_folder
+from training.outputs import prepare_run_folder, release_run_folder
 from training.plotting import plot_learning_curve
 from training.provenance import run_source
 from training.resume import RESUME_FILE
@@ -126,6 +127,8 @@ class Run:
                 )
             warm_up_normalizer(run, normalizer, agent.device)
         self.output_dir = prepare_run_folder(algorithm, run, resumed is not None)
+        # the folder's lock, released when the run ends (or, should it fail, when it is collected)
+        self._release_folder = weakref.finalize(self, release_run_folder, self.output_dir)
         agent.config = self.config
         write_text(self.output_dir / "config.json", json.dumps(self.config, indent=2) + "\n")
         logger = make_logger(
@@ -272,6 +275,7 @@ class Run:
         self.signals.restore()
         self.metrics.close_progress()
         kept = ", ".join(self.checkpoints.written()) or "none written yet"
+        self._release_folder()
         raise NonFiniteError(
             f"NaN or Inf in {where} at frame {self.frames} of {self.algorithm} on {self.run.env_id}; training "
             f"stopped. Checkpoints kept (from before it appeared): {kept}."
@@ -314,6 +318,7 @@ class Run:
             logger.experiment.finish()
         elif logger is not None and hasattr(logger.experiment, "close"):  # TensorBoard's writer
             logger.experiment.close()
+        self._release_folder()
         return summary
 
     def _record_video(self, path: Path) -> None:
