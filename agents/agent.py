@@ -155,6 +155,24 @@ class EvaluationResult:
         return float(self.returns.std())
 
 
+def _mask_rows(masks: np.ndarray, rows: int, single: bool) -> np.ndarray:
+    """``predict``'s action masks as one row per observation: a single observation's mask may be one row."""
+    if single and masks.ndim == 1:
+        return masks.reshape(1, -1)
+    if masks.ndim != 2 or masks.shape[0] != rows:
+        raise InputError(
+            f"action_mask of shape {masks.shape} for {'one observation' if single else f'{rows} observations'}: "
+            "pass one row of allowed actions per observation, shape "
+            f"({'number of actions' if single else f'{rows}, number of actions'})."
+        )
+    return masks
+
+
+def _whole(array: np.ndarray) -> bool:
+    """Whether ``array`` holds whole numbers only (integers and booleans always do)."""
+    return array.dtype.kind in "biu" or bool(np.isfinite(array).all() and (array == np.floor(array)).all())
+
+
 class Agent(nn.Module):
     """A policy together with what it was trained for.
 
@@ -282,6 +300,11 @@ class Agent(nn.Module):
             if isinstance(observation, torch.Tensor)
             else np.asarray(observation)
         )
+        if array.dtype.kind not in "biuf":
+            raise InputError(
+                f"Observation {observation!r:.60} is not numeric ({array.dtype}); the agent's observation space is "
+                f"{space}."
+            )
         shape = space.shape
         single = array.shape == shape
         if not single and array.shape[1:] != shape:
@@ -289,6 +312,28 @@ class Agent(nn.Module):
                 f"Observation of shape {array.shape} does not match the agent's observation space {space} "
                 f"(expected {shape} or a batch of them)."
             )
+        integral = isinstance(
+            space, (gym.spaces.Discrete, gym.spaces.MultiDiscrete, gym.spaces.MultiBinary)
+        ) or (np.dtype(space.dtype).kind in "biu")
+        if integral and not _whole(array):
+            raise InputError(
+                f"Observation values outside the agent's observation space {space}: it holds whole numbers, got "
+                f"{array.tolist() if array.size <= 16 else 'a batch with fractions'}"
+                + (
+                    " (an image scaled to floats? the agent takes the env's own uint8 pixels, 0-255)."
+                    if space.dtype == np.uint8
+                    else "."
+                )
+            )
+        if isinstance(space, gym.spaces.MultiBinary) or (
+            isinstance(space, gym.spaces.Box) and np.dtype(space.dtype).kind in "biu"
+        ):
+            low, high = (0, 1) if isinstance(space, gym.spaces.MultiBinary) else (space.low, space.high)
+            if not ((array >= low).all() and (array <= high).all()):
+                raise InputError(
+                    f"Observation values outside the agent's observation space {space}: got "
+                    f"{array.tolist() if array.size <= 16 else 'a batch with values out of bounds'}."
+                )
         if isinstance(
             space, (gym.spaces.Discrete, gym.spaces.MultiDiscrete)
         ):  # values from 0, as in training
@@ -382,7 +427,7 @@ class Agent(nn.Module):
                 "predict(obs, deterministic=False) cannot apply it. Use deterministic=True."
             )
         tensor, single = self._observation_tensor(observation)
-        masks = None if action_mask is None else np.asarray(action_mask).reshape(tensor.shape[0], -1)
+        masks = None if action_mask is None else _mask_rows(np.asarray(action_mask), tensor.shape[0], single)
         recurrent_state = self._recurrent_input(tensor.shape[0], state, episode_start)
         with torch.no_grad(), set_exploration_type(_exploration(deterministic)):
             actions, next_state = self._act(tensor, masks, recurrent_state)

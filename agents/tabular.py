@@ -257,9 +257,15 @@ def make_q_table(
             encoder = ObservationGrid(low.float(), high.float() + 1, grid_size)
         num_states = encoder.num_cells
     else:
+        spaces = {"Binary": "MultiBinary", "MultiCategorical": "MultiDiscrete", "Composite": "Dict"}
+        kind = (
+            "a Box of booleans"
+            if isinstance(observation_spec, Bounded) and observation_spec.dtype == torch.bool
+            else f"a {spaces.get(type(observation_spec).__name__, type(observation_spec).__name__)} space"
+        )
         raise InputError(
-            f"Tabular Q-learning reads Discrete or Box observations, got {type(observation_spec).__name__}; "
-            "number the observations 0..n-1 with a Discrete(n) observation space (a gymnasium.ObservationWrapper)."
+            f"Tabular Q-learning reads Discrete observations and Box observations of numbers, got {kind}; number "
+            "the observations 0..n-1 with a Discrete(n) observation space (a gymnasium.ObservationWrapper)."
         )
     num_actions = action_spec.space.n
     if num_states * num_actions > MAX_TABLE_ENTRIES:

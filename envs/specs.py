@@ -98,6 +98,13 @@ def set_specs(
             "MultiBinary space (several Discrete choices at once are a MultiDiscrete space; a gymnasium."
             "ActionWrapper can map one onto the env's own actions)."
         )
+    if isinstance(action_space, gym.spaces.Box) and not np.issubdtype(action_space.dtype, np.floating):
+        raise InputError(
+            f"Box action spaces of {action_space.dtype} are not supported ({action_space}): the recipes' policies "
+            "act in a Box with floats. For integer choices give the env a MultiDiscrete (or Discrete) action space "
+            "through a gymnasium.ActionWrapper mapping it onto the env's actions, or a float32 Box that the env "
+            "rounds."
+        )
     if isinstance(action_space, gym.spaces.Box) and len(action_space.shape) != 1:
         raise InputError(
             f"Box action spaces must be one-dimensional (a policy outputs a vector), got shape {action_space.shape}: "

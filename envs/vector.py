@@ -43,6 +43,20 @@ Vectorization = Literal["sync", "async"]
 Backend = Literal["gymnasium", "torch"]
 
 
+def _raised_storing_a_step(error: BaseException) -> bool:
+    """Whether ``error`` was raised by ``SyncVectorEnv.step`` itself (storing what a sub-env's step returned into
+    its arrays, or unpacking it), not inside the sub-env."""
+    traceback = error.__traceback__
+    while traceback is not None and traceback.tb_next is not None:
+        traceback = traceback.tb_next
+    if traceback is None:
+        return False
+    code = traceback.tb_frame.f_code
+    return code.co_name == "step" and code.co_filename.replace("\\", "/").endswith(
+        "gymnasium/vector/sync_vector_env.py"
+    )
+
+
 def _nonfinite_rows(*arrays: np.ndarray) -> set[int]:
     rows: set[int] = set()
     for array in arrays:
@@ -237,9 +251,20 @@ class GymnasiumVectorEnv(EnvBase):
             action = np.clip(action, *self._clip_bounds)  # a copy: the tensordict keeps the policy's action
         if self._action_offset is not None:
             action = action + self._action_offset
-        observation, reward, terminated, truncated, info = self.vector_env.step(
-            action.astype(self._action_dtype)
-        )
+        try:
+            observation, reward, terminated, truncated, info = self.vector_env.step(
+                action.astype(self._action_dtype)
+            )
+        except (ValueError, TypeError) as error:
+            if not _raised_storing_a_step(error):
+                raise  # the env's own error, with its own traceback
+            reason = str(error).splitlines()[0] if str(error) else type(error).__name__
+            raise InputError(
+                f"{self._name}'s step returned something Gymnasium's vector env cannot store ({reason}): step must "
+                "return (observation, reward, terminated, truncated, info) with a plain number as the reward and "
+                "booleans as terminated and truncated (not arrays such as np.array([1.0])), and an observation of "
+                "the observation space's shape."
+            ) from error
         done = np.logical_or(terminated, truncated)
         current = self._observation_arrays(observation)
         final = current

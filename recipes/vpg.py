@@ -71,6 +71,7 @@ from training import (
     run_cli,
     set_learning_rates,
     train_on_gradient_workers,
+    warn_if_no_whole_episodes,
 )
 
 PRESETS = Path(__file__).with_name("presets") / "vpg.toml"  # hyperparameters per env
@@ -308,6 +309,7 @@ def main(
             break
     collector.shutdown()
     env.close()
+    warn_if_no_whole_episodes(run.frames, run_config.total_frames, config.collector.episodes_per_update)
     return run.finish()
 
 

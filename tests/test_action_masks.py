@@ -13,6 +13,7 @@ from agents import Agent, TensorDQNLoss
 from agents.networks import make_actor
 from agents.qvalue import make_q_actor
 from envs import make_env
+from errors import InputError
 from recipes import a2c, dqn, ppo
 from training import quiet
 
@@ -105,6 +106,11 @@ def test_a_masked_agent_predicts_and_evaluates_with_the_envs_masks(output_dir):
     assert agent.predict(mask.astype(np.float32), deterministic=False, action_mask=mask) == 1
     actions = agent.predict(np.ones((3, 4), np.float32), action_mask=np.eye(4, dtype=bool)[[2, 0, 3]])
     assert actions.tolist() == [2, 0, 3]
+    for masks in (mask, np.tile(mask, 3)):  # one mask, or a flat run of them, for a batch of three
+        with pytest.raises(
+            InputError, match=rf"action_mask of shape \({masks.size},\) for 3 observations: pass one row"
+        ):
+            agent.predict(np.ones((3, 4), np.float32), action_mask=masks)
 
 
 @pytest.mark.learning

@@ -299,3 +299,58 @@ def test_policy_calls_do_not_search_for_pandas(monkeypatch):
     converted = TensorDict.from_any({"a": torch.zeros(3, 2)}, auto_batch_size=True)
     assert isinstance(converted, TensorDict) and converted.batch_size == (3, 2)
     env.close()
+
+
+@pytest.mark.parametrize(
+    "space, fine, refused, message",
+    [
+        (
+            gym.spaces.Discrete(4, start=5),
+            [5, 8.0, np.int64(6)],
+            ["5", None, 5.5, 9],
+            r"not numeric|whole numbers|outside",
+        ),
+        (
+            gym.spaces.MultiBinary(4),
+            [[0, 1, 1, 0], [True, False, True, True]],
+            [[0, 2, 0, 1], [-1, 1, 0, 1], [0.5, 1, 0, 1]],
+            "outside the agent's observation space",
+        ),
+        (
+            gym.spaces.Box(0, 255, (3,), np.uint8),
+            [[0, 128, 255]],
+            [[0.5, 0.2, 0.1], [0, 300, 2]],
+            "outside the agent's observation space",
+        ),
+        (
+            gym.spaces.Box(0, 1, (3,), bool),
+            [[True, False, True], [1, 0, 1]],
+            [[2, 1, 1]],
+            "outside the agent's observation space",
+        ),
+    ],
+    ids=["discrete", "multi-binary", "uint8-box", "bool-box"],
+)
+def test_predict_refuses_observations_outside_integral_spaces(space, fine, refused, message):
+    agent = Agent.build(
+        "Custom-v0", space, gym.spaces.Discrete(2), "test", policy_kwargs={"hidden_sizes": [8]}
+    )
+    for observation in fine:
+        assert agent.predict(observation) in (0, 1)
+    for observation in refused:
+        with pytest.raises(InputError, match=message):
+            agent.predict(observation)
+
+
+def test_an_image_of_floats_is_named_as_such():
+    agent = Agent.build(
+        "Custom-v0",
+        gym.spaces.Box(0, 255, (6,), np.uint8),
+        gym.spaces.Discrete(2),
+        "test",
+        policy_kwargs={"hidden_sizes": [8]},
+    )
+    with pytest.raises(
+        InputError, match=r"an image scaled to floats\? the agent takes the env's own uint8 pixels"
+    ):
+        agent.predict(np.full(6, 0.5, np.float32))

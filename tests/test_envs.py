@@ -173,3 +173,43 @@ def test_nan_observations_stop_with_a_clear_error():
     env = make_env(NaNAfterThreeStepsEnv(), seed=0)
     with pytest.raises(InputError, match=r"NaN or Inf in an observation or reward \(sub-envs \[0\]\)"):
         env.rollout(5, break_when_any_done=False)
+
+
+class ReturnsOf(gym.Env):
+    """One step an episode, returning ``returned`` (reward, terminated, truncated) or raising inside the env."""
+
+    observation_space = gym.spaces.Box(-1, 1, (2,), np.float32)
+    action_space = gym.spaces.Discrete(2)
+
+    def __init__(self, reward=1.0, terminated=True, raises=False):
+        self.reward, self.terminated, self.raises = reward, terminated, raises
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return np.zeros(2, np.float32), {}
+
+    def step(self, action):
+        if self.raises:
+            raise ValueError("the env's own complaint")
+        return np.zeros(2, np.float32), self.reward, self.terminated, False, {}
+
+
+@pytest.mark.parametrize(
+    "returned",
+    [{"reward": np.array([1.0])}, {"reward": [1.0, 2.0]}, {"terminated": np.array([True, False])}],
+    ids=["reward-of-shape-1", "reward-list", "flags-array"],
+)
+def test_a_step_returning_arrays_where_numbers_belong_is_one_clear_error(returned):
+    env = make_env(ReturnsOf(**returned), num_envs=1)
+    env.reset()
+    with pytest.raises(
+        InputError, match="step returned something Gymnasium's vector env cannot store .*a plain number"
+    ):
+        env.rand_step()
+
+
+def test_an_error_raised_inside_the_env_s_step_stays_the_env_s_own():
+    env = make_env(ReturnsOf(raises=True), num_envs=1)
+    env.reset()
+    with pytest.raises(ValueError, match="the env's own complaint"):
+        env.rand_step()

@@ -488,3 +488,17 @@ def test_recipe_runs_as_a_module():
     )
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == ["error: --baseline-rate must be in (0, 1], got 2.0."]
+
+
+@pytest.mark.parametrize("make_config", [tiny_reinforce, tiny_vpg], ids=["reinforce", "vpg"])
+def test_a_budget_that_ends_before_a_batch_of_whole_episodes_warns_that_the_agent_is_untrained(
+    tmp_path, make_config
+):
+    config = make_config(
+        tmp_path / "run", "Pendulum-v1", total_frames=150, num_envs=2
+    )  # episodes of 200 steps
+    with pytest.warns(
+        UserWarning, match="ended without a gradient step: its --total-frames 150 ran out before"
+    ):
+        summary = (reinforce if make_config is tiny_reinforce else vpg).main(config)
+    assert summary["frames"] == 0

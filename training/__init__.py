@@ -39,6 +39,7 @@ from training.collectors import (
     make_training_env,
     single_collector_only,
     warn_if_never_updated,
+    warn_if_no_whole_episodes,
 )
 from training.config import RunConfig, config_to_dict, quiet
 from training.evaluation import EVAL_SEED_OFFSET, evaluation_seed
@@ -115,4 +116,5 @@ __all__ = [
     "single_collector_only",
     "train_on_gradient_workers",
     "warn_if_never_updated",
+    "warn_if_no_whole_episodes",
 ]

@@ -213,6 +213,19 @@ def warn_if_never_updated(frames: int, learning_starts: int, stored: int, batch_
         )
 
 
+def warn_if_no_whole_episodes(frames: int, total_frames: int, episodes_per_update: int) -> None:
+    """Warn when a run that learns from whole episodes (REINFORCE, VPG) ends without one batch of them: its budget
+    ran out before ``episodes_per_update`` episodes ended, so it took no gradient step."""
+    if frames == 0:
+        warnings.warn(
+            f"The run ended without a gradient step: its --total-frames {total_frames} ran out before "
+            f"--episodes-per-update {episodes_per_update} episodes ended (it learns from whole episodes); the agent "
+            "is untrained. Raise --total-frames, lower --episodes-per-update, or shorten the episodes with "
+            "--max-episode-steps.",
+            stacklevel=2,
+        )
+
+
 # the longest batch of the off-policy recipes' random warm-up (a fraction of a second of env steps)
 WARMUP_FRAMES_PER_BATCH = 256
 
