@@ -323,6 +323,14 @@ FORGERIES = {
         lambda manifest, state: set_item(schema_items(state, "training", "collector"), "frames", "many"),
         r"the training state.collector.frames holds 'many' where this run keeps int",
     ),
+    "collector-frames-beyond-int64": (
+        lambda manifest, state: set_item(schema_items(state, "training", "collector"), "frames", 2**80),
+        r"the collector's frame count is 1208925819614629174706176, not a whole number from 0 to",
+    ),
+    "run-frames-negative": (
+        lambda manifest, state: set_item(schema_items(state, "run"), "frames", -5),
+        r"the run's state.frames holds -5 where this run keeps a count from 0 to 9,223,372,036,854,775,807",
+    ),
     "run-state": (
         lambda manifest, state: set_item(schema_items(state, "run"), "best_return", [1]),
         r"the run's state.best_return holds \[1\] where this run keeps float",

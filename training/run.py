@@ -54,24 +54,24 @@ from training.plotting import plot_learning_curve
 from training.provenance import run_source
 from training.resume import RESUME_FILE
 from training.signals import SignalWatcher
-from training.state import Maybe, TrainingState
+from training.state import Count, Maybe, TrainingState
 
 # the form of a run's own state in resume.ckpt (:meth:`Run._run_state`), checked before a resumed run starts
 RUN_STATE_FORM = {
-    "frames": 0,
+    "frames": Count(),
     "elapsed_s": 0.0,
-    "training_returns": [(0, 0.0)],
+    "training_returns": [(Count(), 0.0)],
     "last_return": Maybe(0.0),
     "recent_returns": [0.0],
     "evaluations": [
-        {"frames": 0, "wall_time_s": 0.0, "return_mean": 0.0, "return_std": 0.0, "length_mean": 0.0}
+        {"frames": Count(), "wall_time_s": 0.0, "return_mean": 0.0, "return_std": 0.0, "length_mean": 0.0}
     ],
     "best_return": 0.0,
-    "solved_at_frames": Maybe(0),
+    "solved_at_frames": Maybe(Count()),
     "solved_at_s": Maybe(0.0),
-    "next_eval": 0,
+    "next_eval": Count(),
     "time_s": 0.0,
-    "next_checkpoint": Maybe(0),
+    "next_checkpoint": Maybe(Count()),
     "wandb_id": Maybe(""),
 }
 

@@ -27,7 +27,7 @@ from torchrl.data import PrioritizedSampler, ReplayBuffer
 from torchrl.envs import EnvBase
 
 from envs.runtime_state import env_runtime_state, load_env_runtime_state
-from errors import InputError
+from errors import INT64_MAX, InputError
 
 
 @dataclasses.dataclass
@@ -145,12 +145,18 @@ class Maybe:
         self.form = form
 
 
+class Count:
+    """In a form for :func:`check_form`: a whole number from 0 to the largest 64-bit integer (a frame count, a
+    frame number to act at)."""
+
+
 def check_form(saved: Any, form: Any, where: str) -> None:
     """Raise :class:`InputError` unless ``saved`` (read from a checkpoint) has the form of ``form``: a fresh run's
     own state, or a template. Mappings are checked key by key for the keys both hold, tuples item by item, lists
     item by item against the form's first item, tensors and arrays by dtype and shape (any shape where the form's
     is empty: a buffer sized by the first batch), numbers as numbers (a whole number where the form holds one),
-    text and flags by type. None in ``form`` admits anything; :class:`Maybe` admits None or its form."""
+    text and flags by type. None in ``form`` admits anything; :class:`Maybe` admits None or its form,
+    :class:`Count` a whole number from 0 to ``INT64_MAX``."""
     if isinstance(form, Maybe):
         if saved is not None:
             check_form(saved, form.form, where)
@@ -176,6 +182,14 @@ def check_form(saved: Any, form: Any, where: str) -> None:
             and saved.dtype == form.dtype
             and (saved.shape == form.shape or math.prod(form.shape) == 0)  # empty: sized by the first batch
         )
+    elif isinstance(form, Count):
+        fits = (
+            isinstance(saved, (int, np.integer)) and not isinstance(saved, bool) and 0 <= saved <= INT64_MAX
+        )
+        if not fits:
+            raise InputError(
+                f"{where} holds {saved!r:.60} where this run keeps a count from 0 to {INT64_MAX:,}"
+            )
     elif isinstance(form, bool):
         fits = isinstance(saved, bool)
     elif isinstance(form, (int, np.integer)):
@@ -222,8 +236,8 @@ def _check_optimizer_state(optimizer: torch.optim.Optimizer, name: str) -> None:
 
 def _count(value: Any, what: str, minimum: int = 0) -> int:
     """``value`` if it is a whole number of at least ``minimum``; :class:`InputError` naming ``what`` otherwise."""
-    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
-        raise InputError(f"{what} is {value!r:.40}, not a whole number of at least {minimum}")
+    if not isinstance(value, int) or isinstance(value, bool) or not minimum <= value <= INT64_MAX:
+        raise InputError(f"{what} is {value!r:.40}, not a whole number from {minimum} to {INT64_MAX:,}")
     return value
 
 
