@@ -52,7 +52,8 @@ def space_to_spec(space: gym.Space, batch_size: int, device: torch.device | str 
         raise InputError(
             f"Gymnasium space {space} is not supported: use a Box, Discrete, MultiDiscrete or MultiBinary space, or a "
             "Dict of them for observations (a Tuple of Discrete spaces is read as MultiDiscrete; wrap other Tuple "
-            "observations with gymnasium.wrappers.FlattenObservation)."
+            "observations with gymnasium.wrappers.FlattenObservation; variable-size spaces such as Graph, Sequence "
+            "and Text need a gymnasium.ObservationWrapper that encodes them in a Box of fixed shape)."
         )
     shape = (batch_size, *space.shape)
     if isinstance(space, gym.spaces.Box):
