@@ -27,12 +27,14 @@ from agents.qvalue import (
     TRANSITION_KEYS,
     DuelingHead,
     ExplorationConfig,
+    MaxNormalisedPriorityWeights,
     NStepReturns,
     TensorDQNLoss,
     make_q_actor,
     make_q_network,
     make_target_updater,
     prioritized_sampler,
+    reset_target_noise,
 )
 from agents.recurrent import make_recurrent_env
 from agents.rnd import INTRINSIC_REWARD_KEY, RandomNetworkDistillation, make_rnd_networks
@@ -52,6 +54,7 @@ __all__ = [
     "IntegerCells",
     "KLPenalty",
     "LossAddon",
+    "MaxNormalisedPriorityWeights",
     "NStepReturns",
     "ObservationGrid",
     "ObservationNormalizer",
@@ -90,6 +93,7 @@ __all__ = [
     "make_target_updater",
     "orthogonal_init",
     "prioritized_sampler",
+    "reset_target_noise",
     "trainable_parameters",
     "without_log_prob",
     "write_video",

@@ -18,7 +18,14 @@ from torchrl.data.postprocs.postprocs import _multi_step_func
 from torchrl.data.replay_buffers.samplers import prioritized as prioritized_module
 from torchrl.envs.transforms import MultiStepTransform
 from torchrl.envs.utils import ExplorationType, exploration_type
-from torchrl.modules import MLP, DistributionalQValueActor, EGreedyModule, NoisyLinear, QValueActor
+from torchrl.modules import (
+    MLP,
+    DistributionalQValueActor,
+    EGreedyModule,
+    NoisyLinear,
+    QValueActor,
+    reset_noise,
+)
 from torchrl.objectives import (
     DistributionalDQNLoss,
     DQNLoss,
@@ -349,7 +356,40 @@ def check_support(num_atoms: int, v_min: float, v_max: float, action_mask: bool 
         )
 
 
-class TensorDQNLoss(DQNLoss):
+class MaxNormalisedPriorityWeights:
+    """Prioritized replay's importance weights applied as Schaul et al. (2016, arXiv:1511.05952, Algorithm 1) and
+    Dopamine's Rainbow apply them: the loss is ``mean(w_i * loss_i)`` with the weights the sampler gives,
+    ``(p_i / p_min) ** -beta``, normalised by the largest weight so that they only scale updates down. TorchRL's
+    reduction computes ``sum(w_i * loss_i) / sum(w_i)`` instead, which cancels that normalisation (every update keeps
+    the size of an unweighted one, whatever beta is). Losses with masks, and other reductions, are TorchRL's."""
+
+    def _reduce_loss(self, loss, tensordict=None, *, mask=None, reduction=None, weights=None):
+        weighted = (
+            weights is not None
+            and mask is None
+            and (reduction or self.reduction) == "mean"
+            and loss.ndim >= 1
+            and weights.numel() == loss.shape[0]
+            and not (
+                tensordict is not None
+                and any(tensordict.get(key, None) is not None for key in self._loss_mask_keys())
+            )
+        )
+        if weighted:
+            return (loss * weights.reshape(-1, *(1,) * (loss.ndim - 1))).mean()
+        return super()._reduce_loss(loss, tensordict, mask=mask, reduction=reduction, weights=weights)
+
+
+def reset_target_noise(loss_module: nn.Module) -> None:
+    """Draw new noise for the noisy layers of a DQN loss's target network. NoisyNet-DQN evaluates its targets with
+    noise of their own, drawn anew at every step (Fortunato et al., 2018, arXiv:1706.10295, Algorithm 1), not with
+    the sample copied at the last target update (which a soft update would average towards zero)."""
+    network = loss_module.value_network
+    with loss_module.target_value_network_params.to_module(network):
+        network.apply(reset_noise)
+
+
+class TensorDQNLoss(MaxNormalisedPriorityWeights, DQNLoss):
     """TorchRL's ``DQNLoss``, computed on the observation tensors instead of through TensorDict modules.
 
     ``DQNLoss`` runs the Q-value actor as a TensorDict module for the online values and again, through its
@@ -357,11 +397,11 @@ class TensorDQNLoss(DQNLoss):
     the parameters in and out. For the small networks of classic-control tasks that bookkeeping costs more
     than the network itself. This subclass keeps everything else of ``DQNLoss``: construction, the online and
     target parameters (so ``HardUpdate`` and ``SoftUpdate`` work unchanged), the keys, the discount of the
-    TD(0) estimator (``gamma ** steps_to_next_obs`` for n-step transitions), Double DQN, the loss function,
-    the importance-weighted reduction and the squared TD error written to the priority key. It calls the
-    actor's network directly for the online values, and a copy of it that computes with the target parameters
-    for the bootstrap (plus the online argmax for Double DQN). The tests check that loss, gradients and
-    priorities equal ``DQNLoss``'s.
+    TD(0) estimator (``gamma ** steps_to_next_obs`` for n-step transitions), Double DQN, the loss function
+    and the squared TD error written to the priority key; importance weights scale the loss as
+    :class:`MaxNormalisedPriorityWeights` says. It calls the actor's network directly for the online values, and a
+    copy of it that computes with the target parameters for the bootstrap (plus the online argmax for Double DQN).
+    The tests check that loss, gradients and priorities equal ``DQNLoss``'s (with that reduction).
 
     Args:
         value_network: a ``QValueActor`` (as built by :func:`make_q_actor`).
@@ -481,7 +521,7 @@ class TensorDQNLoss(DQNLoss):
         return TensorDict(loss=self._reduce_loss(loss_B, tensordict=tensordict, weights=weights))
 
 
-class NStepDistributionalDQNLoss(DistributionalDQNLoss):
+class NStepDistributionalDQNLoss(MaxNormalisedPriorityWeights, DistributionalDQNLoss):
     """TorchRL's ``DistributionalDQNLoss`` (C51's cross-entropy to the projected target distribution, with the
     next action picked by the online network) on the transitions :class:`NStepReturns` stores.
 

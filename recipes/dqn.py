@@ -51,6 +51,7 @@ from agents import (
     make_q_actor,
     make_target_updater,
     prioritized_sampler,
+    reset_target_noise,
 )
 from agents.networks import action_mask_kwargs
 from agents.options import Options, defaults
@@ -370,6 +371,7 @@ def main(config: DQNConfig, *, callbacks: Sequence[Callback] = ()) -> dict:
         target_updater.step()
         if noisy:
             q_actor.apply(reset_noise)  # a fresh noise sample after every optimisation step
+            reset_target_noise(loss_module)  # and one of its own for the target network
 
     learner = Learner(
         update,

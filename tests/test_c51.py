@@ -176,7 +176,7 @@ def test_epsilon_schedule_options_are_checked():
 @pytest.mark.learning
 @pytest.mark.parametrize(("variant", "frames"), [("c51", 30_000), ("rainbow", 50_000)])
 def test_c51_and_rainbow_learn_cartpole(output_dir, variant, frames):
-    """The CartPole preset (v_min 0, v_max 100): C51 reached 475 at 14,336 frames, Rainbow at 40,960 (seed 0)."""
+    """The CartPole preset (v_min 0, v_max 100): C51 reached 475 at 14,336 frames, Rainbow at 32,768 (seed 0)."""
     config = dqn.DQNConfig()
     config.run.total_frames, config.run.output_dir, config.run.seed = frames, output_dir, 0
     config.run.logger, config.run.video, config.run.progress = "none", False, False

@@ -21,7 +21,14 @@ from torchrl.modules import reset_noise
 from torchrl.objectives import DQNLoss, ValueEstimators
 
 from agents import Agent
-from agents.qvalue import NStepReturns, TensorDQNLoss, make_q_actor, make_target_updater
+from agents.qvalue import (
+    MaxNormalisedPriorityWeights,
+    NStepReturns,
+    TensorDQNLoss,
+    make_q_actor,
+    make_target_updater,
+    reset_target_noise,
+)
 from errors import InputError
 from recipes import dqn
 from training import RunConfig
@@ -105,7 +112,10 @@ def test_tensor_dqn_loss_equals_torchrl_dqn_loss(options, loss_function, batch_k
     action_spec = Categorical(3, shape=(1,))
     q_actor = make_q_actor(Unbounded(shape=(1, 4)), action_spec, hidden_sizes=(16,), **network_options)[0]
     loss_options = {"double_dqn": options.get("double_dqn", False), "loss_function": loss_function}
-    reference = DQNLoss(q_actor, delay_value=True, action_space=action_spec, **loss_options)
+    # TorchRL's DQNLoss with the importance weights applied as TensorDQNLoss applies them (see the next test)
+    reference = type("PaperWeightedDQNLoss", (MaxNormalisedPriorityWeights, DQNLoss), {})(
+        q_actor, delay_value=True, action_space=action_spec, **loss_options
+    )
     tensor_loss = TensorDQNLoss(q_actor, action_space=action_spec, **loss_options)
     with torch.no_grad():  # a target network that differs from the online one
         for target in reference.target_value_network_params.values(True, True):
@@ -197,11 +207,14 @@ def test_importance_weights_scale_the_loss():
     unweighted = loss_module(batch.clone())["loss"]
     per_sample = torch.stack([loss_module(batch[i : i + 1].clone())["loss"] for i in range(2)])
     assert torch.allclose(unweighted, per_sample.mean())
-    # TorchRL reduces with the importance weights as a weighted mean: sum(w * loss) / sum(w)
-    for weights in (torch.tensor([3.0, 0.0]), torch.tensor([0.25, 1.0])):
+    # as Schaul et al. (2016) apply them: mean(w * loss), the sampler's weights normalised by the largest, so that
+    # small weights shrink the update (TorchRL's own reduction, sum(w * loss) / sum(w), would undo that)
+    for weights in (torch.tensor([1.0, 0.0]), torch.tensor([0.25, 1.0])):
         weighted = loss_module(batch.clone().set("priority_weight", weights))["loss"]
-        assert torch.allclose(weighted, (weights * per_sample).sum() / weights.sum())
+        assert torch.allclose(weighted, (weights * per_sample).mean())
         assert not torch.allclose(weighted, unweighted)
+    ones = loss_module(batch.clone().set("priority_weight", torch.ones(2)))["loss"]
+    assert torch.allclose(ones, unweighted)
 
 
 def test_prioritized_replay_priorities_change_after_an_update():
@@ -475,3 +488,34 @@ def test_the_target_copy_follows_the_loss_to_a_new_dtype_before_any_call():
     )
     loss_module(batch)
     assert loss_module._target_network is target  # the call found it current
+
+
+def test_the_target_network_of_a_noisy_dqn_draws_noise_of_its_own():
+    torch.manual_seed(0)
+    action_spec = Categorical(3, shape=(1,))
+    q_actor = make_q_actor(Unbounded(shape=(1, 4)), action_spec, hidden_sizes=(16,), noisy=True)[0]
+    loss_module = TensorDQNLoss(q_actor, action_space=action_spec)
+    make_target_updater(loss_module, update_interval=1000)
+
+    def epsilons(params):
+        return {key: value.clone() for key, value in params.items(True, True) if key[-1].endswith("epsilon")}
+
+    online, target = (
+        epsilons(loss_module.value_network_params),
+        epsilons(loss_module.target_value_network_params),
+    )
+    assert online and all(
+        (target[key] == online[key]).all() for key in online
+    )  # copied when the loss was made
+    reset_target_noise(loss_module)
+    new_online, new_target = (
+        epsilons(loss_module.value_network_params),
+        epsilons(loss_module.target_value_network_params),
+    )
+    assert all(
+        (new_online[key] == online[key]).all() for key in online
+    )  # the online network's noise is left alone
+    assert all((new_target[key] != target[key]).any() for key in target)
+    for key, value in new_target.items():  # factorised noise: each weight's epsilon is f(eps_out) f(eps_in)
+        if key[-1] == "weight_epsilon":
+            assert torch.linalg.matrix_rank(value) == 1
