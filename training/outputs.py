@@ -51,10 +51,10 @@ def _is_run_config(folder: Path) -> bool:
     JSON object with the run's options under "run"; not a file of the same name that something else wrote."""
     path = folder / "config.json"
     try:
-        if path.is_symlink() or not path.is_file():
-            return (
-                path.is_symlink()
-            )  # a link in place of a run's file: clear_run removes the link, never its target
+        if path.is_symlink():  # a link in place of a run's file: clear_run removes the link, never its target
+            return True
+        if not path.is_file():
+            return False
         if path.stat().st_size > 2**20:  # a run's config.json is a few kilobytes
             return False
         text = path.read_text()
@@ -176,9 +176,8 @@ def _fresh_folder(algorithm: str, run: RunConfig) -> Path:
 
 
 LOCK_FILE = ".run.lock"
-_LOCKS: dict[
-    Path, list[int]
-] = {}  # run folder (resolved) -> [descriptor of its lock file, runs of this process]
+# run folder (resolved) -> [descriptor of its lock file, runs of this process holding it]
+_LOCKS: dict[Path, list[int]] = {}
 
 
 def lock_run_folder(folder: Path) -> None:
