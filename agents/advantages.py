@@ -75,7 +75,11 @@ class _OneCriticCall:
                 data, params, next_params, single_call, value_key, detach_next, vmap_randomness,
                 value_net=value_net,
             )  # fmt: skip
-        data = self._sanitize_next_obs_nan(data, in_keys)
+        # TorchRL's NaN placeholder check calls torch.isnan on each input, which a Dict observation (a TensorDict)
+        # cannot take; the recipes' collectors never write NaN next observations (find_non_finite refuses them)
+        data = self._sanitize_next_obs_nan(
+            data, [key for key in in_keys if not isinstance(data.get(key, default=None), TensorDictBase)]
+        )
         time_dim = data.names.index("time") if "time" in data.names else data.ndim - 1
         # the env's own done marks its resets, whatever done key the estimator reads (RND's intrinsic one)
         ended = torch.zeros(data.shape, dtype=torch.bool, device=data.device)

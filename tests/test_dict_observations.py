@@ -151,3 +151,21 @@ def test_multidiscrete_and_multibinary_observations_are_encoded_per_component():
     encoder, width = observation_encoder(binary, normalize=False)
     assert width == encoder_width(binary) == 3
     assert encoder(torch.tensor([[1, 0, 1], [0, 0, 0]], dtype=torch.int8)).tolist() == [[1, 0, 1], [0, 0, 0]]
+
+
+@pytest.mark.parametrize("recipe", [ppo, dqn], ids=["ppo", "dqn"])
+def test_a_dict_of_float_entries_only_trains_and_its_nan_is_caught(output_dir, recipe):
+    config = recipe.PPOConfig() if recipe is ppo else recipe.DQNConfig()
+    quiet(config, output_dir, env_id=ENV_ID, total_frames=256, num_envs=2, preset="none")
+    config.run.env_wrappers = ('gymnasium.wrappers.FilterObservation={"filter_keys": ["position"]}',)
+    if recipe is ppo:
+        config.collector.steps_per_env, config.optim.minibatch_size = 64, 64
+    else:
+        config.collector.learning_starts = 64
+    assert recipe.main(config)["frames"] >= 256
+    from tensordict import TensorDict
+
+    from training.metrics import find_non_finite
+
+    batch = TensorDict({"observation": {"position": torch.tensor([[0.0, float("nan")]])}}, batch_size=[1])
+    assert find_non_finite(batch, {}) is not None

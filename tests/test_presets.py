@@ -181,7 +181,10 @@ def test_bad_preset_files_are_one_line_errors(tmp_path):
     config = a2c.A2CConfig()
     cases = {
         '["CartPole-v1"]\nsource = "x"\nlearning_rate = 1e-3\n': "learning_rate.*not an option",
-        '["CartPole-v1"]\nsource = "x"\nlr = "fast"\n': "lr to 'fast' is not a number",
+        '["CartPole-v1"]\nsource = "x"\nlr = "fast"\n': "sets lr: 'fast' is not a number",
+        '["CartPole-v1"]\nsource = "x"\nlr = 1'
+        + "0" * 400
+        + "\n": r"sets lr: 1000.* \(401 digits\) is beyond the float range",
         '["CartPole-v1"]\nlr = 1e-3\n': "has no source",
         '["CartPole-v1"\nsource = "x"\n': "Could not read the preset file",
         '["CartPole-v1"]\nsource = "x"\noptimizer = "sgd"\n': "not one of 'rmsprop', 'adam'",
@@ -291,3 +294,12 @@ def test_an_error_about_options_the_user_never_typed_names_the_preset_that_set_t
     config.optim.minibatch_size = 8192
     with pytest.raises(InputError, match=r"\(--num-envs 2 x --steps-per-env 2048\): lower"):
         ppo.main(config)
+
+
+def test_errors_in_a_preset_file_name_that_file(tmp_path):
+    path = tmp_path / "mine.toml"
+    path.write_text('["X"]\nsource = "x"\nlrr = 1e-3\n')
+    config = a2c.A2CConfig()
+    config.run.preset_file, config.run.preset = path, "X"
+    with pytest.raises(InputError, match=f"{path}: preset 'X' sets 'lrr', which is not an option"):
+        apply_preset(config, a2c.PRESETS)

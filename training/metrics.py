@@ -137,7 +137,9 @@ def find_non_finite(batch: TensorDictBase, metrics: dict[str, float]) -> str | N
     """Where NaN or Inf first appears, observations, rewards or named metrics, or None if nowhere."""
     for key, where in CHECKED_KEYS:
         value = batch.get(key, None)
-        if value is not None and value.is_floating_point() and not all_finite(value):
+        # a Dict observation is a TensorDict: each of its float entries is checked
+        leaves = value.values(True, True) if isinstance(value, TensorDictBase) else [value]
+        if any(leaf is not None and leaf.is_floating_point() and not all_finite(leaf) for leaf in leaves):
             return where
     non_finite = [f"{name} ({value})" for name, value in metrics.items() if not math.isfinite(value)]
     return ", ".join(non_finite) or None

@@ -194,7 +194,12 @@ def convert(hint: Any, value: Any) -> Any:
     if hint is float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ValueError(f"{value!r} is not a number")
-        return float(value)
+        try:
+            return float(value)
+        except OverflowError:  # an integer of hundreds of digits
+            raise ValueError(
+                f"{str(value)[:20]}... ({len(str(value))} digits) is beyond the float range"
+            ) from None
     if hint is int:
         if isinstance(value, bool) or not isinstance(value, int):
             raise ValueError(f"{value!r} is not an integer")
@@ -219,7 +224,7 @@ def preset_settings(config: Any, preset: Preset, path: Path) -> dict[str, Any]:
         try:
             settings[name] = convert(option_type(config, paths[name]), value)
         except ValueError as error:
-            raise InputError(f"{path}: preset {preset.name!r} sets {name} to {error}.") from None
+            raise InputError(f"{path}: preset {preset.name!r} sets {name}: {error}.") from None
     return settings
 
 
@@ -263,6 +268,7 @@ def apply_preset(config: Any, path: Path, given: Collection[str] | None = None) 
             ):
                 set_option(config, paths[name], get_option(defaults, paths[name]))
     presets = read_presets(path)
+    first = {}
     if preset_file is not None:  # the file's presets first (a dict keeps the order of insertion)
         first = read_presets(preset_file)
         presets = {**first, **{name: preset for name, preset in presets.items() if name not in first}}
@@ -289,7 +295,8 @@ def apply_preset(config: Any, path: Path, given: Collection[str] | None = None) 
     )
     applied: dict[str, Any] = {}
     if preset is not None:
-        for name, value in preset_settings(config, preset, path).items():
+        source = preset_file if preset.name in first else path  # the file that holds it, for its errors
+        for name, value in preset_settings(config, preset, Path(source)).items():
             if name not in kept:
                 set_option(config, paths[name], value)
                 applied[name] = value

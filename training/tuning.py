@@ -56,7 +56,7 @@ def check_entry(name: str, entry: Any, source: Path) -> None:
     if (
         not set(entry) <= {"low", "high", "log", "step"}
         or not numbers
-        or not (math.isfinite(low) and math.isfinite(high))
+        or not (_finite(low) and _finite(high))
         or low >= high
     ):
         raise InputError(
@@ -64,6 +64,14 @@ def check_entry(name: str, entry: Any, source: Path) -> None:
         )
     if entry.get("log") and low <= 0:
         raise InputError(f"{source}: {name} samples on a log scale, so low must be above 0; got {low}.")
+
+
+def _finite(value: float) -> bool:
+    """``math.isfinite``, False for an integer too large for a float (hundreds of digits)."""
+    try:
+        return math.isfinite(value)
+    except OverflowError:
+        return False
 
 
 def check_space_fits(space: dict[str, dict[str, Any]], config: Any, source: str) -> None:
