@@ -273,3 +273,23 @@ def test_make_env_applies_wrappers_innermost_first():
     assert env.observation_spec["observation"].shape == torch.Size([2, 5])
     steps = env.rollout(5, break_when_any_done=False)
     assert steps.get(("next", "truncated"))[:, 2].all()  # the third reward of 1 reaches 3
+
+
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        (
+            {"env_id": "FrozenLake-v1", "env_kwargs": ("map_name=9x9",)},
+            r"with --env-kwargs map_name=9x9 failed \(KeyError: '9x9'\)",
+        ),
+        (
+            {"env_wrappers": ('gymnasium.wrappers.ResizeObservation={"shape": [2]}',)},
+            r"with --env-wrappers gymnasium.wrappers.ResizeObservation=.* failed \(ValueError: ResizeObservation requires",
+        ),
+    ],
+    ids=["env-kwargs", "env-wrappers"],
+)
+def test_an_env_that_its_options_fail_to_build_is_one_line_naming_them(output_dir, options, message):
+    with pytest.raises(InputError, match=message):
+        ppo.main(tiny_ppo(output_dir, **options))
+    assert not output_dir.exists() or not any(output_dir.iterdir())

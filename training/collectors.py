@@ -26,15 +26,30 @@ from training.lean_collector import LeanCollector
 def make_training_env(run: RunConfig, device: torch.device, num_envs: int | None = None):
     """The batched training env of ``run`` (``num_envs`` envs, default ``run.num_envs``; one for the learner of a
     run on gradient workers, which reads only its specs): Gymnasium envs on the CPU, or torch envs on ``device``."""
-    return make_env(
-        run.env_id,
-        num_envs or (1 if run.learns_on_workers else run.num_envs),
-        device=device if run.env_backend == "torch" else "cpu",
-        seed=run.seed,
-        vectorization=run.vectorization,
-        backend=run.env_backend,
-        **env_construction(run),
-    )
+    construction = env_construction(run)
+    try:
+        return make_env(
+            run.env_id,
+            num_envs or (1 if run.learns_on_workers else run.num_envs),
+            device=device if run.env_backend == "torch" else "cpu",
+            seed=run.seed,
+            vectorization=run.vectorization,
+            backend=run.env_backend,
+            **construction,
+        )
+    except (InputError, KeyboardInterrupt, MemoryError):
+        raise
+    except Exception as error:
+        given = [f"--env-kwargs {' '.join(run.env_kwargs)}" if run.env_kwargs else "",
+                 f"--env-wrappers {' '.join(run.env_wrappers)}" if run.env_wrappers else ""]  # fmt: skip
+        given = " and ".join(option for option in given if option)
+        if not given:
+            raise  # the env's own failure, with its own traceback
+        reason = str(error).strip().splitlines()[0][:300] if str(error).strip() else "no detail"
+        raise InputError(
+            f"Building {run.env_id} with {given} failed ({type(error).__name__}: {reason}); check those values "
+            "against the env's and the wrappers' own arguments."
+        ) from error
 
 
 def env_construction(run: RunConfig) -> dict[str, Any]:
