@@ -150,6 +150,11 @@ def test_the_recipes_search_spaces_fit_their_recipes():
         ({}, "lr = { low = 2.0, high = 1.0 }", "needs finite low < high"),
         ({}, "lr = { low = 1e-4, high = inf }", "needs finite low < high"),
         ({}, "lr = { low = -inf, high = 1.0 }", "needs finite low < high"),
+        (
+            {},
+            "[dqn]\nlr = { low = 1e-4, high = 1e-2 }",
+            r"no search space for recipes.ppo \(its tables are for dqn\)",
+        ),
         ({}, "num_epochs = { low = 1, high = 1" + "0" * 400 + " }", "needs finite low < high"),
         ({}, "activation = { choices = ['sigmoid'] }", "activation cannot be"),
         ({}, "lr = { low = 1e-4, high = 1e-2, log = true, step = 1e-4 }", "lr cannot be sampled"),

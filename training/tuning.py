@@ -36,6 +36,13 @@ def read_search_space(algorithm: str, path: Path | None = None) -> dict[str, dic
         raise InputError(
             f"{source} has no search space for recipes.{algorithm}; give one with --search-space FILE."
         )
+    if space is tables and all(
+        isinstance(entry, dict) and not {"low", "high", "choices"} & set(entry) for entry in space.values()
+    ):  # tables of other recipes' spaces only
+        raise InputError(
+            f"{source} has no search space for recipes.{algorithm} (its tables are for {', '.join(sorted(space))}); "
+            f"add a [{algorithm}] table or give its options at the top level."
+        )
     for name, entry in space.items():
         check_entry(name, entry, source)
     return space
