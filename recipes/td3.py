@@ -3,7 +3,8 @@
 TorchRL's ``TD3Loss``: a deterministic tanh-squashed actor, twin Q networks whose smaller target value is
 bootstrapped (clipped double Q), target policy smoothing (clipped Gaussian noise on the target action), and
 delayed updates: the actor and all target networks move once every ``--policy-delay`` critic updates, the
-targets by Polyak averaging. Exploration adds Gaussian noise to the action in the env (never in evaluation).
+targets by Polyak averaging. Exploration adds Gaussian (``--noise gaussian``, the paper's) or Ornstein-Uhlenbeck
+(``--noise ou``, reset at every episode start) noise to the action in the env (never in evaluation).
 The first ``--learning-starts`` frames are random actions; then every collected batch is followed by
 ``--updates-per-frame`` critic updates per frame from a replay buffer on ``--device``.
 
@@ -36,6 +37,7 @@ from agents import (
     compiled,
     find_normalizer,
     make_deterministic_actor,
+    make_exploration_env,
     make_qvalue_critic,
 )
 from agents.continuous import action_half_range, check_box_actions
@@ -60,6 +62,7 @@ from training import (
     recipe_main,
     require_positive,
     run_cli,
+    single_collector_only,
     warn_if_never_updated,
 )
 
@@ -99,8 +102,12 @@ class NetworkConfig(Options):
     """Activation between hidden layers."""
     normalize_obs: bool = False
     """Normalise observations with running statistics saved in the agent (the actor's; the critics use them too)."""
+    noise: Literal["gaussian", "ou"] = "gaussian"
+    """Exploration noise: independent Gaussian, or temporally correlated Ornstein-Uhlenbeck."""
     noise_sigma: float = 0.1
-    """Standard deviation of the Gaussian exploration noise, relative to the Box half-width."""
+    """Standard deviation of the exploration noise, relative to the Box half-width."""
+    ou_theta: float = 0.15
+    """Ornstein-Uhlenbeck mean-reversion rate."""
 
 
 @dataclass
@@ -136,6 +143,9 @@ class TD3Config(Options):
         check_ranges(
             target_noise=(loss.target_noise, ">= 0"), target_noise_clip=(loss.target_noise_clip, ">= 0")
         )
+        if self.network.noise == "ou":
+            single_collector_only(self.run, "--noise ou")
+        check_ranges(ou_theta=(self.network.ou_theta, "(0, inf)"))
 
 
 @recipe_main
@@ -150,13 +160,14 @@ def main(config: TD3Config, *, callbacks: Sequence[Callback] = ()) -> dict:
     frames_per_batch = run_config.num_envs * config.collector.steps_per_env
     updates_per_batch = config.collector.updates_per_batch(frames_per_batch)
 
-    # env
+    # env: Ornstein-Uhlenbeck noise resets on the env's episode-start flag
     env = make_training_env(run_config, device)
     try:
         action_spec = check_box_actions(env.action_spec, "TD3")
     except InputError:
         env.close()
         raise
+    env = make_exploration_env(env, config.network.noise)
     observation_spec = env.observation_spec["observation"]
     half_range = action_half_range(action_spec)
 
@@ -164,8 +175,9 @@ def main(config: TD3Config, *, callbacks: Sequence[Callback] = ()) -> dict:
     policy_kwargs = {
         "hidden_sizes": list(config.network.hidden_sizes),
         "activation": config.network.activation,
-        "noise": "gaussian",
+        "noise": config.network.noise,
         "noise_sigma": config.network.noise_sigma,
+        "ou_theta": config.network.ou_theta,
     }
     if config.network.normalize_obs:
         policy_kwargs["normalize_obs"] = True

@@ -12,7 +12,7 @@ import torch
 from agents.networks import make_actor
 from envs import make_env
 from errors import InputError
-from recipes import a2c, ddpg, dqn, ppo, reinforce, sac
+from recipes import a2c, ddpg, dqn, ppo, reinforce, sac, td3
 from training import RunConfig, make_collector, quiet
 from training.distributed import WORKER_START_TIMEOUT_S, WorkerCollector
 
@@ -184,6 +184,12 @@ def test_recipes_train_on_worker_processes(recipe, config_class, env_id, output_
         (
             ddpg,
             ddpg.DDPGConfig,
+            lambda c: (setattr(c.network, "noise", "ou"), setattr(c.run, "num_envs", 2)),
+            "--noise ou keeps exploration state",
+        ),
+        (
+            td3,
+            td3.TD3Config,
             lambda c: (setattr(c.network, "noise", "ou"), setattr(c.run, "num_envs", 2)),
             "--noise ou keeps exploration state",
         ),

@@ -502,6 +502,7 @@ def test_ornstein_uhlenbeck_noise_is_correlated_and_restarts_with_each_episode()
         ("sac-nstep", lambda c: setattr(c.buffer, "n_steps", 3)),
         ("sac-discrete", lambda c: (setattr(c.run, "env_id", "CartPole-v1"), setattr(c, "discrete", True))),
         ("td3", lambda c: None),
+        ("td3-ou", lambda c: setattr(c.network, "noise", "ou")),
         ("ddpg", lambda c: None),
         ("ddpg-ou", lambda c: setattr(c.network, "noise", "ou")),
         ("sac-normalized", lambda c: setattr(c.network, "normalize_obs", True)),
@@ -545,7 +546,7 @@ def test_recipes_train_save_and_the_agent_loads_and_evaluates(name, setup, tmp_p
     action = agent.predict(observation, deterministic=True)
     assert env.action_space.contains(action)
     assert (agent.predict(observation, deterministic=True) == action).all()
-    if name == "ddpg-ou":  # OU noise needs the env's episode-start flag; predict has none
+    if name.endswith("-ou"):  # OU noise needs the env's episode-start flag; predict has none
         with pytest.raises(InputError, match="Ornstein-Uhlenbeck"):
             agent.predict(observation, deterministic=False)
     else:

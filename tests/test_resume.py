@@ -44,6 +44,7 @@ CASES = {
     "sac-normalized": (sac.main, tiny_off_policy(sac.SACConfig), {"network.normalize_obs": True}),
     "td3-normalized": (td3.main, tiny_off_policy(td3.TD3Config), {"network.normalize_obs": True}),
     "ddpg-ou": (ddpg.main, tiny_off_policy(ddpg.DDPGConfig), {"network.noise": "ou"}),
+    "td3-ou": (td3.main, tiny_off_policy(td3.TD3Config), {"network.noise": "ou"}),
     "a2c": (a2c.main, tiny_a2c, {}),
     "ppo-sde": (ppo.main, tiny_ppo, {"network.use_sde": True, "run.env_id": "Pendulum-v1"}),
     "qlearning": (qlearning.main, tiny_qlearning, {}),
