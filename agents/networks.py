@@ -415,6 +415,9 @@ class SharedNormalizer(nn.Module):
         return self.normalizer(observation)
 
 
+GSDE_SCALE_RANGE = (0.01, 10.0)  # TorchRL's gSDEModule clamps each noise scale sigma_ij to this range
+
+
 def initial_scale_kwargs(log_std_init: float, action_spec: TensorSpec, use_sde: bool) -> dict[str, float]:
     """The policy builder's keyword for a first standard deviation of ``exp(log_std_init)`` (Stable-Baselines3's
     ``log_std_init``): :func:`make_actor`'s ``log_std_init``, or the gSDE actor's ``sigma_init``. 0 (the
@@ -428,6 +431,13 @@ def initial_scale_kwargs(log_std_init: float, action_spec: TensorSpec, use_sde: 
     if not is_float_box(action_spec):
         raise InputError(
             "--log-std-init sets the first scale of a Box action policy; drop it for these actions."
+        )
+    if use_sde and not GSDE_SCALE_RANGE[0] <= math.exp(log_std_init) <= GSDE_SCALE_RANGE[1]:
+        low, high = (math.log(bound) for bound in GSDE_SCALE_RANGE)
+        raise InputError(
+            f"--log-std-init {log_std_init} with --use-sde is outside [{low:.2f}, {high:.2f}]: TorchRL's gSDE "
+            f"clamps each noise scale to [{GSDE_SCALE_RANGE[0]}, {GSDE_SCALE_RANGE[1]}], where the clamp would hold "
+            "it with no gradient to move it; give a value inside."
         )
     return {"sigma_init": math.exp(log_std_init)} if use_sde else {"log_std_init": log_std_init}
 

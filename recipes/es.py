@@ -149,7 +149,12 @@ def main(config: ESConfig, *, callbacks: Sequence[Callback] = ()) -> dict:
     pairs = population_size // 2
     episodes_per_member = search_config.episodes_per_member
     num_envs = population_size * episodes_per_member
-    max_steps = env_spec(run_config.env_id).max_episode_steps or EVALUATION_STEP_LIMIT
+    # an episode's longest length: the time limit given (--max-episode-steps or in --env-kwargs), else the id's
+    max_steps = (
+        run_config.env_make_kwargs.get("max_episode_steps")
+        or env_spec(run_config.env_id).max_episode_steps
+        or EVALUATION_STEP_LIMIT
+    )
 
     # env + modules: the agent owns theta (the policy); the population is run by an evaluator on a batched env
     # of P * k envs (member i acting in envs i*k .. i*k + k - 1), here or on Ray workers

@@ -228,6 +228,9 @@ def check_ppo_options(
     check_recurrent_ppo_options(run, collector, optim, network)
 
 
+SHORTEST_DEFAULT_SEQUENCE = 8  # the shortest recurrent sequence taken without --sequence-length
+
+
 def check_recurrent_ppo_options(
     run: RunConfig, collector: CollectorConfig, optim: OptimConfig, network: NetworkConfig
 ) -> None:
@@ -239,6 +242,13 @@ def check_recurrent_ppo_options(
     if optim.sequence_length is not None:
         require_positive(sequence_length=optim.sequence_length)
     length = sequence_length(collector.steps_per_env, optim.minibatch_size, optim.sequence_length)
+    if optim.sequence_length is None and length < min(SHORTEST_DEFAULT_SEQUENCE, collector.steps_per_env):
+        raise InputError(
+            f"--steps-per-env {collector.steps_per_env} and --minibatch-size {optim.minibatch_size} leave recurrent "
+            f"sequences of length {length} (the longest length both are multiples of), too short for gradients to "
+            "flow back through time: give --sequence-length (a divisor of both), or make --minibatch-size a "
+            "multiple of --steps-per-env."
+        )
     check_sequence_options(collector.steps_per_env, length, optim.minibatch_size)
     check_recurrent_run(run, network.recurrent, network.recurrent_size, network.use_sde)
 

@@ -158,6 +158,33 @@ def test_es_recipe_trains_saves_loads_and_predicts(output_dir):
     assert len(agent.evaluate(episodes=2, seed=0).returns) == 2
 
 
+@pytest.mark.parametrize(
+    "option,value,expected",
+    [
+        ("max_episode_steps", 1_000, 1_000),  # above CartPole's registered 500
+        ("env_kwargs", ("max_episode_steps=40",), 40),
+        (None, None, 500),  # the registered limit
+    ],
+)
+def test_es_cuts_episodes_at_the_time_limit_given(option, value, expected, output_dir, monkeypatch):
+    limits = []
+
+    class Recording(es.PopulationEvaluator):
+        def __init__(self, env, policy, steps_per_env, max_steps, device):
+            limits.append(max_steps)
+            super().__init__(env, policy, steps_per_env, max_steps, device)
+
+    monkeypatch.setattr(es, "PopulationEvaluator", Recording)
+    config = quiet(
+        es.ESConfig(), output_dir, total_frames=200, eval_every=10_000, eval_episodes=1, num_envs=2
+    )
+    config.run.env_backend = "torch"
+    if option is not None:
+        setattr(config.run, option, value)
+    es.main(config)
+    assert limits == [expected]
+
+
 def test_es_generations_move_theta_and_are_reproducible(output_dir, tmp_path):
     def train(directory):
         config = quiet(

@@ -275,6 +275,14 @@ def test_ppo_with_sde_rejects_discrete_actions_and_bad_frequencies(output_dir):
     config.network.sde_sample_freq = 0
     with pytest.raises(InputError, match="sde-sample-freq"):
         ppo.main(config)
+    for log_std_init in (
+        -5.0,
+        3.0,
+    ):  # outside TorchRL's scale clamp [0.01, 10], where sigma could never train
+        config = tiny_gsde_ppo(output_dir)
+        config.network.log_std_init = log_std_init
+        with pytest.raises(InputError, match="--log-std-init .* with --use-sde is outside"):
+            ppo.main(config)
 
 
 @pytest.mark.learning

@@ -241,6 +241,10 @@ def test_ppo_and_a2c_train_and_evaluate_recurrent_policies(kind, tmp_path):
             "must be a multiple of --sequence-length",
         ),
         ({"network.recurrent": "lstm", "optim.sequence_length": 0}, "--sequence-length must be a positive"),
+        (
+            {"network.recurrent": "lstm", "collector.steps_per_env": 31},
+            "--steps-per-env 31 and --minibatch-size 64 leave recurrent sequences of length 1",
+        ),
         ({"network.recurrent": "lstm", "network.recurrent_size": 0}, "--recurrent-size must be a positive"),
         ({"network.recurrent": "rnn"}, "--recurrent must be one of lstm, gru"),
         ({"network.recurrent": "lstm", "run.compile": True}, "--recurrent does not combine with --compile"),
