@@ -24,7 +24,7 @@ from agents.continuous import make_deterministic_actor
 from agents.es import make_es_policy
 from agents.files import write_atomically
 from agents.gsde import make_gsde_actor
-from agents.networks import find_normalizer, make_actor
+from agents.networks import MASKED_RECIPES, find_normalizer, make_actor
 from agents.policy_size import check_description_fits
 from agents.qvalue import make_q_actor
 from agents.recurrent import IS_INIT_KEY, initial_state, is_recurrent
@@ -425,6 +425,11 @@ class Agent(nn.Module):
             raise InputError(
                 "This agent explores with Ornstein-Uhlenbeck noise, which is per-episode state of a training env: "
                 "predict(obs, deterministic=False) cannot apply it. Use deterministic=True."
+            )
+        if action_mask is not None and not self.policy_kwargs.get("action_mask"):
+            raise InputError(
+                f"action_mask is for agents trained with action masks; this {self.algorithm} agent was trained "
+                f"without them and cannot apply one: drop action_mask, or train on the masked env with {MASKED_RECIPES}."
             )
         tensor, single = self._observation_tensor(observation)
         masks = None if action_mask is None else _mask_rows(np.asarray(action_mask), tensor.shape[0], single)

@@ -1,13 +1,14 @@
 """Export an agent's deterministic policy to ONNX: a file that runs without this toolkit (``onnxruntime``).
 
 The exported graph takes what a Gymnasium env gives and returns what it takes, batched: observations as the env
-returns them (``float32`` for Box, ``uint8`` images as they are, ``int64`` for Discrete and MultiDiscrete, one input per entry of a
-Dict space) and the env's actions (``int64`` for Discrete and MultiDiscrete, with their ``start`` offsets;
+returns them (``float32`` for Box spaces of any dtype but ``uint8``, ``uint8`` ones as they are, ``int64`` for
+Discrete and MultiDiscrete, ``float32`` for MultiBinary, one input per entry of a Dict space) and the env's actions (``int64`` for Discrete and MultiDiscrete, with their ``start`` offsets;
 clipped to the Box for Box actions, in the Box's dtype; ``int8`` for MultiBinary). The observation normaliser, the
 network and the action scaling are inside; exploration noise is not (``Agent.predict(obs, deterministic=True)``).
 Extra inputs and outputs where the agent needs them:
 
-- ``action_mask`` (booleans, one row per observation) for an agent trained with action masks;
+- ``action_mask`` (booleans, one row per observation) for an agent trained with action masks (a Dict
+  observation's own ``"action_mask"`` entry is that input: the file takes it once, as entry and mask);
 - a recurrent agent's state: inputs ``is_init`` (``[batch, 1]`` booleans, True at an episode's first step) and
   one ``[batch, layers, hidden]`` input per state tensor (``recurrent_state_h``, ``recurrent_state_c`` for an LSTM,
   ``recurrent_state`` for a GRU), and an output ``next_<name>`` per state tensor to feed back at the next step.
@@ -59,7 +60,10 @@ class DeterministicPolicy(nn.Module):
         self.masked = bool(agent.policy_kwargs.get("action_mask"))
         self.state_keys = list(state_shapes(agent.policy))
         self.input_names = list(self.entries or ["observation"])
-        self.input_names += [ACTION_MASK_KEY] if self.masked else []
+        # the mask: an input of its own, unless the Dict observation has an "action_mask" entry, which is the mask
+        self.input_names += (
+            [ACTION_MASK_KEY] if self.masked and ACTION_MASK_KEY not in self.input_names else []
+        )
         self.input_names += [IS_INIT_KEY, *self.state_keys] if self.state_keys else []
         self.output_names = ["action", *(f"next_{key}" for key in self.state_keys)]
         action_space = self.action_space
@@ -114,12 +118,16 @@ def example_inputs(agent: Agent, batch: int = 2) -> tuple[torch.Tensor, ...]:
     space = agent.observation_space
     spaces = space.spaces.values() if isinstance(space, gym.spaces.Dict) else [space]
     inputs = []
-    for entry in spaces:
-        array = np.stack([entry.sample() for _ in range(batch)])
-        dtype = torch.int64 if isinstance(entry, gym.spaces.Discrete | gym.spaces.MultiDiscrete) else None
-        tensor = torch.as_tensor(array, dtype=dtype)
-        inputs.append(tensor if tensor.dtype in (torch.uint8, torch.int64) else tensor.to(torch.float32))
-    if agent.policy_kwargs.get("action_mask"):
+    for (
+        entry
+    ) in spaces:  # int64 for Discrete and MultiDiscrete spaces, uint8 for uint8 Box ones, else float32
+        tensor = torch.as_tensor(np.stack([entry.sample() for _ in range(batch)]))
+        if isinstance(entry, gym.spaces.Discrete | gym.spaces.MultiDiscrete):
+            inputs.append(tensor.to(torch.int64))
+        else:
+            inputs.append(tensor if tensor.dtype == torch.uint8 else tensor.to(torch.float32))
+    own_mask = isinstance(space, gym.spaces.Dict) and ACTION_MASK_KEY in space.spaces
+    if agent.policy_kwargs.get("action_mask") and not own_mask:
         inputs.append(torch.ones(batch, int(agent.action_space.n), dtype=torch.bool))
     shapes = state_shapes(agent.policy)
     if shapes:

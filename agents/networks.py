@@ -511,6 +511,19 @@ def action_mask_kwargs(env: EnvBase) -> dict[str, bool]:
     return {"action_mask": True} if ACTION_MASK_KEY in env.observation_spec.keys() else {}  # noqa: SIM118 - a Composite spec
 
 
+MASKED_RECIPES = "PPO, A2C, RND-PPO, REINFORCE, VPG or DQN"  # the recipes whose policies take action masks
+
+
+def refuse_action_masks(env: EnvBase, recipe: str) -> None:
+    """Raise :class:`InputError` for an env that gives the allowed actions (``"action_mask"``) to a recipe whose
+    policy cannot take them (it would pick disallowed actions, in training and in evaluation)."""
+    if action_mask_kwargs(env):
+        raise InputError(
+            f"This env gives the allowed actions (info['action_mask']), which {recipe} cannot take: its policy "
+            f"would pick disallowed actions. Train with {MASKED_RECIPES}, or remove the mask from the env."
+        )
+
+
 def check_mlp_options(hidden_sizes: Sequence[int], activation: str) -> None:
     """Raise :class:`InputError` for an unknown activation or a hidden width that is not a positive integer."""
     if activation not in ACTIVATIONS:

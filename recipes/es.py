@@ -34,6 +34,7 @@ import torch
 from agents import Agent, find_normalizer
 from agents.agent import EVALUATION_STEP_LIMIT
 from agents.es import PopulationEvaluator, antithetic_gradient, centered_ranks, make_es_policy
+from agents.networks import refuse_action_masks
 from agents.options import Options, defaults
 from envs.vector import env_spec
 from errors import InputError
@@ -166,6 +167,7 @@ def main(config: ESConfig, *, callbacks: Sequence[Callback] = ()) -> dict:
     }
     observation_spec = env.observation_spec["observation"]
     try:
+        refuse_action_masks(env, "ES")
         policy = make_es_policy(observation_spec, env.action_spec, **policy_kwargs).to(device)
         agent = Agent(
             policy,

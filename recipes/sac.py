@@ -50,7 +50,7 @@ from agents import (
 from agents.continuous import check_box_actions, default_target_entropy
 from agents.gsde import check_sde_options, make_gsde_env
 from agents.loss_addons import LossAddon, LossAddonConfig, addon_losses, build_loss_addons, split_parameters
-from agents.networks import require_observation_values
+from agents.networks import refuse_action_masks, require_observation_values
 from agents.options import Options, defaults
 from errors import InputError
 from training import (
@@ -237,12 +237,27 @@ def main(
         )
     try:
         require_observation_values(env.observation_spec["observation"], "SAC")
+        refuse_action_masks(env, "SAC")
         if not discrete:
             check_box_actions(env.action_spec, "SAC")
     except InputError:
         env.close()
         raise
     action_dim = env.action_spec.shape[-1] if not discrete else env.action_spec.space.n
+    target = loss_config.target_entropy
+    if (
+        discrete
+        and target is not None
+        and not loss_config.fixed_alpha
+        and not 0 <= target < math.log(action_dim)
+    ):
+        env.close()
+        raise InputError(
+            f"--target-entropy {target} is outside [0, log {action_dim} = {math.log(action_dim):.3f}), the entropies a "
+            f"policy over {action_dim} actions can have short of uniform: the coefficient would "
+            f"{'grow' if target > 0 else 'shrink'} without end. The default is {DISCRETE_ENTROPY_WEIGHT} log(n) = "
+            f"{DISCRETE_ENTROPY_WEIGHT * math.log(action_dim):.3f}."
+        )
     observation_spec = env.observation_spec["observation"]
 
     # modules: the agent owns the actor; the loss copies the critic into its twin Q networks and their targets

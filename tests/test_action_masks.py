@@ -14,7 +14,7 @@ from agents.networks import make_actor
 from agents.qvalue import make_q_actor
 from envs import make_env
 from errors import InputError
-from recipes import a2c, dqn, ppo
+from recipes import a2c, dqn, es, ppo, sac
 from training import quiet
 
 ENV_ID = "masked_env:PickAllowed-v0"
@@ -111,6 +111,30 @@ def test_a_masked_agent_predicts_and_evaluates_with_the_envs_masks(output_dir):
             InputError, match=rf"action_mask of shape \({masks.size},\) for 3 observations: pass one row"
         ):
             agent.predict(np.ones((3, 4), np.float32), action_mask=masks)
+
+
+@pytest.mark.parametrize(
+    ("recipe", "config_type", "name"), [(sac, sac.SACConfig, "SAC"), (es, es.ESConfig, "ES")]
+)
+def test_recipes_whose_policies_cannot_take_masks_refuse_a_masked_env(recipe, config_type, name, output_dir):
+    config = config_type()
+    quiet(config, output_dir, env_id=ENV_ID, total_frames=256, num_envs=4, preset="none")
+    with pytest.raises(
+        InputError, match=f"which {name} cannot take: its policy would pick disallowed actions"
+    ):
+        recipe.main(config)
+    assert not (output_dir / "agent.ckpt").exists()
+
+
+def test_an_agent_trained_without_masks_refuses_one_in_predict(output_dir):
+    config = ppo.PPOConfig()
+    quiet(config, output_dir, total_frames=64, num_envs=2, preset="none")
+    config.collector.steps_per_env, config.optim.minibatch_size = 32, 32
+    ppo.main(config)
+    agent = Agent.load(output_dir / "agent.ckpt")
+    with pytest.raises(InputError, match="this ppo agent was trained without them"):
+        agent.predict(np.zeros(4, np.float32), action_mask=np.array([1, 0], bool))
+    assert agent.predict(np.zeros(4, np.float32)) in (0, 1)
 
 
 @pytest.mark.learning

@@ -152,6 +152,35 @@ def test_dict_observations_are_one_input_per_entry(tmp_path):
     np.testing.assert_array_equal(actions, agent.predict(batch))
 
 
+def test_a_dict_observations_own_mask_entry_is_one_input_serving_as_entry_and_mask(tmp_path):
+    space = gym.spaces.Dict(
+        {"observation": gym.spaces.Box(0.0, 1.0, (4,), np.float32), "action_mask": gym.spaces.MultiBinary(4)}
+    )
+    torch.manual_seed(0)
+    agent = Agent.build(
+        "test", space, gym.spaces.Discrete(4), "test", "mlp_actor", {"action_mask": True}
+    ).eval()
+    path = export_onnx(agent, tmp_path / "policy.onnx")
+    rng = np.random.default_rng(0)
+    masks = (rng.random((8, 4)) < 0.4).astype(np.int8)
+    masks[:, 1] = 1  # at least one allowed action per row
+    batch = {"action_mask": masks, "observation": rng.random((8, 4)).astype(np.float32)}
+    names = DeterministicPolicy(agent).input_names
+    assert names == ["action_mask", "observation"]
+    (actions,) = onnx_actions(path, batch["action_mask"].astype(np.float32), batch["observation"])
+    np.testing.assert_array_equal(actions, agent.predict(batch))
+    assert masks[np.arange(8), actions].all()
+
+
+def test_integer_box_observations_are_float32_inputs(tmp_path):
+    space = gym.spaces.Box(0, 10, (3,), np.int64)
+    agent = build(_SpaceEnv(space), "mlp_actor")
+    path = export_onnx(agent, tmp_path / "policy.onnx")
+    batch = np.random.default_rng(0).integers(0, 11, (5, 3))
+    (actions,) = onnx_actions(path, batch.astype(np.float32))
+    np.testing.assert_array_equal(actions, agent.predict(batch))
+
+
 class _SpaceEnv:
     def __init__(self, observation_space):
         self.observation_space, self.action_space = observation_space, gym.spaces.Discrete(3)

@@ -581,6 +581,14 @@ def test_deterministic_recipes_refuse_discrete_actions(recipe, config_class, env
             lambda c: setattr(c.run, "env_id", "CartPole-v1") or setattr(c.network, "use_sde", True),
             "--use-sde is for Box",
         ),
+        (
+            lambda c: setattr(c.run, "env_id", "CartPole-v1") or setattr(c.loss, "target_entropy", 1.0),
+            r"--target-entropy 1.0 is outside \[0, log 2 = 0.693\).*would grow without end",
+        ),
+        (
+            lambda c: setattr(c.run, "env_id", "CartPole-v1") or setattr(c.loss, "target_entropy", -1.0),
+            r"--target-entropy -1.0 is outside .*would shrink without end",
+        ),
     ],
 )
 def test_sac_bad_input(change, message, tmp_path):
