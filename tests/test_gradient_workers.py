@@ -17,11 +17,12 @@ from run_helpers import interrupt_at, tiny_a2c, tiny_dqn, tiny_reinforce, tiny_r
 from tensordict import TensorDict
 
 from agents import KLPenalty
+from agents.policy_gradient import ReturnBaseline
 from errors import InputError
 from recipes import a2c, dqn, ppo, reinforce, rnd_ppo, sac, vpg
 from training import Learner, average_gradients, config_to_dict, quiet
 from training import gradient_workers as gradient_workers_module
-from training.gradient_workers import GradientWorkerPool, WorkerSession, worker_config
+from training.gradient_workers import GradientWorkerPool, WorkerSession, joined, worker_config
 from training.resume import config_from_dict, load_resume_checkpoint
 
 REPO = Path(__file__).resolve().parents[1]
@@ -82,6 +83,35 @@ def test_averaged_gradients_of_halves_are_the_gradient_of_the_whole_batch_clippi
     torch.testing.assert_close(whole_norm, worker_norm)
     for one, other in zip(whole.parameters, workers.parameters, strict=True):
         torch.testing.assert_close(one, other)
+
+
+def test_gradients_of_unequal_shares_averaged_by_their_samples_are_the_gradient_of_the_whole_batch():
+    # REINFORCE's and VPG's workers send gradients of whole episodes, as many steps as their episodes took
+    whole, workers = linear_learner(), linear_learner()
+    batch = regression_batch(110, 0)
+    whole.step(batch)
+    shares = [batch[:10], batch[10:]]
+    gradients = [workers.compute_gradients(share)[0] for share in shares]
+    workers.apply_gradients(average_gradients(gradients, [share.numel() for share in shares]))
+    for one, other in zip(whole.parameters, workers.parameters, strict=True):
+        torch.testing.assert_close(one, other)
+    unweighted = average_gradients(gradients)
+    weighted = average_gradients(gradients, [10, 100])
+    assert not torch.allclose(unweighted[0], weighted[0])
+    with pytest.raises(ValueError, match="one positive sample count per gradient list"):
+        average_gradients(gradients, [10])
+
+
+def test_the_learners_work_after_a_step_sees_the_workers_batches_as_one():
+    # VPG's running-mean baseline moves once per step on all of its episodes, as in one process
+    first, second = regression_batch(7, 0), regression_batch(12, 1)
+    union = joined([first, second])
+    assert union.numel() == 19
+    torch.testing.assert_close(union["x"], torch.cat([first["x"], second["x"]]))
+    assert joined([first]) is first
+    baseline = ReturnBaseline(rate=0.5)
+    baseline.update(union["y"][:, :1])
+    torch.testing.assert_close(baseline.mean, union["y"][:, 0].mean())
 
 
 def test_weights_carry_parameters_steps_and_hyperparameters():

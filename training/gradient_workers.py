@@ -69,8 +69,15 @@ class WorkerSession:
             self._items = iter(self.minibatches(self._batch))
             self._next = next(self._items, None)
             collect_s = time.perf_counter() - start  # collection and the recipe's batch work (advantages)
-        reply = {"gradients": None, "metrics": None, "steps": self.learner.steps, "report": None}
+        reply = {
+            "gradients": None,
+            "metrics": None,
+            "steps": self.learner.steps,
+            "report": None,
+            "samples": 0,
+        }
         if self._next is not None:
+            reply["samples"] = self._next.numel()  # what the learner weighs these gradients by
             reply["gradients"], reply["metrics"] = self.learner.compute_gradients(self._next)
             self._next = next(self._items, None)  # the recipe's work after the step, then the next minibatch
         if self._next is None:
@@ -78,6 +85,12 @@ class WorkerSession:
         reply["collect_s"] = collect_s
         reply["gradient_s"] = time.perf_counter() - start - collect_s
         return reply
+
+
+def joined(reports: Sequence[TensorDictBase]) -> TensorDictBase:
+    """The batches the workers reported in one step, as one batch: the learner's work after a step (observation
+    statistics, VPG's running-mean baseline, DQN's exploration rate) runs once on their union, as in one process."""
+    return reports[0] if len(reports) == 1 else torch.cat(list(reports))
 
 
 class GradientWorker:
@@ -281,9 +294,14 @@ def train_on_gradient_workers(
         timings["replies"] += len(replies)
         timings["collect"] += sum(reply["collect_s"] for reply in replies)
         timings["gradient"] += sum(reply["gradient_s"] for reply in replies)
-        gradient_lists = [reply["gradients"] for reply in replies if reply["gradients"] is not None]
-        if gradient_lists:
-            grad_norm = learner.apply_gradients(average_gradients(gradient_lists))
+        computed = [reply for reply in replies if reply["gradients"] is not None]
+        if computed:
+            grad_norm = learner.apply_gradients(
+                average_gradients(
+                    [reply["gradients"] for reply in computed],
+                    [max(1, reply["samples"]) for reply in computed],
+                )
+            )
             metrics = torch.stack([reply["metrics"] for reply in replies if reply["metrics"] is not None])
             step_metrics.add(metrics.mean().set("grad_norm", grad_norm.detach().cpu()))
         timings["apply"] += time.perf_counter() - start
@@ -307,10 +325,11 @@ def train_on_gradient_workers(
         """Account for the workers' finished batches (the metrics since the last ones go with the first); True
         when the run should stop."""
         stop = False
+        if after_batch is not None and reports:
+            learner.set_frames(run.frames + sum(report.numel() for report in reports))
+            after_batch(joined(reports))
         for number, report in enumerate(reports):
             learner.set_frames(run.frames + report.numel())  # this batch included, as the workers will see
-            if after_batch is not None:
-                after_batch(report)
             metrics = {
                 "train/gradient_workers": len(pool.workers),
                 "train/worker_restarts": pool.restarts,

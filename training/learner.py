@@ -291,16 +291,27 @@ class EpochMinibatches:
         self._pending, self._length = pending, length
 
 
-def average_gradients(gradient_lists: Iterable[Sequence[torch.Tensor | None]]) -> list[torch.Tensor | None]:
-    """The element-wise mean of several workers' gradient lists; a parameter no worker reached stays None, one
-    that some reached averages over those."""
+def average_gradients(
+    gradient_lists: Iterable[Sequence[torch.Tensor | None]], samples: Sequence[int] | None = None
+) -> list[torch.Tensor | None]:
+    """The element-wise mean of several workers' gradient lists, each weighted by its minibatch's ``samples``
+    (None: equally): the gradient of a loss averaged over all their samples together, as one process would take it
+    from their union (REINFORCE's and VPG's minibatches are whole episodes, of different lengths per worker). A
+    parameter no worker reached stays None; one that some reached averages over those."""
     gradient_lists = list(gradient_lists)
     if not gradient_lists:
         raise ValueError("average_gradients: no gradients.")
+    samples = [1] * len(gradient_lists) if samples is None else list(samples)
+    if len(samples) != len(gradient_lists) or min(samples) < 1:
+        raise ValueError("average_gradients: one positive sample count per gradient list.")
     averaged: list[torch.Tensor | None] = []
     for gradients in zip(*gradient_lists, strict=True):
-        present = [gradient for gradient in gradients if gradient is not None]
-        averaged.append(torch.stack(present).mean(0) if present else None)
+        present = [(gradient, count) for gradient, count in zip(gradients, samples) if gradient is not None]
+        if not present:
+            averaged.append(None)
+            continue
+        total = sum(count for _, count in present)
+        averaged.append(sum(gradient * (count / total) for gradient, count in present))
     return averaged
 
 
