@@ -356,6 +356,14 @@ def test_each_recipe_learns_on_two_gradient_workers(ray_cluster, output_dir, mai
 
 
 @ray_group
+def test_a_run_on_gradient_workers_that_never_steps_says_so(ray_cluster, output_dir):
+    config = tiny_dqn(output_dir, gradient_workers=2, collector_backend="ray")
+    config.collector.learning_starts = 100_000  # beyond the budget: every frame is a random warm-up frame
+    with pytest.warns(UserWarning, match="The run ended without a gradient step"):
+        dqn.main(config)
+
+
+@ray_group
 def test_readme_gradient_workers_of_your_own_learn(ray_cluster, tmp_path, monkeypatch, capsys):
     from test_readme import readme_example
 
@@ -430,6 +438,38 @@ def test_gradient_workers_need_ray_and_shares_that_split_evenly(output_dir):
         dqn.main(config)
     with pytest.raises(InputError, match="--gradient-workers must be 0 or positive"):
         ppo.main(small_ppo(output_dir, gradient_workers=-1))
+
+
+@pytest.mark.parametrize(
+    "options,message",
+    [
+        (
+            {"ray_address": "head:6379"},
+            "--ray-address head:6379 is for Ray workers: add --collector-backend ray",
+        ),
+        ({"sync": False}, "--async is for gradient workers"),
+        ({"max_staleness": 2}, "--max-staleness is for gradient workers"),
+        (
+            {"gradient_workers": 2, "collector_backend": "ray", "max_staleness": 2},
+            "--max-staleness is for --async gradient workers",
+        ),
+    ],
+)
+def test_ray_and_gradient_worker_options_the_run_would_not_use_are_refused(options, message, output_dir):
+    with pytest.raises(InputError, match=message):
+        ppo.main(small_ppo(output_dir, **options))
+    assert not output_dir.exists() or not any(output_dir.iterdir())
+
+
+@ray_group
+def test_more_gradient_workers_than_free_cpus_is_refused_before_the_run_claims_its_folder(
+    ray_cluster, output_dir, monkeypatch
+):
+    monkeypatch.setattr("training.distributed.RAY_CPU_WAIT_S", 0.5)
+    config = small_ppo(output_dir, gradient_workers=4, collector_backend="ray")  # the cluster has 2 CPUs
+    with pytest.raises(InputError, match="--gradient-workers 4 needs one CPU per Ray worker"):
+        ppo.main(config)
+    assert not output_dir.exists() or not any(output_dir.iterdir())  # a corrected rerun needs no --overwrite
 
 
 def test_recipes_without_gradient_workers_and_loss_addons_refuse_them(output_dir):

@@ -184,6 +184,8 @@ class RunConfig(Options):
             raise InputError(f"--gradient-workers must be 0 or positive, got {self.gradient_workers}.")
         if self.max_staleness is not None and self.max_staleness < 0:
             raise InputError(f"--max-staleness must be 0 or positive, got {self.max_staleness}.")
+        if self.gradient_worker is None:  # a worker's own copy runs a single-process collector by design
+            self._refuse_unused_worker_options()
         if self.collector_backend != "single":
             if self.device != "cpu":
                 raise InputError(
@@ -209,6 +211,21 @@ class RunConfig(Options):
                     "--env-wrappers and --max-total-reward wrap Gymnasium envs; drop them or use --env-backend "
                     "gymnasium."
                 )
+
+    def _refuse_unused_worker_options(self) -> None:
+        """Raise :class:`InputError` for Ray and gradient-worker options that the run would not use."""
+        if self.ray_address is not None and self.collector_backend != "ray":
+            raise InputError(
+                f"--ray-address {self.ray_address} is for Ray workers: add --collector-backend ray (worker "
+                "collectors, or --gradient-workers N), or drop --ray-address."
+            )
+        if not self.gradient_workers and (not self.sync or self.max_staleness is not None):
+            raise InputError(
+                f"{'--async' if not self.sync else '--max-staleness'} is for gradient workers: add "
+                "--gradient-workers N --collector-backend ray, or drop it."
+            )
+        if self.sync and self.max_staleness is not None:
+            raise InputError("--max-staleness is for --async gradient workers: add --async, or drop it.")
 
     def _validate_env_options(self) -> None:
         if self.env_options.get("render_mode") == "human":

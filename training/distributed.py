@@ -51,9 +51,10 @@ def require_ray():
     return ray
 
 
-def init_ray(address: str | None, num_workers: int):
+def init_ray(address: str | None, num_workers: int, option: str = "--num-workers"):
     """Connect to the Ray cluster at ``address``, or start a local one when None, and check that it has a CPU for
-    each of ``num_workers`` workers (Ray would otherwise wait for them forever); returns the ``ray`` module."""
+    each of ``num_workers`` workers (Ray would otherwise wait for them forever; ``option`` names their count in the
+    error); returns the ``ray`` module."""
     ray = require_ray()
     if ray.is_initialized() and address is not None:
         warnings.warn(
@@ -71,7 +72,7 @@ def init_ray(address: str | None, num_workers: int):
         time.sleep(0.5)
     if cpus < num_workers:
         raise InputError(
-            f"--num-workers {num_workers} needs one CPU per Ray worker; the Ray cluster has {cpus:g} free. "
+            f"{option} {num_workers} needs one CPU per Ray worker; the Ray cluster has {cpus:g} free. "
             "Use fewer workers or a larger cluster (--ray-address)."
         )
     return ray

@@ -206,7 +206,7 @@ class GradientWorkerPool:
         self.num_workers = run.gradient_workers
         self.split = type(config).GRADIENT_SPLIT
         self.errors: list[str] = []
-        self.ray = init_ray(run.ray_address, self.num_workers)
+        self.ray = init_ray(run.ray_address, self.num_workers, "--gradient-workers")
         self.module, self.config_type = recipe_location(config)
         self.config = config_to_dict(config)
         self.actor_class = self.ray.remote(num_cpus=1, max_restarts=0)(GradientWorker)
@@ -396,6 +396,15 @@ def train_on_gradient_workers(
                 pending[pool.request(index, weights)] = index
     finally:
         pool.shutdown()
+    if (
+        learner.steps == 0
+    ):  # what the recipes' own loops warn of, in their words, when they run in one process
+        warnings.warn(
+            f"The run ended without a gradient step: its --total-frames {run_config.total_frames} ran out before "
+            "the gradient workers had a minibatch to learn from (random frames before --learning-starts, or "
+            "episodes not yet ended); the agent is untrained. Raise --total-frames.",
+            stacklevel=2,
+        )
     return run.finish()
 
 
