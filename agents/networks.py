@@ -524,8 +524,9 @@ def refuse_action_masks(env: EnvBase, recipe: str) -> None:
         )
 
 
-def check_mlp_options(hidden_sizes: Sequence[int], activation: str) -> None:
-    """Raise :class:`InputError` for an unknown activation or a hidden width that is not a positive integer."""
+def check_mlp_options(hidden_sizes: Sequence[int], activation: str, option: str = "--hidden-sizes") -> None:
+    """Raise :class:`InputError` for an unknown activation or a hidden width that is not a positive integer (the
+    widths given as ``option``)."""
     if activation not in ACTIVATIONS:
         raise InputError(f"Unknown activation {activation!r}; choose one of {sorted(ACTIVATIONS)}.")
     if any(
@@ -533,7 +534,7 @@ def check_mlp_options(hidden_sizes: Sequence[int], activation: str) -> None:
         for size in hidden_sizes
     ):
         raise InputError(
-            f"--hidden-sizes must be positive integers up to {MAX_WIDTH:,} (units per hidden layer), got "
+            f"{option} must be positive integers up to {MAX_WIDTH:,} (units per hidden layer), got "
             f"{list(hidden_sizes)}."
         )
 

@@ -30,7 +30,7 @@ class ExportConfig:
     format: Literal["onnx"] = "onnx"
     """File format."""
     output: Path | None = None
-    """Where to write the model; default: policy.onnx beside the checkpoint."""
+    """Where to write the model (a folder: policy.onnx in it); default: policy.onnx beside the checkpoint."""
 
 
 def main(config: ExportConfig) -> dict:
@@ -40,6 +40,8 @@ def main(config: ExportConfig) -> dict:
     checkpoint = config.path / "agent.ckpt" if config.path.is_dir() else config.path
     agent = Agent.load(checkpoint)
     output = config.output or checkpoint.parent / "policy.onnx"
+    if output.is_dir():
+        output = output / "policy.onnx"
     export_onnx(agent, output)
     module = DeterministicPolicy(agent)
     return {

@@ -56,7 +56,7 @@ from agents.loss_addons import (
     build_loss_addons,
     trainable_parameters,
 )
-from agents.networks import action_mask_kwargs, box_policy_kwargs
+from agents.networks import action_mask_kwargs, box_policy_kwargs, check_mlp_options
 from agents.options import Options, defaults
 from agents.rnd import INTRINSIC_REWARD_KEY, normalizes_observations
 from errors import InputError
@@ -134,14 +134,12 @@ class RNDPPOConfig(Options):
 
     def validate(self) -> None:
         """Raise :class:`InputError` for options outside their meaningful range or that do not combine."""
-        check_ppo_options(self.run, self.collector, self.loss, self.optim, self.network)
-        self.addons.validate()
-        check_gradient_workers(self)
-        unsupported = {
+        unsupported = {  # before PPO's own checks, whose advice (e.g. add --recurrent) does not hold here
             "--normalize-reward": self.loss.normalize_reward,
             "--clip-value": self.loss.clip_value is not None,
             "--critic-lr": self.optim.critic_lr is not None,
             "--recurrent": self.network.recurrent is not None,
+            "--sequence-length": self.optim.sequence_length is not None,
         }
         for option, given in unsupported.items():
             if given:
@@ -149,12 +147,17 @@ class RNDPPOConfig(Options):
                     f"{option} is a PPO option that recipes.rnd_ppo does not support (its two critics share one "
                     "learning rate and an unclipped value loss, on the env's rewards, and have no memory); drop it."
                 )
+        check_ppo_options(self.run, self.collector, self.loss, self.optim, self.network)
+        self.addons.validate()
+        check_gradient_workers(self)
         intrinsic = self.intrinsic
         require_positive(rnd_embedding_dim=intrinsic.rnd_embedding_dim)
+        check_mlp_options(intrinsic.rnd_hidden_sizes, self.network.activation, "--rnd-hidden-sizes")
         check_ranges(
             gamma_int=(intrinsic.gamma_int, "(0, 1]"),
             ext_coef=(intrinsic.ext_coef, ">= 0"),
             int_coef=(intrinsic.int_coef, ">= 0"),
+            rnd_update_fraction=(intrinsic.rnd_update_fraction, "(0, 1]"),
         )
 
 

@@ -223,6 +223,9 @@ def test_export_command_writes_beside_the_checkpoint(tmp_path):
     nested = tmp_path / "exports" / "v1" / "cartpole.onnx"  # folders that do not exist yet are made
     assert export.main(export.ExportConfig(tmp_path, output=nested))["output"] == str(nested)
     assert nested.stat().st_size > 0
+    folder = tmp_path / "exports"  # an existing folder: policy.onnx in it
+    assert export.main(export.ExportConfig(tmp_path, output=folder))["output"] == str(folder / "policy.onnx")
+    assert (folder / "policy.onnx").stat().st_size > 0
     blocked = tmp_path / "policy.onnx" / "inside.onnx"  # under a file: a write error (exit 1), not bad input
     with pytest.raises(WriteError, match="Could not write .*inside.onnx"):
         export.main(export.ExportConfig(tmp_path, output=blocked))

@@ -296,6 +296,23 @@ def test_when_every_gradient_worker_is_lost_the_run_stops_with_a_clear_error(
 
 
 @ray_group
+def test_bad_input_in_a_gradient_worker_stops_the_run_at_once(ray_cluster, output_dir):
+    import gymnasium as gym
+
+    # registered in this process only: each worker builds the recipe in its own process, where it is unknown
+    gym.register("LearnerOnlyCartPole-v0", entry_point="gymnasium.envs.classic_control:CartPoleEnv")
+    try:
+        config = small_ppo(output_dir, gradient_workers=2, collector_backend="ray")
+        config.run.env_id = "LearnerOnlyCartPole-v0"
+        with pytest.raises(
+            InputError, match="Gradient worker . stopped on bad input: Unknown Gymnasium env id"
+        ):
+            ppo.main(config)
+    finally:
+        gym.registry.pop("LearnerOnlyCartPole-v0", None)
+
+
+@ray_group
 def test_a_distributed_run_resumes_from_the_learners_saved_state(ray_cluster, output_dir, monkeypatch):
     def config(**run):
         config = small_ppo(output_dir, gradient_workers=2, collector_backend="ray", **run)

@@ -215,6 +215,20 @@ def test_rnd_ppo_rejects_bad_options(output_dir):
     config = tiny_rnd_ppo(output_dir, env_id="space_envs:Bandit-v0")
     with pytest.raises(InputError, match="RND needs at least one observation value"):
         rnd_ppo.main(config)
+    for section, name, value, message in [
+        ("intrinsic", "rnd_hidden_sizes", (0,), r"--rnd-hidden-sizes must be positive integers .* got \[0\]"),
+        ("intrinsic", "rnd_update_fraction", 0.0, r"--rnd-update-fraction must be in \(0, 1\]"),
+        (
+            "optim",
+            "sequence_length",
+            8,
+            "--sequence-length is a PPO option that recipes.rnd_ppo does not support",
+        ),
+    ]:
+        config = tiny_rnd_ppo(output_dir)
+        setattr(getattr(config, section), name, value)
+        with pytest.raises(InputError, match=message):
+            rnd_ppo.main(config)
 
 
 def test_rnd_ppo_learns_on_integer_box_observations(output_dir):

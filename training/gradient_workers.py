@@ -228,6 +228,13 @@ class GradientWorkerPool:
         detail = str(error).strip().splitlines()
         self.errors.append(f"worker {index}: {detail[-1] if detail else type(error).__name__}")
         self.ray.kill(self.workers.pop(index), no_restart=True)
+        bad_input = f"{InputError.__module__}.{InputError.__name__}: "
+        if detail and detail[-1].startswith(bad_input):  # the same input fails every fresh worker: stop now
+            raise InputError(
+                f"Gradient worker {index} stopped on bad input: {detail[-1].removeprefix(bad_input)} (each worker "
+                "builds the recipe in a process of its own: an env registered only in this process is unknown "
+                "there; register it in a module and give its id as 'module:EnvId')."
+            )
         if self.generations[index] >= MAX_WORKER_RESTARTS:
             warnings.warn(
                 f"Gradient worker {index} failed {MAX_WORKER_RESTARTS + 1} times and is given up: {self.errors[-1]}",
