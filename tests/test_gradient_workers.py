@@ -205,6 +205,18 @@ def test_worker_sessions_take_their_share_and_their_own_seeds(output_dir):
     assert not torch.equal(batches[0]["observation"], batches[1]["observation"])  # envs seeded apart
 
 
+def test_worker_seeds_differ_by_worker_replacement_and_resumed_frames():
+    data = config_to_dict(small_ppo(None, gradient_workers=2, collector_backend="ray", seed=3))
+    seeds = {
+        worker_config(data, index, 2, (), generation, start)["run"]["seed"]
+        for index in (0, 1)
+        for generation in (0, 1)
+        for start in (0, 4096)
+    }
+    assert len(seeds) == 8  # a resumed run's workers play new episodes, not the first run's again
+    assert worker_config(data, 0, 2, ())["run"]["seed"] == worker_config(data, 0, 2, (), 0, 0)["run"]["seed"]
+
+
 def test_algorithm_parameters_of_each_recipe_reach_its_loss(output_dir):
     config = small_ppo(output_dir, gradient_workers=2, collector_backend="ray")
     (session,) = worker_sessions(config, 1)

@@ -134,11 +134,17 @@ def recipe_location(config: Any) -> tuple[str, str]:
 
 
 def worker_config(
-    config: dict[str, Any], index: int, num_workers: int, split: Sequence[str], generation: int = 0
+    config: dict[str, Any],
+    index: int,
+    num_workers: int,
+    split: Sequence[str],
+    generation: int = 0,
+    start_frames: int = 0,
 ) -> dict[str, Any]:
     """The JSON form of a worker's configuration: ``num_envs`` and the options named in ``split`` (dotted paths,
     e.g. ``"optim.minibatch_size"``) divided by ``num_workers``, envs seeded apart (worker ``index``, its
-    ``generation``-th replacement), a single-process collector, and no outputs of its own."""
+    ``generation``-th replacement, and the frames a resumed run starts from, so that its workers play new
+    episodes), a single-process collector, and no outputs of its own."""
     config = copy.deepcopy(config)
     run = config["run"]
     slot = index + num_workers * generation
@@ -146,7 +152,7 @@ def worker_config(
         gradient_worker=index,
         collector_backend="single",
         num_envs=run["num_envs"] // num_workers,
-        seed=(run["seed"] + WORKER_SEED_STRIDE * (slot + 1)) % 2**32,
+        seed=(run["seed"] + WORKER_SEED_STRIDE * (slot + 1) + start_frames) % 2**32,
         logger="none",
         progress=False,
         video=False,
@@ -201,8 +207,9 @@ class GradientWorkerPool:
     """``config.run.gradient_workers`` :class:`GradientWorker` actors on Ray for the recipe ``config`` configures
     (the learner's configuration; each worker's is :func:`worker_config`'s), replaced when they die."""
 
-    def __init__(self, config: Any):
+    def __init__(self, config: Any, start_frames: int = 0):
         run = config.run
+        self.start_frames = start_frames  # a resumed run's: its workers' seeds move on by as much
         self.num_workers = run.gradient_workers
         self.split = type(config).GRADIENT_SPLIT
         self.errors: list[str] = []
@@ -215,7 +222,9 @@ class GradientWorkerPool:
         self.workers: dict[int, Any] = {index: self._start(index) for index in range(self.num_workers)}
 
     def _start(self, index: int) -> Any:
-        config = worker_config(self.config, index, self.num_workers, self.split, self.generations[index])
+        config = worker_config(
+            self.config, index, self.num_workers, self.split, self.generations[index], self.start_frames
+        )
         return self.actor_class.remote(self.module, self.config_type, config)
 
     def request(self, index: int, weights: Any) -> Any:
@@ -287,7 +296,7 @@ def train_on_gradient_workers(
             normaliser with its observations); None: nothing.
     """
     run_config = config.run
-    pool = GradientWorkerPool(config)
+    pool = GradientWorkerPool(config, start_frames=run.frames)
     max_staleness = run_config.max_staleness
     max_staleness = run_config.gradient_workers if max_staleness is None else max_staleness
     step_metrics = MetricMeans()  # the applied steps' losses since the last report
