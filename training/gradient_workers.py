@@ -27,7 +27,7 @@ from tensordict import TensorDictBase
 
 from errors import InputError
 from training.config import config_to_dict
-from training.distributed import EPISODE_KEYS, WORKER_SEED_STRIDE, init_ray
+from training.distributed import EPISODE_KEYS, WORKER_SEED_STRIDE, init_ray, require_ray
 from training.learner import Learner, MetricMeans, average_gradients
 from training.run import Run
 
@@ -213,7 +213,10 @@ class GradientWorkerPool:
         self.num_workers = run.gradient_workers
         self.split = type(config).GRADIENT_SPLIT
         self.errors: list[str] = []
-        self.ray = init_ray(run.ray_address, self.num_workers, "--gradient-workers")
+        ray = require_ray()  # joined by the recipe's prepare_process already, which checked the CPUs
+        self.ray = (
+            ray if ray.is_initialized() else init_ray(run.ray_address, self.num_workers, "--gradient-workers")
+        )
         self.module, self.config_type = recipe_location(config)
         self.config = config_to_dict(config)
         self.actor_class = self.ray.remote(num_cpus=1, max_restarts=0)(GradientWorker)
@@ -412,9 +415,8 @@ def train_on_gradient_workers(
                 pending[pool.request(index, weights)] = index
     finally:
         pool.shutdown()
-    if (
-        learner.steps == 0
-    ):  # what the recipes' own loops warn of, in their words, when they run in one process
+    # what the recipes' own loops warn of, in their words, when they run in one process
+    if learner.steps == 0:
         warnings.warn(
             f"The run ended without a gradient step: its --total-frames {run_config.total_frames} ran out before "
             "the gradient workers had a minibatch to learn from (random frames before --learning-starts, or "
