@@ -342,11 +342,11 @@ def test_a_distributed_run_resumes_from_the_learners_saved_state(ray_cluster, ou
     seen = {}
     original = GradientWorkerPool.__init__
 
-    def start(pool, pool_config):  # the learner's state when the workers start
+    def start(pool, pool_config, **options):  # the learner's state when the workers start
         learner = pool_learner["learner"]
-        seen["steps"] = learner.steps
+        seen["steps"], seen["start_frames"] = learner.steps, options.get("start_frames")
         seen["loss"] = {key: value.clone() for key, value in learner.modules["loss"].state_dict().items()}
-        original(pool, pool_config)
+        original(pool, pool_config, **options)
 
     pool_learner = {}
     original_train = gradient_workers_module.train_on_gradient_workers
@@ -360,6 +360,7 @@ def test_a_distributed_run_resumes_from_the_learners_saved_state(ray_cluster, ou
     resumed = ppo.main(config(resume=output_dir))
     assert resumed["frames"] == 1024 and resumed["resumed_from"] == str(output_dir)
     assert seen["steps"] == saved["extras"]["learner"]["steps"]
+    assert seen["start_frames"] > 0  # the workers of the resumed run are seeded past its frames: new episodes
     for key, value in saved["modules"]["loss"].items():
         torch.testing.assert_close(seen["loss"][key], value)
 

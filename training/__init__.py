@@ -19,6 +19,7 @@
 ``tuning``         Optuna search spaces, trials reporting evaluations to their pruner, the best trial as a preset
 ``learner``        :class:`Learner`: a recipe's update as compute_gradients / apply_gradients / weights / parameters
 ``gradient_workers`` learning on Ray gradient workers (``--gradient-workers``), synchronous or asynchronous
+``worker_options`` a gradient worker's configuration, and the checks of ``--gradient-workers`` against other options
 ``optim``          the off-policy recipes' optimiser options, the --anneal-lr schedule, the lean fused Adam step
                    and gradient clipping
 ``frame_storage``  a replay storage that keeps each frame of stacked image observations once (Atari)
