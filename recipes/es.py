@@ -197,7 +197,7 @@ def main(config: ESConfig, *, callbacks: Sequence[Callback] = ()) -> dict:
             policy_kwargs=policy_kwargs,
             steps_per_env=search_config.steps_per_env,
             max_steps=max_steps,
-            env_options=env_construction(run_config),
+            env_options={**env_construction(run_config), "vectorization": run_config.vectorization},
             max_restarts=config.workers.worker_restarts,
         )
     else:

@@ -185,6 +185,23 @@ def test_es_cuts_episodes_at_the_time_limit_given(option, value, expected, outpu
     assert limits == [expected]
 
 
+def test_es_on_ray_builds_its_workers_envs_as_the_options_say(output_dir, monkeypatch):
+    built = {}
+
+    class Recording:  # stands in for the Ray evaluator: records what each worker would build
+        def __init__(self, num_workers, address, timeout_s, **options):
+            built.update(options)
+            raise InputError("recorded")
+
+    monkeypatch.setattr(es, "RayPopulationEvaluator", Recording)
+    config = quiet(es.ESConfig(), output_dir, total_frames=200, num_envs=4, collector_backend="ray")
+    config.run.vectorization, config.run.env_kwargs = "async", ("sutton_barto_reward=true",)
+    with pytest.raises(InputError, match="recorded"):
+        es.main(config)
+    assert built["env_options"]["vectorization"] == "async"
+    assert built["env_options"]["env_kwargs"] == {"sutton_barto_reward": True}
+
+
 def test_es_generations_move_theta_and_are_reproducible(output_dir, tmp_path):
     def train(directory):
         config = quiet(
