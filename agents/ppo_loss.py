@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import torch
 from tensordict import TensorDict, TensorDictBase
 from tensordict.nn import TensorDictModule
+from torchrl.modules.distributions import TanhNormal
 from torchrl.objectives import ClipPPOLoss
 from torchrl.objectives.utils import _clip_value_loss, distance_loss
 
@@ -66,6 +67,30 @@ class TensorClipPPOLoss(ClipPPOLoss):
             and self.tensor_keys.sample_log_prob == actor.log_prob_key
         )
         return _Networks(actor, unrolled(critic.module)) if covered else None
+
+    @torch.no_grad()
+    def rescore_squashed_actions(self, batch: TensorDictBase) -> None:
+        """For a tanh-normal policy, replace the log-probabilities its collector stored with the policy's
+        log-probability of the stored actions, computed as :meth:`forward` computes it, so that every importance
+        ratio of the first epoch is exactly 1. The collector scores its pre-tanh draw; the loss can only score the
+        action, through atanh of the action clamped inside the bounds, and for a draw past the clamp (``|x| >
+        7.2``, a policy pushing against its bounds) the two differ: with a pre-tanh mean of 6 and scale 1, 4% of
+        the ratios would start more than 20% from 1 and be clipped for no reason. Call it on a collected batch,
+        before any update and before the observation statistics move; it does nothing for other policies."""
+        if not any(
+            getattr(module, "distribution_class", None) is TanhNormal
+            for module in self.actor_network.modules()
+        ):
+            return
+        keys = self.tensor_keys
+        flat = batch.reshape(-1)  # one batch dim, as the loss's minibatches have
+        action = flat.get(keys.action)
+        if self._networks is not None:
+            actor = self._networks.actor
+            log_prob = actor.log_prob(flat.get(actor.network_in_key), action)
+        else:
+            log_prob = self.actor_network.get_dist(flat.copy()).log_prob(action)
+        batch.set(keys.sample_log_prob, log_prob.reshape(batch.get(keys.sample_log_prob).shape))
 
     def forward(self, tensordict: TensorDictBase) -> TensorDictBase:
         keys = self.tensor_keys

@@ -367,6 +367,7 @@ def main(
                 "advantage",
                 ext_coef * batch.get(EXTRINSIC_ADVANTAGE_KEY) + int_coef * batch.get(INTRINSIC_ADVANTAGE_KEY),
             )
+        loss_module.rescore_squashed_actions(batch)  # a tanh-normal policy's, as the loss will compute them
         # the predictor reads the next observations
         yield from epoch_minibatches(batch.reshape(-1), optim_config.num_epochs * minibatches_per_epoch)
 

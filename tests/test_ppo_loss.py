@@ -92,3 +92,41 @@ def test_without_diagnostics_the_losses_are_the_same_and_only_the_diagnostics_go
     assert set(full.keys()) - set(lean.keys()) == left_out
     for key in lean.keys():  # noqa: SIM118 - iterating a TensorDict walks its batch dimension
         torch.testing.assert_close(lean[key], full[key], rtol=0, atol=0, msg=key)
+
+
+def _log_prob_in_the_loss(actor, batch):
+    with torch.no_grad():
+        return actor.get_dist(batch.copy()).log_prob(batch["action"])
+
+
+@pytest.mark.parametrize("lean", [True, False], ids=["tensor path", "parent's path"])
+def test_a_saturated_tanh_normal_policys_stored_log_probabilities_become_the_losss(lean):
+    torch.manual_seed(0)
+    env = make_env("Pendulum-v1", num_envs=4, seed=0)
+    spec = env.observation_spec["observation"]
+    actor = make_actor(spec, env.action_spec)
+    critic = make_critic(spec, encoder=input_encoder(actor))
+    with torch.no_grad():  # a pre-tanh mean of 8: many draws pass the clamp just inside the bound
+        [linear for linear in actor.modules() if isinstance(linear, torch.nn.Linear)][-1].bias.fill_(8.0)
+    with torch.no_grad(), set_exploration_type(ExplorationType.RANDOM):
+        batch = env.rollout(64, actor, break_when_any_done=False)
+    env.close()
+    loss = TensorClipPPOLoss(actor, critic, functional=False)
+    if not lean:
+        loss._networks = None  # the parent's distribution objects score the actions
+    stored = batch["action_log_prob"].clone()
+    scored = _log_prob_in_the_loss(actor, batch.reshape(-1)).reshape(stored.shape)
+    assert (
+        (scored - stored).abs() > 1e-3
+    ).float().mean() > 0.1  # the collector's scores of its pre-tanh draws
+    loss.rescore_squashed_actions(batch)
+    torch.testing.assert_close(batch["action_log_prob"], scored, rtol=0, atol=1e-5)
+    unsaturated = (scored - stored).abs() < 1e-4
+    torch.testing.assert_close(batch["action_log_prob"][unsaturated], stored[unsaturated], rtol=0, atol=1e-4)
+
+
+def test_rescoring_leaves_other_policies_log_probabilities_alone():
+    actor, critic, batch = minibatch("Pendulum-v1", {"squash": False})
+    stored = batch["action_log_prob"].clone()
+    TensorClipPPOLoss(actor, critic, functional=False).rescore_squashed_actions(batch)
+    assert torch.equal(batch["action_log_prob"], stored)
