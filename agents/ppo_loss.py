@@ -49,6 +49,12 @@ class TensorClipPPOLoss(ClipPPOLoss):
         super().__init__(*args, **kwargs)
         self.diagnostics = diagnostics
         self._networks = self._direct_networks()
+        self._squashed = (
+            any(  # a tanh-normal policy, whose collected actions rescore_squashed_actions scores again
+                getattr(module, "distribution_class", None) is TanhNormal
+                for module in self.actor_network.modules()
+            )
+        )
 
     def _direct_networks(self) -> _Networks | None:
         actor = lean_policy(self.actor_network)
@@ -77,10 +83,7 @@ class TensorClipPPOLoss(ClipPPOLoss):
         7.2``, a policy pushing against its bounds) the two differ: with a pre-tanh mean of 6 and scale 1, 4% of
         the ratios would start more than 20% from 1 and be clipped for no reason. Call it on a collected batch,
         before any update and before the observation statistics move; it does nothing for other policies."""
-        if not any(
-            getattr(module, "distribution_class", None) is TanhNormal
-            for module in self.actor_network.modules()
-        ):
+        if not self._squashed:
             return
         keys = self.tensor_keys
         flat = batch.reshape(-1)  # one batch dim, as the loss's minibatches have
