@@ -15,16 +15,19 @@ for evaluation: ALE v5's sticky actions (repeat probability 0.25) stay on, and t
   the next reset), and rewards are clipped to their sign.
 
 Training returns are therefore per life and clipped; evaluation returns are the real game score. ALE ids
-(``"ALE/Pong-v5"``) are registered with Gymnasium when first needed, so importing :mod:`envs` stays cheap.
+(``"ALE/Pong-v5"``) are registered with Gymnasium when first needed, so importing :mod:`envs` stays cheap; the older
+ids (``"PongNoFrameskip-v4"``, ``"Pong-v0"``) are refused for their ``ALE/...-v5`` one (:func:`check_atari_id`).
 """
 
 from __future__ import annotations
 
+import importlib.util
+import re
 from typing import Any, SupportsFloat
 
 import gymnasium as gym
 import numpy as np
-from gymnasium.wrappers import AtariPreprocessing, FrameStackObservation
+from gymnasium.wrappers import AtariPreprocessing, FrameStackObservation, TimeLimit
 
 from errors import InputError
 
@@ -34,6 +37,17 @@ FRAME_SKIP = 4  # Mnih et al. (2015): "action repeat"
 SCREEN_SIZE = 84
 FRAME_STACK = 4  # Mnih et al. (2015): "agent history length"
 ATARI_FPS = 60  # the Atari 2600 draws 60 frames per second
+ALE_ENTRY_POINT = "ale_py.env:AtariEnv"
+# the ids ale-py registers besides ALE/<Game>-v5 (Pong-v0, PongNoFrameskip-v4), and those older versions of it did
+# (BreakoutDeterministic-v4, Pong-ram-v4, Pong-ramNoFrameskip-v4)
+LEGACY_ID = re.compile(r"(?P<game>[A-Za-z0-9]+?)(?P<ram>-ram)?(?P<frames>NoFrameskip|Deterministic)?-v[04]")
+# keyword arguments of ALE's env that the toolkit sets itself, and why
+SET_BY_TOOLKIT = {
+    "frameskip": f"the preprocessing repeats each action {FRAME_SKIP} times",
+    "obs_type": "the preprocessing reads the grayscale screen itself and gives 84x84 frames",
+    "continuous": "the preprocessing and the agents play ALE's discrete actions",
+    "render_mode": "the toolkit renders the evaluation envs itself (--video, recipes.evaluate --render)",
+}
 
 
 def is_atari(env_id: str) -> bool:
@@ -50,6 +64,55 @@ def is_atari(env_id: str) -> bool:
         (True, False)
     """
     return isinstance(env_id, str) and env_id.startswith(ATARI_PREFIX)
+
+
+def legacy_atari_id(env_id: str) -> str | None:
+    """The ``"ALE/<Game>-v5"`` id replacing ``env_id`` where ``env_id`` is one of ALE's older ids, else None.
+
+    An id counts where ale-py registers it (``"PongNoFrameskip-v4"``, ``"Pong-v0"``), or where it is not
+    registered, names its frame skip or RAM observations (``"BreakoutDeterministic-v4"``, ``"Pong-ram-v4"``, ids
+    of older ale-py versions) and ale-py has that game; ``"Taxi-v4"`` or ``"CartPole-v0"`` never do. ``ale_py`` is
+    imported only for an id of that form not registered by another package, and never where it is missing.
+
+    Examples:
+        >>> legacy_atari_id("PongNoFrameskip-v4"), legacy_atari_id("CartPole-v0")
+        ('ALE/Pong-v5', None)
+    """
+    match = LEGACY_ID.fullmatch(env_id) if isinstance(env_id, str) else None
+    if match is None or importlib.util.find_spec("ale_py") is None:
+        return None
+    spec = gym.registry.get(env_id)
+    if spec is not None and spec.entry_point != ALE_ENTRY_POINT:
+        return None  # another package's env
+    register_atari_envs()
+    replacement = f"{ATARI_PREFIX}{match['game']}-v5"
+    spec = gym.registry.get(env_id)
+    if spec is not None:
+        return replacement if spec.entry_point == ALE_ENTRY_POINT else None
+    if not (match["ram"] or match["frames"]):
+        return None  # Blackjack-v0 is not ALE/Blackjack-v5
+    new_spec = gym.registry.get(replacement)
+    return replacement if new_spec is not None and new_spec.entry_point == ALE_ENTRY_POINT else None
+
+
+def check_atari_id(env_id: str) -> None:
+    """Raise :class:`InputError` for one of ALE's older ids (:func:`legacy_atari_id`), naming its ``ALE/`` id."""
+    replacement = legacy_atari_id(env_id)
+    if replacement is not None:
+        raise InputError(
+            f"{env_id!r} is one of ALE's older ids, without this toolkit's preprocessing: use {replacement!r}, to "
+            "which the toolkit applies the preprocessing of Machado et al. (2018) itself (frame skip, no-ops, "
+            "sticky actions)."
+        )
+
+
+def check_atari_kwargs(env_kwargs: dict[str, Any], option: str | None = None) -> None:
+    """Raise :class:`InputError` for a keyword argument of ALE's env that the toolkit sets itself (``frameskip``,
+    ``obs_type``, ``continuous``, ``render_mode``); ``option`` names where it was given (``"--env-kwargs"``)."""
+    for key, reason in SET_BY_TOOLKIT.items():
+        if key in env_kwargs:
+            given = f"{option} {key}={env_kwargs[key]!r}: " if option else ""
+            raise InputError(f"{given}{key} cannot be set for Atari envs: {reason}; drop it.")
 
 
 def register_atari_envs() -> None:
@@ -237,22 +300,23 @@ def make_atari_env(env_id: str, training: bool, render_mode: str | None = None, 
     ``FrameStackObservation(4)``; in games that wait for FIRE, FIRE is pressed as each life starts
     (:class:`FireAtLifeStart`). With ``training``, a lost life also ends the episode (:class:`EpisodicLife`) and
     rewards are clipped to their sign (:class:`SignReward`); without it, episodes are whole games with the game's
-    score as return. Everything else is ALE v5's default, sticky actions (probability 0.25) included.
+    score as return. ``max_episode_steps`` cuts each game at that many agent steps (a ``TimeLimit`` above the
+    preprocessing, a truncation). Everything else is ALE v5's default, sticky actions (probability 0.25) included.
 
     Args:
         env_id: an ALE id such as ``"ALE/Pong-v5"``.
         training: apply the training-only tricks (episodic life, reward clipping).
         render_mode: ``None`` or ``"rgb_array"`` (frames of the full-colour screen, one per agent step).
         **env_kwargs: more keyword arguments for ``gymnasium.make`` (for example ``repeat_action_probability``
-            or ``max_num_frames_per_episode``); not ``frameskip`` nor ``obs_type``, which the preprocessing
-            sets.
+            or ``max_num_frames_per_episode``), and ``max_episode_steps`` in agent steps; not ``frameskip``,
+            ``obs_type`` nor ``continuous``, which the preprocessing sets.
 
     Returns:
         A Gymnasium env with ``uint8`` observations of shape ``(4, 84, 84)``.
 
     Raises:
-        InputError: ``env_id`` is not an ALE id, ``ale-py`` is missing, or ``frameskip`` or ``obs_type`` is
-            given.
+        InputError: ``env_id`` is not an ALE id (or is an older one, :func:`check_atari_id`), ``ale-py`` is
+            missing, or ``frameskip``, ``obs_type`` or ``continuous`` is given.
 
     Examples:
         >>> env = make_atari_env("ALE/Pong-v5", training=True)
@@ -260,23 +324,19 @@ def make_atari_env(env_id: str, training: bool, render_mode: str | None = None, 
         >>> observation.shape, observation.dtype
         ((4, 84, 84), dtype('uint8'))
     """
+    check_atari_id(env_id)
     if not is_atari(env_id):
         raise InputError(
             f"{env_id!r} is not an Atari id; Atari ids start with {ATARI_PREFIX!r} ('ALE/Pong-v5')."
         )
-    if "frameskip" in env_kwargs:
-        raise InputError(
-            f"frameskip cannot be set for Atari envs: the preprocessing repeats each action {FRAME_SKIP} times."
-        )
-    if "obs_type" in env_kwargs:
-        raise InputError(
-            "obs_type cannot be set for Atari envs: the preprocessing reads the grayscale screen itself and "
-            "gives 84x84 frames."
-        )
+    check_atari_kwargs(env_kwargs)
+    options = dict(env_kwargs)
+    # in agent steps, above the preprocessing: gymnasium.make's TimeLimit would count the emulator's frames
+    max_episode_steps = options.pop("max_episode_steps", None)
     register_atari_envs()
     # the preprocessing reads the screen itself; a grayscale frame is the cheapest one ALE makes at each of the
     # skipped frames (its full-colour screen is three times the bytes)
-    env = gym.make(env_id, frameskip=1, obs_type="grayscale", render_mode=render_mode, **env_kwargs)
+    env = gym.make(env_id, frameskip=1, obs_type="grayscale", render_mode=render_mode, **options)
     env = DirectAtariPreprocessing(
         env,
         noop_max=NOOP_MAX,
@@ -288,6 +348,9 @@ def make_atari_env(env_id: str, training: bool, render_mode: str | None = None, 
     )
     if needs_fire(env):
         env = FireAtLifeStart(env)
+    if max_episode_steps is not None:
+        # below EpisodicLife: the limit cuts the game, whose next reset then starts a new one
+        env = TimeLimit(env, max_episode_steps)
     if training:
         env = SignReward(EpisodicLife(env))
     env = FrameStackObservation(env, FRAME_STACK)

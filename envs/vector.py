@@ -26,7 +26,7 @@ from gymnasium.vector import AutoresetMode
 from tensordict import TensorDictBase
 from torchrl.envs import EnvBase
 
-from envs.atari import is_atari, make_atari_env, register_atari_envs
+from envs.atari import check_atari_id, check_atari_kwargs, is_atari, make_atari_env, register_atari_envs
 from envs.classic import torch_env_class
 from envs.specs import (
     ACTION_MASK_KEY,
@@ -343,8 +343,8 @@ def env_spec(env_id: str, import_module: bool = True) -> gym.envs.registration.E
             (a checkpoint): then the module must already be imported, since loading a file never runs code.
 
     Raises:
-        InputError: the module name is malformed, cannot be (or, without ``import_module``, is not) imported, or
-            the id is not registered.
+        InputError: the module name is malformed, cannot be (or, without ``import_module``, is not) imported, the
+            id is not registered, or it is one of ALE's older ids (:func:`envs.atari.check_atari_id`).
     """
     if not isinstance(env_id, str):
         raise InputError(f"An env id is a string such as 'CartPole-v1', got {env_id!r}.")
@@ -370,6 +370,8 @@ def env_spec(env_id: str, import_module: bool = True) -> gym.envs.registration.E
                 f"Env id {env_id!r} names the module {module!r}, which cannot be imported ({error}); put it on "
                 "PYTHONPATH (or install it) so that importing it registers the env."
             ) from None
+    # PongNoFrameskip-v4 and the like exist once ale_py is imported, but without the toolkit's preprocessing
+    check_atari_id(name if separator else env_id)
     try:
         return gym.spec(name if separator else env_id)
     except gym.error.Error as error:
@@ -413,8 +415,11 @@ def check_env_kwargs(env_id: str, kwargs: dict[str, Any], option: str = "--env-k
     given where the constructor's default is a flag or a number (``continuous=ture`` would be truthy text).
 
     A class's ``**kwargs`` are followed to its bases' ``__init__`` (MuJoCo's envs pass theirs to ``MujocoEnv``);
-    where no base closes them, any name goes. A constructor whose signature cannot be read is not checked."""
+    where no base closes them, any name goes. A constructor whose signature cannot be read is not checked. Atari ids
+    refuse the arguments the toolkit sets itself (:func:`envs.atari.check_atari_kwargs`), ``render_mode`` included."""
     entry_point = env_spec(env_id).entry_point
+    if is_atari(env_id):
+        check_atari_kwargs(kwargs, option)
     try:
         creator = load_env_creator(entry_point) if isinstance(entry_point, str) else entry_point
         parameters, open_ended = _constructor_parameters(creator)

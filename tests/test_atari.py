@@ -4,8 +4,10 @@ import copy
 import csv
 import json
 import pickle
+import subprocess
 import sys
 import zipfile
+from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
@@ -17,12 +19,13 @@ from agents import Agent, input_encoder, make_actor, make_critic
 from agents.networks import NatureCNN, critic_on_cnn_trunk, observation_encoder
 from envs import make_env
 from envs.atari import is_atari, make_atari_env
-from envs.vector import check_env_id
+from envs.vector import check_env_id, check_env_kwargs
 from errors import InputError
 from recipes import a2c, dqn, ppo
 from training import RunConfig
 
 PONG = "ALE/Pong-v5"
+ROOT = Path(__file__).resolve().parent.parent
 FRAMES = gym.spaces.Box(0, 255, (4, 84, 84), np.uint8)
 
 
@@ -171,6 +174,115 @@ def test_missing_ale_py_is_reported(monkeypatch):
     monkeypatch.setitem(sys.modules, "ale_py", None)  # makes `import ale_py` fail
     with pytest.raises(InputError, match="pip install 'ale-py"):
         check_env_id(PONG)
+
+
+def test_render_mode_in_env_kwargs_is_refused_before_anything_is_built():
+    """The toolkit renders Atari evaluation envs itself: the agent's make_env passes render_mode too, so one given
+    in the env kwargs failed at the final evaluation, losing the run."""
+    breakout = "ALE/Breakout-v5"
+    with pytest.raises(InputError, match="--env-kwargs render_mode='rgb_array': render_mode cannot be set"):
+        RunConfig(env_id=breakout, env_kwargs=("render_mode=rgb_array",)).validate()
+    with pytest.raises(
+        InputError, match="--eval-env-kwargs render_mode='rgb_array': render_mode cannot be set"
+    ):
+        RunConfig(env_id=breakout, eval_env_kwargs=("render_mode=rgb_array",)).validate()
+    with pytest.raises(InputError, match="env_kwargs render_mode='human'"):
+        check_env_kwargs(breakout, {"render_mode": "human"}, "env_kwargs")  # an agent's own kwargs
+    check_env_kwargs(PONG, {"repeat_action_probability": 0.0, "max_episode_steps": 10})
+
+
+def test_continuous_actions_are_refused_in_one_line():
+    """ALE's continuous actions would fail an assertion inside ale_py; the preprocessing plays discrete ones."""
+    with pytest.raises(InputError, match="continuous cannot be set for Atari envs"):
+        make_atari_env(PONG, training=True, continuous=True)
+    with pytest.raises(InputError, match="--env-kwargs continuous=True: continuous cannot be set"):
+        RunConfig(env_id=PONG, env_kwargs=("continuous=true",)).validate()
+
+
+def test_max_episode_steps_counts_agent_steps_and_truncates(tmp_path):
+    """A time limit above the preprocessing: N agent steps (not N emulator frames, no-ops included), a truncation,
+    in training and evaluation envs alike, with the preprocessing still driving the emulator directly."""
+    from envs.atari import DirectAtariPreprocessing
+
+    for training in (True, False):
+        env = make_atari_env(PONG, training=training, max_episode_steps=12)
+        for _ in range(2):  # the next game is cut at 12 steps too
+            env.reset(seed=0)
+            for step in range(1, 13):
+                _, _, terminated, truncated, _ = env.step(0)
+                assert not terminated and truncated == (step == 12)
+        preprocessing = next(layer for layer in _layers(env) if isinstance(layer, DirectAtariPreprocessing))
+        assert preprocessing._direct_env() is env.unwrapped
+        env.close()
+    env = make_env(PONG, num_envs=1, seed=0, env_kwargs={"max_episode_steps": 6})
+    rollout = env.rollout(8, break_when_any_done=False)
+    assert rollout["next", "truncated"].squeeze(-1).tolist() == [[False] * 5 + [True, False, False]]
+    assert not rollout["next", "terminated"].any() and rollout["next", "episode_length"][0, 5].item() == 6
+    env.close()
+    agent = Agent.build(PONG, FRAMES, gym.spaces.Discrete(6), "test", policy_kwargs={"hidden_sizes": []})
+    result = agent.evaluate(episodes=2, seed=0, env_kwargs={"max_episode_steps": 25})
+    assert result.lengths.tolist() == [25, 25]
+
+
+LEGACY_IDS = {
+    "PongNoFrameskip-v4": PONG,
+    "Pong-v4": PONG,
+    "Pong-v0": PONG,
+    "BreakoutDeterministic-v4": "ALE/Breakout-v5",  # ids of older ale-py versions, not registered by 0.10+
+    "Pong-ram-v4": PONG,
+}
+
+
+def test_older_ale_ids_are_refused_naming_their_v5_id():
+    """ALE's older ids register raw full-colour envs once ale_py is imported: refused (not built without the
+    preprocessing), naming the ALE/...-v5 id; other packages' -v0 and -v4 ids are left alone."""
+    from envs.atari import register_atari_envs
+
+    register_atari_envs()
+    for env_id, replacement in LEGACY_IDS.items():
+        message = f"{env_id!r} is one of ALE's older ids.*use {replacement!r}.*Machado"
+        with pytest.raises(InputError, match=message):
+            check_env_id(env_id)
+        with pytest.raises(InputError, match=message):
+            make_atari_env(env_id, training=False)
+    with pytest.raises(InputError, match="use 'ALE/Pong-v5'"):
+        make_env("PongNoFrameskip-v4", num_envs=1)
+    from envs.atari import legacy_atari_id
+
+    for env_id in (
+        "Taxi-v4",
+        "FrozenLake-v1",
+        "CartPole-v0",
+        "Hopper-v4",
+        "Ant-v4",
+        "Blackjack-v0",
+        "Foo-v4",
+    ):
+        assert legacy_atari_id(env_id) is None, env_id
+    check_env_id("CartPole-v0")
+    with pytest.raises(InputError, match="Unknown Gymnasium env id 'Foo-v4'"):
+        check_env_id("Foo-v4")
+
+
+def test_older_ale_ids_are_refused_before_ale_py_is_imported():
+    """In a fresh process (the command line), an older id is refused as such, not as an unknown id; other ids do
+    not import ale_py."""
+    code = (
+        "import sys\n"
+        "from envs.vector import check_env_id\n"
+        "from errors import InputError\n"
+        "check_env_id('CartPole-v0'); check_env_id('Hopper-v4')\n"
+        "assert 'ale_py' not in sys.modules\n"
+        "try:\n"
+        "    check_env_id('PongNoFrameskip-v4')\n"
+        "except InputError as error:\n"
+        "    print(error)\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], check=False, capture_output=True, text=True, timeout=120, cwd=ROOT
+    )
+    assert result.returncode == 0, result.stderr
+    assert "use 'ALE/Pong-v5'" in result.stdout
 
 
 def test_async_vectorization_builds_an_async_vector_env_of_atari_envs(monkeypatch):
