@@ -633,6 +633,18 @@ class NStepReturns(MultiStepTransform):
         buffer = state["buffer"]
         self._buffer = None if buffer is None else TensorDict(buffer, batch_size=state["batch_size"])
 
+    def end_episodes(self) -> None:
+        """End each env's episode at its last step seen, as a truncation: the pending windows stop there and
+        bootstrap from that step's next observation (for a resumed run whose envs start new episodes)."""
+        if self._buffer is None:
+            return
+        self._buffer = self._buffer.clone()  # its tensors may be views of a collected batch
+        time_dim = self._buffer.batch_dims - 1
+        done = self._buffer.get(("next", "done")).select(time_dim, -1)
+        truncated = self._buffer.get(("next", "truncated")).select(time_dim, -1)
+        truncated |= ~done  # an episode that had ended stays as it ended
+        done.fill_(True)
+
     def _inv_call(self, tensordict: TensorDictBase) -> TensorDictBase | None:
         if self.__dict__.get("_container") is not None:  # attached to an env or a replay buffer: refuse
             self._call(tensordict)

@@ -81,6 +81,7 @@ from training import (
     train_on_gradient_workers,
     warn_if_never_updated,
 )
+from training.replay import check_replay_memory
 
 PRESETS = Path(__file__).with_name("presets") / "dqn.toml"  # hyperparameters per env
 
@@ -331,15 +332,16 @@ def main(config: DQNConfig, *, callbacks: Sequence[Callback] = ()) -> dict:
     # buffer: uniform or prioritized sampling; n-step returns are computed as batches come in; stacked frames
     # (Atari's channels-first stacks, FrameStackObservation's stacks of frames) are stored one frame each, not
     # eight times over
+    observation_spec = env.observation_spec["observation"]
+    frame_stacks = image_layout(observation_spec) in ("chw", "schw", "shwc")  # stacks along the first dim
+    check_replay_memory(
+        buffer_config.buffer_size, observation_spec, prioritized=prioritized, frame_stacks=frame_stacks
+    )
     if prioritized:
         sampler = prioritized_sampler(buffer_config.buffer_size, buffer_config.alpha, buffer_config.beta)
     else:
         sampler = RandomSampler()
-    if image_layout(env.observation_spec["observation"]) in (
-        "chw",
-        "schw",
-        "shwc",
-    ):  # stacks along the first dim
+    if frame_stacks:
         storage = FrameStackStorage(buffer_config.buffer_size, device=device)
     else:
         storage = LazyTensorStorage(buffer_config.buffer_size, device=device)

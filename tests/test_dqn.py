@@ -314,6 +314,40 @@ def test_n_step_returns_extend_stores_what_the_losses_read():
     assert one_step[:].get(("next", "reward")).squeeze(-1).tolist() == [1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0]
 
 
+def test_n_step_windows_pending_at_a_resume_with_new_episodes_end_there_as_truncations():
+    """A resumed run whose envs start new episodes (their state was not saved): the saved windows close at the
+    interrupted episode's last step, bootstrapping from its next observation, and never take in the new
+    episode's first steps."""
+    gamma, n = 0.9, 3
+    interrupted = NStepReturns(n, gamma)
+    interrupted.inv(seven_steps())  # the steps from observations 20, 30 and 100 wait for their windows
+    resumed = NStepReturns(n, gamma)
+    resumed.set_extra_state(interrupted.get_extra_state())
+    resumed.end_episodes()
+    new_episode = transitions(
+        [1000.0, 1001.0, 1002.0, 1003.0],
+        [0] * 4,
+        [10.0] * 4,
+        [1001.0, 1002.0, 1003.0, 1004.0],
+        [False] * 4,
+        [False] * 4,
+    ).unsqueeze(0)
+    stored = resumed.inv(new_episode).reshape(-1)
+    assert stored.get("observation").squeeze(-1).tolist() == [20.0, 30.0, 100.0, 1000.0]
+    assert stored.get(("next", "observation")).squeeze(-1).tolist() == [50.0, 50.0, 200.0, 1003.0]
+    assert stored.get("steps_to_next_obs").tolist() == [2, 1, 1, 3]
+    assert stored.get(("next", "truncated")).squeeze(-1).tolist() == [True, True, True, False]
+    assert not stored.get(("next", "terminated")).any()
+    targets = td_targets(dqn_loss(linear_q_actor(), gamma=gamma), stored)  # max_a Q(x) = 2x
+    expected = [
+        5 + gamma * 6 + gamma**2 * 2 * 50.0,  # cut at the truncation the interrupted run saw
+        6 + gamma * 2 * 50.0,
+        7 + gamma * 2 * 200.0,  # the last step before the interruption: truncated there
+        10 + gamma * 10 + gamma**2 * 10 + gamma**3 * 2 * 1003.0,  # the new episode's own window
+    ]
+    assert torch.allclose(targets, torch.tensor(expected), rtol=1e-5)
+
+
 def test_n_step_returns_refuses_to_be_a_replay_buffer_transform():
     buffer = TensorDictReplayBuffer(storage=LazyTensorStorage(100), transform=NStepReturns(3, 0.9))
     with pytest.raises(RuntimeError, match="call it on each batch"):
@@ -449,6 +483,37 @@ def test_box_action_space_is_refused_with_the_recipes_that_fit(output_dir):
 def test_out_of_range_options_are_refused(options, message, output_dir):
     with pytest.raises(InputError, match=message):
         dqn.main(tiny_dqn(output_dir, **options))
+
+
+def test_a_buffer_larger_than_memory_is_refused_before_its_sampler_is_built(output_dir, monkeypatch):
+    def never(*args):
+        raise AssertionError("the prioritized sampler was built")
+
+    monkeypatch.setattr(dqn, "prioritized_sampler", never)
+    with pytest.raises(
+        InputError, match=r"--buffer-size 10,000,000,000,000 needs at least .* GiB .*lower --buffer-size"
+    ):
+        dqn.main(tiny_dqn(output_dir, buffer__prioritized=True, buffer__buffer_size=10**13))
+    # 1 GiB of memory: 10^8 CartPole transitions need 3 GiB (two observations of 16 bytes each), and 2 more for
+    # the priorities' trees (2^27 leaves, two float32 trees of twice as many nodes)
+    monkeypatch.setattr("training.replay.physical_memory", lambda: 2**30)
+    with pytest.raises(
+        InputError, match=r"at least 5.0 GiB for the replay buffer and its priorities, more than .* 1.0 GiB"
+    ):
+        dqn.main(tiny_dqn(output_dir, buffer__prioritized=True, buffer__buffer_size=10**8))
+    with pytest.raises(
+        InputError, match=r"--buffer-size 100,000,000 needs at least 3.0 GiB for the replay buffer,"
+    ):
+        dqn.main(tiny_dqn(output_dir, buffer__buffer_size=10**8))
+
+
+def test_atari_trains_with_a_buffer_smaller_than_one_collected_batch(output_dir):
+    """As CartPole does (and TorchRL's storages): the buffer keeps the last transitions of the batch."""
+    config = tiny_dqn(output_dir, env_id="ALE/Breakout-v5", collector__learning_starts=0)
+    config.buffer.buffer_size, config.run.total_frames, config.run.eval_every = 20, 64, 10**6
+    config.network.hidden_sizes = ()
+    summary = dqn.main(config)
+    assert summary["frames"] == 64
 
 
 def test_cli_refuses_a_box_action_space_in_one_line(tmp_path):

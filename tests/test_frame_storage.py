@@ -14,15 +14,17 @@ from training.resume import load_resume_checkpoint, save_resume_checkpoint
 STACK = 4
 
 
-def frame_stream_batches(num_envs, steps, batches, seed, padding="reset", size=6):
-    """Collector-like ``[num_envs, steps]`` batches of 4-frame stacks from per-env streams of distinct frames,
-    episodes of 1 to 8 steps; at a reset the stack is padded with the first frame ("reset") or zeros."""
+def frame_stream_batches(num_envs, steps, batches, seed, padding="reset", size=6, channels=None):
+    """Collector-like ``[num_envs, steps]`` batches of 4-frame stacks from per-env streams of distinct frames
+    (``size x size``, or ``size x size x channels``), episodes of 1 to 8 steps; at a reset the stack is padded with
+    the first frame ("reset") or zeros."""
+    frame_shape = (size, size) if channels is None else (size, size, channels)
     generator = torch.Generator().manual_seed(seed)
     counter = [1]
 
     def new_frame():
         counter[0] += 1
-        return torch.randint(0, 256, (size, size), generator=generator, dtype=torch.uint8)
+        return torch.randint(0, 256, frame_shape, generator=generator, dtype=torch.uint8)
 
     def reset_stack():
         first = new_frame()
@@ -33,7 +35,7 @@ def frame_stream_batches(num_envs, steps, batches, seed, padding="reset", size=6
     lengths = [0] * num_envs
     out = []
     for _ in range(batches):
-        observation = torch.empty(num_envs, steps, STACK, size, size, dtype=torch.uint8)
+        observation = torch.empty(num_envs, steps, STACK, *frame_shape, dtype=torch.uint8)
         next_observation = torch.empty_like(observation)
         done = torch.zeros(num_envs, steps, 1, dtype=torch.bool)
         for env in range(num_envs):
@@ -116,6 +118,41 @@ def test_atari_transitions_cost_about_one_frame_each():
     assert frames.storage.pool.nbytes <= 1.1 * len(frames) * 84 * 84
 
 
+def test_channels_last_stacks_keep_each_frame_once():
+    """Stacks of RGB frames ``(4, H, W, 3)`` (FrameStackObservation over a pixel env) are taken apart into their
+    four frames, not into rows of pixels: they read back as written, across episode ends and wrap-around, and a
+    transition costs about one frame and eight slot numbers."""
+    plain = TensorDictReplayBuffer(storage=LazyTensorStorage(50))
+    frames = TensorDictReplayBuffer(storage=FrameStackStorage(50))
+    for batch in frame_stream_batches(num_envs=3, steps=7, batches=6, seed=5, size=12, channels=3):
+        plain.extend(batch.reshape(-1))
+        frames.extend(batch.reshape(-1))
+        assert_same_contents(plain, frames)
+    assert len(frames) == 50  # full and wrapped: 6 x 21 transitions written
+    storage = frames.storage
+    assert storage.pool.frame_shape == (12, 12, 3) and tuple(storage._slots.shape) == (50, 2, STACK)
+    held = storage.frames_held
+    assert held <= 50 * 2 + 3 * STACK, held
+    assert storage.pool.nbytes == held * 12 * 12 * 3
+
+
+def test_a_write_larger_than_the_storage_keeps_its_last_transitions_as_torchrl_does():
+    """A collected batch larger than the buffer (--buffer-size below num_envs x steps_per_env): the last
+    transitions stay, each position holding the last written to it, as in a plain storage."""
+    plain = TensorDictReplayBuffer(storage=LazyTensorStorage(10))
+    frames = TensorDictReplayBuffer(storage=FrameStackStorage(10))
+    for batch in frame_stream_batches(num_envs=2, steps=8, batches=3, seed=2):  # 16 transitions a write
+        plain.extend(batch.reshape(-1))
+        frames.extend(batch.reshape(-1))
+        assert_same_contents(plain, frames)
+    # the third write (16 transitions from position 2) left its last ten, the 7th to 16th, at positions 8, 9, 0, ...
+    last_ten = batch.reshape(-1)[6:].get("observation")
+    assert torch.equal(
+        frames.storage.get(torch.arange(10)).get("observation"), last_ten[(torch.arange(10) - 8) % 10]
+    )
+    assert frames.storage.frames_held <= 10 * 2 + 2 * STACK
+
+
 def test_hash_collisions_never_mix_frames_up(monkeypatch):
     from training.frame_storage import FramePool
 
@@ -146,7 +183,7 @@ def test_bad_input_is_refused_with_a_reason():
     batch = frame_stream_batches(num_envs=1, steps=4, batches=1, seed=0)[0].reshape(-1)
     with pytest.raises(InputError, match="needs 'observation'"):
         storage.set(torch.arange(4), batch.exclude("observation"))
-    with pytest.raises(InputError, match="extend by at most 2"):
+    with pytest.raises(InputError, match="got 4 transitions for 2 positions"):
         FrameStackStorage(2).set(torch.arange(2), batch)
     flat = batch.clone()
     flat.set("observation", torch.zeros(4, 5, dtype=torch.uint8))

@@ -5,15 +5,19 @@ import torch
 from tensordict import LazyStackedTensorDict, TensorDict
 from tensordict.utils import assert_close
 from torchrl.data import (
+    Bounded,
+    Composite,
     LazyMemmapStorage,
     LazyTensorStorage,
     PrioritizedSampler,
     SamplerWithoutReplacement,
     TensorDictReplayBuffer,
+    Unbounded,
 )
 from torchrl.data.replay_buffers.samplers import prioritized
 
-from training.replay import LeanReplayBuffer
+from errors import InputError
+from training.replay import LeanReplayBuffer, check_replay_memory
 from training.state import _load_replay_buffer_state, _replay_buffer_state
 
 CAPACITY = 10
@@ -266,3 +270,28 @@ def test_a_cuda_storage_holds_and_draws_what_torchrl_s_does():
         assert_close(samples[0][0], samples[1][0])
         assert samples[1][0].device.type == "cuda"
         assert torch.equal(samples[0][1]["index"], samples[1][1]["index"])
+
+
+def test_a_buffer_is_checked_against_memory_for_what_it_reserves_whole(monkeypatch):
+    """Two observations a transition, one frame and its slot numbers for frame stacks, the priorities' trees."""
+    monkeypatch.setattr("training.replay.physical_memory", lambda: 2**30)  # 1 GiB
+    stacks = Bounded(0, 255, shape=(8, 4, 84, 84), dtype=torch.uint8)  # 8 envs' Atari stacks
+    check_replay_memory(100_000, stacks, prioritized=False, frame_stacks=True)  # 100k x (7,056 + 64) bytes
+    with pytest.raises(
+        InputError, match=r"--buffer-size 100,000 needs at least 5.3 GiB for the replay buffer,"
+    ):
+        check_replay_memory(100_000, stacks, prioritized=False)  # whole stacks: 2 x 28,224 bytes a transition
+    numbers = Unbounded(shape=(8, 1))  # 4 bytes an observation: 60M transitions hold 0.45 GiB
+    check_replay_memory(60_000_000, numbers, prioritized=False)
+    with pytest.raises(InputError, match=r"at least 1.4 GiB for the replay buffer and its priorities"):
+        check_replay_memory(60_000_000, numbers, prioritized=True)  # + two trees of 2 x 2^26 float32 nodes
+    observations = Composite(
+        image=Bounded(0, 255, shape=(8, 3, 8, 8), dtype=torch.uint8),
+        vector=Unbounded(shape=(8, 5)),
+        shape=(8,),
+    )
+    check_replay_memory(1_000_000, observations, prioritized=False)  # 2 x 212 bytes a transition
+    with pytest.raises(
+        InputError, match=r"--buffer-size 3,000,000 needs at least 1.2 GiB .* 1.0 GiB of memory"
+    ):
+        check_replay_memory(3_000_000, observations, prioritized=False)

@@ -24,7 +24,7 @@ from run_helpers import (
     with_options,
 )
 
-from agents import Agent
+from agents import Agent, NStepReturns
 from errors import InputError
 from recipes import a2c, ddpg, dqn, es, ppo, qlearning, rnd_ppo, sac, td3
 from training import Run, RunConfig
@@ -218,12 +218,26 @@ def test_loading_a_resume_checkpoint_never_unpickles(tmp_path, monkeypatch):
 
 
 def test_envs_whose_state_cannot_be_captured_resume_with_new_episodes_and_a_warning(tmp_path, monkeypatch):
+    """The n-step windows pending at the interruption end there (truncated): none reaches into a new episode."""
     with monkeypatch.context() as patch:
         interrupt_at(patch, 1_024)
         dqn.main(tiny_dqn(tmp_path / "run", vectorization="async"))
+    windows = []
+    window = NStepReturns._inv_call
+    monkeypatch.setattr(
+        NStepReturns, "_inv_call", lambda self, batch: windows.append(window(self, batch)) or windows[-1]
+    )
+    config = tiny_dqn(tmp_path / "run", vectorization="async", resume=tmp_path / "run")
     with pytest.warns(UserWarning, match=r"envs' state was not saved \(AsyncVectorEnv.*starts new episodes"):
-        summary = dqn.main(tiny_dqn(tmp_path / "run", vectorization="async", resume=tmp_path / "run"))
+        summary = dqn.main(config)
     assert summary["frames"] == 2_048
+    # the resumed run's first transitions are the interrupted run's last n steps: each window ends by the last
+    n = config.buffer.n_steps
+    first = windows[0]
+    assert n > 1 and first is not None
+    steps = first.get("steps_to_next_obs")[:, :n]
+    assert (steps + torch.arange(n) <= n).all(), steps
+    assert first.get(("next", "done"))[:, n - 1].all()
 
 
 def test_env_runtime_state_round_trips_a_gymnasium_vector_env_mid_episode():
@@ -435,6 +449,38 @@ def test_saved_options_describing_networks_larger_than_the_file_are_refused_befo
     )
     with pytest.raises(InputError, match="describe networks of at least 400,000,000 parameters"):
         resumed_config(dqn.DQNConfig, tiny_dqn(None, resume=tmp_path / "run"), ["--resume", "run"])
+
+
+def test_a_saved_buffer_size_the_file_or_the_machine_cannot_back_is_refused_before_allocating(
+    tmp_path, monkeypatch
+):
+    from torchrl.data import LazyTensorStorage
+
+    from training.resume import resumed_config
+
+    with monkeypatch.context() as patch:
+        interrupt_at(patch, 1_024)
+        dqn.main(tiny_dqn(tmp_path / "run"))
+
+    def resume_with(**buffer):
+        forge_resume(
+            tmp_path / "run" / RESUME_FILE,
+            lambda manifest, state: manifest["metadata"]["config"]["buffer"].update(buffer),
+        )
+        return dqn.main(
+            resumed_config(dqn.DQNConfig, tiny_dqn(None, resume=tmp_path / "run"), ["--resume", "run"])
+        )
+
+    monkeypatch.setattr("training.replay.physical_memory", lambda: 16 * 2**30)
+    with pytest.raises(InputError, match=r"--buffer-size 4,000,000,000 needs at least 183.2 GiB"):
+        resume_with(buffer_size=4_000_000_000, prioritized=True)
+
+    def never(self, state):
+        raise AssertionError("the saved storage was loaded")
+
+    monkeypatch.setattr(LazyTensorStorage, "load_state_dict", never)
+    with pytest.raises(InputError, match="holds 1000 rows of storage, not its capacity 50000000"):
+        resume_with(buffer_size=50_000_000, prioritized=False)
 
 
 def test_a_checkpoint_from_before_an_option_existed_still_resumes():

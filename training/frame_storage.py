@@ -212,10 +212,10 @@ class FrameStackStorage(LazyTensorStorage):
     """A :class:`~torchrl.data.LazyTensorStorage` that keeps stacked image observations as frames, each once.
 
     The entries ``keys`` (default ``"observation"`` and ``("next", "observation")``) of every transition written are
-    taken apart into their frames along dim ``-3`` (``(4, 84, 84)`` Atari stacks: four 84x84 frames); the frames go
-    into a :class:`FramePool` and the transition keeps their slots. Everything else is stored as
-    :class:`~torchrl.data.LazyTensorStorage` stores it. Reading rebuilds the stacks: what comes out is exactly what
-    went in. Use it as any TorchRL storage::
+    taken apart into their frames along their first dim (``(4, 84, 84)`` Atari stacks: four 84x84 frames; ``(4, 96,
+    96, 3)``: four RGB frames); the frames go into a :class:`FramePool` and the transition keeps their slots.
+    Everything else is stored as :class:`~torchrl.data.LazyTensorStorage` stores it. Reading rebuilds the stacks:
+    what comes out is exactly what went in. Use it as any TorchRL storage::
 
         replay_buffer = TensorDictReplayBuffer(storage=FrameStackStorage(1_000_000), sampler=RandomSampler())
 
@@ -226,7 +226,8 @@ class FrameStackStorage(LazyTensorStorage):
 
     Raises:
         InputError: an entry of ``keys`` is missing from written data, or is not at least 3-dimensional per
-            transition; a write of more transitions than ``max_size``.
+            transition; a write whose positions and transitions differ in number. A write of more transitions than
+            ``max_size`` keeps the last at each position, as TorchRL's storages do.
     """
 
     def __init__(
@@ -250,18 +251,24 @@ class FrameStackStorage(LazyTensorStorage):
         positions = self._positions(cursor)
         if data.batch_dims == 0:
             data = data.unsqueeze(0)
-        if len(positions) != data.shape[0] or len(torch.unique(positions)) != len(positions):
+        if len(positions) != data.shape[0]:
             raise InputError(
                 f"{type(self).__name__} writes one transition per position: got {data.shape[0]} transitions for "
-                f"{len(positions)} positions in a storage of {self.max_size}; extend by at most {self.max_size}."
+                f"{len(positions)} positions; pass as many positions as transitions."
             )
+        unique, inverse = torch.unique(positions, return_inverse=True)
+        if len(unique) != len(positions):  # a write larger than the storage: the last at each position stays
+            rows = torch.arange(len(positions))
+            last = torch.full((len(unique),), -1).scatter_reduce_(0, inverse, rows, "amax").sort().values
+            data, positions = data[last], positions[last]
+            cursor = positions
         stacks = []
         for key in self.frame_keys:
             stack = data.get(key, None)
             if stack is None or stack.ndim < 4:
                 raise InputError(
-                    f"{type(self).__name__} needs {key!r} in every transition as a stack of frames (..., frames, "
-                    f"height, width); got {None if stack is None else tuple(stack.shape[1:])}."
+                    f"{type(self).__name__} needs {key!r} in every transition as a stack of frames (frames, "
+                    f"height, width[, channels]); got {None if stack is None else tuple(stack.shape[1:])}."
                 )
             stacks.append(stack)
         shapes = [stack.shape[1:] for stack in stacks]
@@ -271,7 +278,7 @@ class FrameStackStorage(LazyTensorStorage):
             )
         if self._stack_shapes is None:
             self._stack_shapes = shapes
-            self._frames_per_stack = shapes[0][:-2].numel()
+            self._frames_per_stack = shapes[0][0]  # frames along the first dim, whatever their layout
             self.pool = self._make_pool(self.device if self.device != "auto" else data.device)
             self._slots = torch.full(
                 (self.max_size, len(self.frame_keys), self._frames_per_stack), -1, dtype=torch.int64
@@ -281,10 +288,8 @@ class FrameStackStorage(LazyTensorStorage):
                 f"Observations of shapes {[tuple(s) for s in shapes]} cannot join a buffer of "
                 f"{[tuple(s) for s in self._stack_shapes]}."
             )
-        frames = torch.stack(
-            [stack.reshape(len(stack), self._frames_per_stack, *stack.shape[-2:]) for stack in stacks], 1
-        )
-        new_slots = self.pool.add(frames.reshape(-1, *frames.shape[-2:])).reshape(frames.shape[:3]).cpu()
+        frames = torch.stack(stacks, 1)  # [transitions, keys, frames per stack, *frame shape]
+        new_slots = self.pool.add(frames.flatten(0, 2)).reshape(frames.shape[:3]).cpu()
         self.pool.retain(new_slots)
         old_slots = self._slots[positions]
         self.pool.release(old_slots[old_slots >= 0])  # after retain: frames shared with new transitions stay
@@ -360,14 +365,14 @@ class FrameStackStorage(LazyTensorStorage):
             raise InputError(
                 f"A frame-stack replay buffer state has unusable stack shapes {state['stack_shapes']}."
             )
-        frames_per_stack = shapes[0][:-2].numel()
+        frames_per_stack = shapes[0][0]
         if (
             refs.dtype != torch.int64
             or tuple(refs.shape) != (self.max_size, len(self.frame_keys), frames_per_stack)
             or saved_slots.dtype != torch.int64
             or saved_slots.ndim != 1
             or frames.shape[:1] != saved_slots.shape
-            or tuple(frames.shape[1:]) != tuple(shapes[0][-2:])
+            or tuple(frames.shape[1:]) != tuple(shapes[0][1:])
         ):
             raise InputError("A frame-stack replay buffer state does not fit this buffer (its sizes differ).")
         if len(saved_slots) and (saved_slots.min() < 0 or len(torch.unique(saved_slots)) != len(saved_slots)):

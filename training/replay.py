@@ -11,16 +11,18 @@ count, last cursor), so checkpoints, resumed runs and every other method of the 
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from typing import Any
 
 import torch
 from tensordict import NestedKey, TensorDict, TensorDictBase
-from torchrl.data import LazyTensorStorage, RandomSampler, TensorDictReplayBuffer
+from torchrl.data import LazyTensorStorage, RandomSampler, TensorDictReplayBuffer, TensorSpec
 from torchrl.data.replay_buffers.storages.utils import _collate_id
 from torchrl.data.replay_buffers.writers import TensorDictRoundRobinWriter
 
 from agents.fast_paths import NUMPY_DTYPES, flat_entries, flat_select
+from errors import InputError
 
 INDEX_KEY = "index"
 
@@ -252,3 +254,33 @@ def gather_rows(data: TensorDict, index: torch.Tensor, skip: str | None = None) 
         batch_size=index.shape + data.batch_size[1:],
         device=data.device,
     )
+
+
+def physical_memory() -> int:
+    """Bytes of this machine's physical memory."""
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def check_replay_memory(
+    buffer_size: int, observation_spec: TensorSpec, *, prioritized: bool, frame_stacks: bool = False
+) -> None:
+    """Raise :class:`InputError` when a replay buffer of ``buffer_size`` transitions of ``observation_spec``
+    observations (batched: ``[N, ...]``) cannot fit in this machine's physical memory; call it before building the
+    sampler. It counts what is reserved whole, not as the buffer fills: a prioritized sampler's sum and min trees
+    (two float32 arrays of twice the power of two above ``buffer_size``, filled when it is built) and the storage,
+    reserved at its first write: two observations per transition, or with ``frame_stacks`` (stacks kept by
+    :class:`training.FrameStackStorage`) one frame and the slot numbers of two stacks."""
+    observation = observation_spec.zero()[0]
+    observation_bytes = observation.bytes() if isinstance(observation, TensorDictBase) else observation.nbytes
+    if frame_stacks:
+        per_transition = observation_bytes // observation.shape[0] + 2 * observation.shape[0] * 8
+    else:
+        per_transition = 2 * observation_bytes
+    trees = 16 * (1 << buffer_size.bit_length()) if prioritized else 0
+    needed, memory = buffer_size * per_transition + trees, physical_memory()
+    if needed > memory:
+        raise InputError(
+            f"--buffer-size {buffer_size:,} needs at least {needed / 2**30:,.1f} GiB for the replay buffer"
+            f"{' and its priorities' if prioritized else ''}, more than this machine's {memory / 2**30:,.1f} GiB of "
+            "memory: lower --buffer-size."
+        )

@@ -109,7 +109,8 @@ class TrainingState:
         self.counters.update(
             {name: _count(value, f"the counter {name!r}") for name, value in counters.items()}
         )
-        if self.collector is None:
+        if self.collector is None:  # the workers' envs start new episodes
+            self._end_episodes()
             self.restore_rng(state)
             return
         collector, collector_state = self.collector, state["collector"]
@@ -123,6 +124,7 @@ class TrainingState:
                 "starts new episodes, so it continues the interrupted one closely but not exactly.",
                 stacklevel=2,
             )
+            self._end_episodes()
         else:
             load_env_runtime_state(self.env, state["env"])
             carrier = collector._carrier  # the pending observations, each put back on its tensor's device
@@ -131,6 +133,13 @@ class TrainingState:
                 current = carrier.get(key, None)
                 carrier.set(key, value if current is None else value.to(current.device))
         self.restore_rng(state)
+
+    def _end_episodes(self) -> None:
+        """End the episodes the extras were in the middle of (n-step windows close as truncated), for envs that
+        start new ones: no stored transition joins an interrupted episode to the next."""
+        for extra in self.extras.values():
+            if hasattr(extra, "end_episodes"):
+                extra.end_episodes()
 
     @staticmethod
     def restore_rng(state: dict[str, Any]) -> None:
@@ -274,15 +283,36 @@ def _replay_buffer_state(buffer: ReplayBuffer) -> dict[str, Any]:
     }
 
 
+def _check_storage_rows(state: dict[str, Any], capacity: int) -> None:
+    """Raise :class:`InputError` unless every row tensor of a saved storage state (its entries; a frame storage's
+    frame references) has one row per transition of this run's buffer, ``capacity``."""
+    frames = state.get("frames")
+    rows = [
+        *_tensors(state.get("_storage")),
+        *_tensors(frames.get("refs") if isinstance(frames, dict) else None),
+    ]
+    for tensor in rows:
+        if (tensor.shape[0] if tensor.ndim else 0) != capacity:
+            raise InputError(
+                f"the replay buffer holds {tensor.shape[0] if tensor.ndim else 0} rows of storage, not its "
+                f"capacity {capacity}"
+            )
+
+
+def _tensors(value: Any) -> list[torch.Tensor]:
+    """The tensors in ``value``: a tensor, or a (nested) mapping of them."""
+    if isinstance(value, torch.Tensor):
+        return [value]
+    return [tensor for item in value.values() for tensor in _tensors(item)] if isinstance(value, dict) else []
+
+
 def _load_replay_buffer_state(buffer: ReplayBuffer, state: dict[str, Any]) -> None:
     storage = buffer._storage
-    storage.load_state_dict(state["storage"])
     capacity = storage.max_size
+    _check_storage_rows(state["storage"], capacity)  # before loading, which copies them
+    storage.load_state_dict(state["storage"])
     if _count(storage._len, "the replay buffer's length") > capacity:
         raise InputError(f"the replay buffer's length {storage._len} is more than its capacity {capacity}")
-    rows = storage._storage.shape[0] if storage._storage is not None else capacity
-    if rows != capacity:
-        raise InputError(f"the replay buffer holds {rows} rows of storage, not its capacity {capacity}")
     device = getattr(storage, "device", None)
     if storage._storage is not None and device not in (None, "auto"):  # loaded onto the CPU
         storage._storage = storage._storage.to(device)
