@@ -419,13 +419,8 @@ class Agent(nn.Module):
             An action valid in the Gymnasium env (an ``int``-like NumPy scalar for Discrete spaces), or a
             batch of them.
         """
-        if not deterministic and any(
-            isinstance(m, OrnsteinUhlenbeckProcessModule) for m in self.policy.modules()
-        ):
-            raise InputError(
-                "This agent explores with Ornstein-Uhlenbeck noise, which is per-episode state of a training env: "
-                "predict(obs, deterministic=False) cannot apply it. Use deterministic=True."
-            )
+        if not deterministic:
+            self._refuse_ou_sampling("predict(obs, deterministic=False)", "deterministic=True")
         if action_mask is not None and not self.policy_kwargs.get("action_mask"):
             raise InputError(
                 f"action_mask is for agents trained with action masks; this {self.algorithm} agent was trained "
@@ -564,6 +559,10 @@ class Agent(nn.Module):
             InputError: ``episodes`` outside [1, 1e9], a ``seed`` outside Gymnasium's ``[0, 2**32)`` (episode
                 seeds ``seed + k`` past its end wrap around to 0), or a ``video_path`` of another kind of file.
         """
+        if not deterministic:
+            self._refuse_ou_sampling(
+                "evaluate(deterministic=False) (--stochastic)", "deterministic evaluation"
+            )
         if not isinstance(episodes, numbers.Integral) or not 1 <= episodes <= MAX_EVALUATION_EPISODES:
             raise InputError(f"episodes must be between 1 and {MAX_EVALUATION_EPISODES:,}, got {episodes}.")
         if seed is not None and not 0 <= seed < 2**32:
@@ -587,6 +586,15 @@ class Agent(nn.Module):
         with headless_rendering():
             return self._evaluate(
                 env, episodes, deterministic, seed, video_path, max_parallel_envs, env_kwargs
+            )
+
+    def _refuse_ou_sampling(self, call: str, fix: str) -> None:
+        """Raise :class:`InputError` for sampled actions of an agent exploring with Ornstein-Uhlenbeck noise: the
+        noise is per-episode state of a training env, which neither ``predict`` nor ``evaluate`` has."""
+        if any(isinstance(module, OrnsteinUhlenbeckProcessModule) for module in self.policy.modules()):
+            raise InputError(
+                "This agent explores with Ornstein-Uhlenbeck noise, which is per-episode state of a training env: "
+                f"{call} cannot apply it. Use {fix}."
             )
 
     def _evaluate(

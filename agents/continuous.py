@@ -11,6 +11,7 @@ The SAC actor is :func:`agents.networks.make_actor` with a state-dependent scale
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Literal
 
@@ -59,10 +60,18 @@ def check_box_actions(action_spec: TensorSpec, algorithm: str) -> Bounded:
     )
 
 
-def action_half_range(action_spec: Bounded) -> float:
-    """Half the width of the Box, averaged over the action dims: noise scales are given relative to it (as in
-    Stable-Baselines3, whose policies act in ``[-1, 1]``); exact for the usual symmetric, equal bounds."""
-    return float(((action_spec.space.high - action_spec.space.low) / 2).mean())
+def action_half_range(action_spec: Bounded) -> torch.Tensor:
+    """Half the width of each action dim of the Box (of one env, for a batched spec): noise scales are given
+    relative to it, dim by dim, as in Stable-Baselines3, whose policies act in ``[-1, 1]``."""
+    high, low = action_spec.space.high, action_spec.space.low
+    return ((high - low) / 2).reshape(-1, high.shape[-1])[0]
+
+
+def noise_scale(relative: float, action_spec: Bounded) -> float | torch.Tensor:
+    """``relative`` times each action dim's half-width: a number when every dim has the same width (the form of
+    every agent file of such a Box), else one scale per dim."""
+    scale = relative * action_half_range(action_spec)
+    return scale[0].item() if bool((scale == scale[0]).all()) else scale
 
 
 def default_target_entropy(action_spec: Bounded) -> float:
@@ -138,8 +147,8 @@ def make_deterministic_actor(
     The MLP's output is squashed by ``tanh`` and scaled into the Box bounds (TorchRL's ``TanhModule``); then
     exploration noise is added under ``ExplorationType.RANDOM`` only (TorchRL's ``AdditiveGaussianModule`` or
     ``OrnsteinUhlenbeckProcessModule``) and the action is projected back into the bounds. ``noise_sigma`` is relative
-    to the half-width of the Box (see :func:`action_half_range`): 0.1 on Pendulum's ``[-2, 2]`` is a standard
-    deviation of 0.2.
+    to each action dim's half-width (see :func:`noise_scale`): 0.1 on Pendulum's ``[-2, 2]`` is a standard deviation
+    of 0.2.
 
     Ornstein-Uhlenbeck noise is temporally correlated per env: it is reset at episode starts, which it reads from
     the ``"is_init"`` flag of an env wrapped by :func:`make_exploration_env`. Without that flag (for example in
@@ -162,8 +171,8 @@ def make_deterministic_actor(
     action_spec = check_box_actions(action_spec, "A deterministic actor")
     if noise not in ("gaussian", "ou"):
         raise InputError(f"Unknown exploration noise {noise!r}; choose 'gaussian' or 'ou'.")
-    if noise_sigma < 0:
-        raise InputError(f"--noise-sigma must be >= 0, got {noise_sigma}.")
+    if not 0 <= noise_sigma < math.inf:
+        raise InputError(f"--noise-sigma must be in [0, inf), got {noise_sigma}.")
     encoder, in_features = observation_encoder(observation_spec, normalize_obs)
     single_spec = action_spec[0]
     network = TensorDictModule(
@@ -173,8 +182,9 @@ def make_deterministic_actor(
     )
     squash = TanhModule(in_keys=["action_preactivation"], out_keys=["action"], spec=single_spec)
     actor = TensorDictSequential(network, squash)
-    std = noise_sigma * action_half_range(action_spec)
+    std = noise_scale(noise_sigma, action_spec)
     if noise == "gaussian":
+        std = std if isinstance(std, float) else std.tolist()  # the module makes a buffer of it
         exploration = AdditiveGaussianModule(single_spec, sigma_init=1.0, sigma_end=1.0, std=std)
     else:
         exploration = OrnsteinUhlenbeckProcessModule(

@@ -135,7 +135,12 @@ class DDPGConfig(Options):
         check_batch_fits_buffer(buffer.batch_size, buffer.buffer_size)
         if self.network.noise == "ou":
             single_collector_only(self.run, "--noise ou")
-        check_ranges(ou_theta=(self.network.ou_theta, "(0, inf)"))
+        network = self.network
+        check_ranges(noise_sigma=(network.noise_sigma, "[0, inf)"), ou_theta=(network.ou_theta, "(0, inf)"))
+        if network.noise != "ou" and network.ou_theta != NetworkConfig.ou_theta:
+            raise InputError(
+                f"--ou-theta is for --noise ou: add --noise ou, or drop --ou-theta {network.ou_theta}."
+            )
 
 
 @recipe_main

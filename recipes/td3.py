@@ -40,7 +40,7 @@ from agents import (
     make_exploration_env,
     make_qvalue_critic,
 )
-from agents.continuous import action_half_range, check_box_actions
+from agents.continuous import check_box_actions, noise_scale
 from agents.options import Options, defaults
 from errors import InputError
 from training import (
@@ -145,7 +145,12 @@ class TD3Config(Options):
         )
         if self.network.noise == "ou":
             single_collector_only(self.run, "--noise ou")
-        check_ranges(ou_theta=(self.network.ou_theta, "(0, inf)"))
+        network = self.network
+        check_ranges(noise_sigma=(network.noise_sigma, "[0, inf)"), ou_theta=(network.ou_theta, "(0, inf)"))
+        if network.noise != "ou" and network.ou_theta != NetworkConfig.ou_theta:
+            raise InputError(
+                f"--ou-theta is for --noise ou: add --noise ou, or drop --ou-theta {network.ou_theta}."
+            )
 
 
 @recipe_main
@@ -169,7 +174,6 @@ def main(config: TD3Config, *, callbacks: Sequence[Callback] = ()) -> dict:
         raise
     env = make_exploration_env(env, config.network.noise)
     observation_spec = env.observation_spec["observation"]
-    half_range = action_half_range(action_spec)
 
     # modules: the agent owns the noisy policy; the loss trains its deterministic actor and twin critics
     policy_kwargs = {
@@ -207,8 +211,8 @@ def main(config: TD3Config, *, callbacks: Sequence[Callback] = ()) -> dict:
         critic,
         action_spec=action_spec[0],  # one env's bounds: the target action is clamped to them
         num_qvalue_nets=2,
-        policy_noise=loss_config.target_noise * half_range,
-        noise_clip=loss_config.target_noise_clip * half_range,
+        policy_noise=noise_scale(loss_config.target_noise, action_spec),  # per action dim, on its device
+        noise_clip=noise_scale(loss_config.target_noise_clip, action_spec),
         loss_function=loss_config.loss_function,
         delay_actor=True,
         delay_qvalue=True,

@@ -35,6 +35,13 @@ class FixedDimEcho(EchoAction):
     action_space = gym.spaces.Box(np.array([-1.0, 0.5], np.float32), np.array([1.0, 0.5], np.float32))
 
 
+class UnevenEcho(EchoAction):
+    """EchoAction with action dims of different widths and off-centre, ``[0, 4] x [-50, -10]`` (half-widths 2 and
+    20)."""
+
+    action_space = gym.spaces.Box(np.array([0.0, -50.0], np.float32), np.array([4.0, -10.0], np.float32))
+
+
 class Reach(gym.Env):
     """Say a number: the observation is a target in [-4, 4], the reward minus the action's distance to it, with an
     action space unbounded both ways (``Box(-inf, inf, (1,))``); ten steps an episode, a new target each step."""
@@ -55,4 +62,5 @@ class Reach(gym.Env):
 
 gym.register("MixedBoundsEcho-v0", entry_point=MixedBoundsEcho, max_episode_steps=20)
 gym.register("FixedDimEcho-v0", entry_point=FixedDimEcho, max_episode_steps=20)
+gym.register("UnevenEcho-v0", entry_point=UnevenEcho, max_episode_steps=20)
 gym.register("Reach-v0", entry_point=Reach, max_episode_steps=10)

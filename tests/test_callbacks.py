@@ -69,8 +69,19 @@ def test_every_hook_is_called_when_due(output_dir):
     checkpoints = [(frames, name) for _, frames, name, exists in recorder.hooks("checkpoint") if exists]
     assert len(checkpoints) == len(recorder.hooks("checkpoint"))  # each written before its hook
     assert (1_024, "agent.ckpt") in checkpoints and (1_024, "resume.ckpt") in checkpoints
-    assert checkpoints[-1] == (2_048, "agent.ckpt")  # the final one
+    assert (2_048, "agent.ckpt") in checkpoints  # the final one
+    assert len(set(checkpoints)) == len(checkpoints)  # each file once per frame count
     assert summary["stopped_by_callback"] is None
+
+
+@pytest.mark.parametrize(
+    "eval_every", [512, 100_000]
+)  # the last evaluation in the last batch, or in finish()
+def test_a_hook_returning_false_as_the_budget_ends_stops_nothing(output_dir, eval_every):
+    recorder = Recorder(stop_hook="evaluation", stop_at=2_048)
+    summary = ppo.main(tiny_ppo(output_dir, eval_every=eval_every), callbacks=[recorder])
+    assert summary["frames"] == 2_048 and summary["stopped_by_callback"] is None
+    assert recorder.hooks("evaluation")[-1][1] == 2_048
 
 
 @pytest.mark.parametrize("hook", ["batch", "evaluation", "checkpoint"])

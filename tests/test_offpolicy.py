@@ -2,6 +2,7 @@
 exploration noise, recipes end to end and bad input."""
 
 import gymnasium as gym
+import numpy as np
 import pytest
 import torch
 from tensordict import LazyStackedTensorDict, TensorDict
@@ -22,7 +23,12 @@ from agents import (
     make_qvalue_critic,
 )
 from agents.actor_critic import StackedNetwork, direct_forward, stacked_forward
-from agents.continuous import default_target_entropy, make_deterministic_actor, make_exploration_env
+from agents.continuous import (
+    default_target_entropy,
+    make_deterministic_actor,
+    make_exploration_env,
+    noise_scale,
+)
 from agents.gsde import make_gsde_actor
 from envs import make_env
 from errors import InputError
@@ -468,6 +474,42 @@ def test_exploration_noise_is_off_in_evaluation_and_on_in_collection():
     assert (noisy - mean).abs().mean() > 0.05
 
 
+def test_noise_scales_are_relative_to_each_action_dims_half_width():
+    # ACTION_SPEC's half-widths are 2 and 0.25: 0.1 of them is a standard deviation of 0.2 and 0.025
+    torch.testing.assert_close(noise_scale(0.1, ACTION_SPEC), torch.tensor([0.2, 0.025]))
+    assert noise_scale(0.1, Bounded(-2.0, 2.0, shape=(4, 3))) == pytest.approx(
+        0.2
+    )  # equal widths: one number
+    torch.manual_seed(0)
+    gaussian = make_deterministic_actor(OBSERVATION_SPEC, ACTION_SPEC, (8,), noise_sigma=0.1)
+    with torch.no_grad():
+        for p in gaussian[0].parameters():
+            p.zero_()  # mu(s) = the Box's midpoint (1, 0.25), many standard deviations from either bound
+        observations = TensorDict({"observation": torch.zeros(20_000, 3)}, [20_000])
+        with set_exploration_type(ExplorationType.RANDOM):
+            noise = gaussian(observations)["action"] - torch.tensor([1.0, 0.25])
+    torch.testing.assert_close(noise.std(0), torch.tensor([0.2, 0.025]), rtol=0.05, atol=0)
+    ou = make_deterministic_actor(OBSERVATION_SPEC, ACTION_SPEC, (8,), noise="ou", noise_sigma=0.1)
+    torch.testing.assert_close(
+        ou[1].ou.current_sigma(torch.zeros(5, 2)), torch.tensor([0.2, 0.025]).expand(5, 2)
+    )
+
+
+@pytest.mark.parametrize("recipe", ["td3", "ddpg"])
+def test_recipes_train_and_sample_on_action_dims_of_different_widths(recipe, tmp_path):
+    import echo_env  # noqa: F401 - registers UnevenEcho-v0: half-widths 2 and 20
+
+    module = {"td3": td3, "ddpg": ddpg}[recipe]
+    config = quiet(module.__dict__[f"{recipe.upper()}Config"](), tmp_path)
+    config.run.env_id, config.run.total_frames, config.run.eval_every = "UnevenEcho-v0", 300, 300
+    config.collector.learning_starts, config.network.hidden_sizes = 100, (8,)
+    module.main(config)  # TD3's target noise and its clip are per action dim too
+    agent = Agent.load(tmp_path / "agent.ckpt")
+    observations = np.zeros((5_000, 2), np.float32)
+    noise = agent.predict(observations, deterministic=False) - agent.predict(observations, deterministic=True)
+    assert np.allclose(noise.std(0) / np.array([2.0, 20.0]), config.network.noise_sigma, rtol=0.1)
+
+
 def test_ornstein_uhlenbeck_noise_is_correlated_and_restarts_with_each_episode():
     torch.manual_seed(0)
     env = make_exploration_env(make_env("Pendulum-v1", num_envs=1, seed=0), "ou")
@@ -549,6 +591,8 @@ def test_recipes_train_save_and_the_agent_loads_and_evaluates(name, setup, tmp_p
     if name.endswith("-ou"):  # OU noise needs the env's episode-start flag; predict has none
         with pytest.raises(InputError, match="Ornstein-Uhlenbeck"):
             agent.predict(observation, deterministic=False)
+        with pytest.raises(InputError, match="Ornstein-Uhlenbeck"):
+            agent.evaluate(episodes=1, seed=0, deterministic=False)
     else:
         stochastic = agent.predict(observation, deterministic=False)
         assert env.action_space.contains(stochastic)
@@ -576,6 +620,8 @@ def test_deterministic_recipes_refuse_discrete_actions(recipe, config_class, env
         (lambda c: setattr(c.buffer, "n_steps", 0), "--n-steps must be a positive integer"),
         (lambda c: setattr(c.loss, "alpha_init", -1.0), "--alpha-init must be in .0, inf."),
         (lambda c: setattr(c.collector, "updates_per_frame", 0.0), "--updates-per-frame must be in .0, inf."),
+        (lambda c: setattr(c.collector, "updates_per_frame", 0.01), "is 0.08 gradient steps a batch.*1/8"),
+        (lambda c: setattr(c.collector, "updates_per_frame", 0.3), "is 2.4 gradient steps a batch"),
         (lambda c: setattr(c.network, "sde_sample_freq", 4), "only applies with --use-sde"),
         (
             lambda c: setattr(c.run, "env_id", "CartPole-v1") or setattr(c.network, "use_sde", True),
@@ -607,6 +653,23 @@ def test_deterministic_actor_bad_input():
         config = td3.TD3Config(run=RunConfig(env_id="Pendulum-v1"))
         config.loss.target_noise = -0.1
         td3.main(config)
+
+
+@pytest.mark.parametrize("recipe", [td3, ddpg])
+@pytest.mark.parametrize(
+    "change,message",
+    [
+        (lambda n: setattr(n, "noise_sigma", float("nan")), r"--noise-sigma must be in \[0, inf\), got nan"),
+        (lambda n: setattr(n, "noise_sigma", float("inf")), r"--noise-sigma must be in \[0, inf\), got inf"),
+        (lambda n: setattr(n, "ou_theta", 0.3), "--ou-theta is for --noise ou"),
+    ],
+)
+def test_exploration_noise_bad_input(recipe, change, message, tmp_path):
+    config = quiet(recipe.__dict__[f"{recipe.__name__.split('.')[-1].upper()}Config"](), tmp_path)
+    change(config.network)
+    with pytest.raises(InputError, match=message):
+        recipe.main(config)
+    assert not (tmp_path / "config.json").exists()  # refused before the run claimed its folder
 
 
 def actor_parameters_after(tmp_path, name, **optim):

@@ -115,7 +115,7 @@ def test_periodic_checkpoints_are_written(output_dir):
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(Agent, "save", counting_save)
         ppo.main(config)
-    assert saved.count("agent.ckpt") >= 3  # at 512 and 1024 frames, and at the end
+    assert saved.count("agent.ckpt") == 2  # at 512 and 1024 frames, the end (not written twice)
 
 
 def test_nan_reward_stops_the_run_and_keeps_the_last_good_checkpoint(output_dir, monkeypatch):
@@ -162,6 +162,36 @@ def test_wandb_failing_to_start_falls_back_to_csv_logging(output_dir, monkeypatc
         summary = ppo.main(config)
     assert summary["frames"] >= 512
     assert (output_dir / "csv").is_dir()
+
+
+def test_a_failed_run_leaves_no_wandb_run_for_the_next_one_to_log_into(tmp_path):
+    import wandb
+
+    from training import Callback
+
+    class Fails(Callback):
+        def on_batch(self, run, batch, metrics):
+            raise RuntimeError("a callback's own bug")
+
+    with pytest.raises(RuntimeError, match="own bug"):
+        ppo.main(tiny_ppo(tmp_path / "failed", logger="wandb", total_frames=512), callbacks=[Fails()])
+    summary = ppo.main(tiny_ppo(tmp_path / "next", logger="wandb", total_frames=512))
+    assert Path(summary["wandb_offline_run"]).is_relative_to(tmp_path / "next")  # a W&B run of its own
+    assert wandb.run is None  # and finished
+
+
+def test_tensorboard_missing_is_refused_before_the_run_claims_its_folder(output_dir, monkeypatch):
+    import importlib.util
+
+    from errors import InputError
+
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "tensorboard" else find_spec(name, *a)
+    )
+    with pytest.raises(InputError, match="--logger tensorboard needs the tensorboard package"):
+        ppo.main(tiny_ppo(output_dir, logger="tensorboard"))
+    assert not (output_dir / "config.json").exists()
 
 
 EXPLODING_ENV = """

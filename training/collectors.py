@@ -200,8 +200,21 @@ class OffPolicyCollectorConfig(Options):
         )
 
     def updates_per_batch(self, frames_per_batch: int) -> int:
-        """Gradient steps after each batch of ``frames_per_batch`` frames (at least one)."""
-        return max(1, round(frames_per_batch * self.updates_per_frame))
+        """Gradient steps after each batch of ``frames_per_batch`` frames.
+
+        Raises:
+            InputError: ``frames_per_batch * updates_per_frame`` is not a whole number of at least one (the run
+                could not keep the ratio asked for).
+        """
+        updates = frames_per_batch * self.updates_per_frame
+        if updates < 1 - 1e-9 or abs(updates - round(updates)) > 1e-6 * updates:
+            raise InputError(
+                f"--updates-per-frame {self.updates_per_frame} with {frames_per_batch} frames a batch (--num-envs x "
+                f"--steps-per-env) is {updates:g} gradient steps a batch, and a batch takes a whole number of them "
+                f"(at least 1): make --updates-per-frame a multiple of 1/{frames_per_batch}, or change "
+                "--steps-per-env so that frames a batch x updates per frame is whole."
+            )
+        return round(updates)
 
 
 def check_batch_fits_buffer(batch_size: int, buffer_size: int) -> None:

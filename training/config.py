@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import json
 import math
 import typing
@@ -157,6 +158,10 @@ class RunConfig(Options):
                 )
         if not 0 <= self.seed < 2**32:
             raise InputError(f"--seed must be in [0, 2**32), got {self.seed}.")
+        if self.logger == "tensorboard" and importlib.util.find_spec("tensorboard") is None:
+            raise InputError(
+                "--logger tensorboard needs the tensorboard package: pip install tensorboard, or choose --logger csv."
+            )
         if not 0 <= self.threads <= MAX_THREADS:
             raise InputError(
                 f"--threads must be 0 (torch's default) or a positive count up to {MAX_THREADS}, got {self.threads}."

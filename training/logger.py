@@ -12,6 +12,10 @@ from typing import Any
 
 from training.config import RunConfig
 
+# this process's W&B loggers whose run has not finished: a run that failed leaves one, which the next run finishes
+# (else W&B would hand that next run the failed one's record)
+_OPEN_WANDB_LOGGERS: list[Any] = []
+
 
 def make_logger(
     run: RunConfig, algorithm: str, output_dir: Path, config: dict[str, Any], wandb_id: str | None = None
@@ -54,9 +58,12 @@ def make_logger(
             settings={"silent": True},
             id=wandb_id,
         )
+        _OPEN_WANDB_LOGGERS.append(logger)
         logger.log_hparams(config)
         return logger
 
+    for stale in _OPEN_WANDB_LOGGERS:
+        close_logger(stale, failed=True)
     attempts = [("online W&B", False)] if run.wandb_online else []
     attempts.append(("offline W&B", True))
     for index, (name, offline) in enumerate(attempts):
@@ -68,6 +75,16 @@ def make_logger(
                 f"{name} failed to start ({error!r}); training goes on with {fallback} logging.", stacklevel=2
             )
     return csv_logger()
+
+
+def close_logger(logger: Any, failed: bool = False) -> None:
+    """Finish ``logger``'s W&B run (with exit code 1 when the run ``failed``) or close TensorBoard's writer."""
+    if is_wandb(logger):
+        if logger in _OPEN_WANDB_LOGGERS:
+            _OPEN_WANDB_LOGGERS.remove(logger)
+        logger.experiment.finish(exit_code=int(failed))
+    elif logger is not None and hasattr(logger.experiment, "close"):  # TensorBoard's writer
+        logger.experiment.close()
 
 
 def is_wandb(logger: Any) -> bool:

@@ -47,7 +47,7 @@ from training.checkpoints import (
 from training.collectors import warm_up_normalizer
 from training.config import RunConfig, config_to_dict
 from training.evaluation import EvaluationSchedule, check_evaluation_env, run_deterministic
-from training.logger import is_wandb, log_video, make_logger
+from training.logger import close_logger, is_wandb, log_video, make_logger
 from training.metrics import Metrics, find_non_finite
 from training.outputs import prepare_run_folder, release_run_folder
 from training.plotting import plot_learning_curve
@@ -102,6 +102,8 @@ class Run:
     ):
         self.callbacks = check_callbacks(callbacks)
         self.stopped_by_callback: str | None = None
+        self._finishing = False  # from finish() on, a callback returning False has nothing left to stop
+        self._agent_saved_at: int | None = None  # frames of the last agent.ckpt
         self.algorithm = algorithm
         self.run = run
         self.agent = agent
@@ -200,6 +202,8 @@ class Run:
             self.save_agent(AGENT_FILE)
             self.save_resume()
         stop = stop or frames >= self.run.total_frames or self.interrupted_by is not None
+        if stop:  # the run ends at this batch anyway: no callback stopped it
+            self.stopped_by_callback = None
         stop = stop or self.stopped_by_callback is not None
         if stop and (self.interrupted_by is not None or self.run.checkpoint_every is not None):
             self.save_resume()  # while the collector still holds its state
@@ -221,15 +225,22 @@ class Run:
             self._record_video(self.output_dir / "videos" / f"eval-{self.frames:09d}.mp4")
         self.schedule.time_s += time.perf_counter() - start
         self.metrics.show(self.schedule.last_return, refresh=True)
-        self._call("on_evaluation", self.schedule.evaluations[-1])
+        self._call(
+            "on_evaluation", dict(self.schedule.evaluations[-1])
+        )  # a copy: the row evaluations.csv keeps
         return solved
 
     # ------------------------------------------------------------------ checkpoints
     def save_agent(self, name: str) -> None:
-        """Save the agent as ``output_dir / name``, unless its parameters hold NaN or Inf (then stop the run)."""
+        """Save the agent as ``output_dir / name``, unless its parameters hold NaN or Inf (then stop the run);
+        ``agent.ckpt`` is not written again at the frames it already holds."""
+        if name == AGENT_FILE and self._agent_saved_at == self.frames:
+            return
         if not self.checkpoints.parameters_finite():
             self._non_finite("the agent's parameters")
         self.checkpoints.save_agent(name)
+        if name == AGENT_FILE:
+            self._agent_saved_at = self.frames
         self._call("on_checkpoint", self.output_dir / name)
 
     def save_resume(self) -> None:
@@ -251,7 +262,8 @@ class Run:
     def _call(self, hook: str, *arguments: Any) -> None:
         """Call ``hook`` of every callback; the first that returns False stops the run."""
         for callback in self.callbacks:
-            if getattr(callback, hook)(self, *arguments) is False and self.stopped_by_callback is None:
+            stops = getattr(callback, hook)(self, *arguments) is False and not self._finishing
+            if stops and self.stopped_by_callback is None:
                 self.stopped_by_callback = callback_name(callback)
 
     def _run_state(self) -> dict[str, Any]:
@@ -275,6 +287,7 @@ class Run:
         self.signals.restore()
         self.metrics.close_progress()
         kept = ", ".join(self.checkpoints.written()) or "none written yet"
+        close_logger(self.metrics.logger, failed=True)
         self._release_folder()
         raise NonFiniteError(
             f"NaN or Inf in {where} at frame {self.frames} of {self.algorithm} on {self.run.env_id}; training "
@@ -288,6 +301,7 @@ class Run:
         After SIGINT or SIGTERM the checkpoint is written first, and the final evaluation (if an earlier one
         exists) and the video are skipped.
         """
+        self._finishing = True
         self.signals.restore()
         self.metrics.close_progress()
         interrupted = self.interrupted_by is not None
@@ -314,10 +328,7 @@ class Run:
             logger.experiment.summary.update(summary)
         for callback in self.callbacks:
             callback.on_end(self, summary)
-        if is_wandb(logger):
-            logger.experiment.finish()
-        elif logger is not None and hasattr(logger.experiment, "close"):  # TensorBoard's writer
-            logger.experiment.close()
+        close_logger(logger)
         self._release_folder()
         return summary
 
