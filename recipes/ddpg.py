@@ -27,7 +27,6 @@ from pathlib import Path
 from typing import Literal
 
 import torch
-from torchrl.data import LazyTensorStorage
 
 from agents import (
     TRANSITION_KEYS,
@@ -59,6 +58,7 @@ from training import (
     make_off_policy_collector,
     make_training_env,
     mean_metrics,
+    off_policy_storage,
     prepare_process,
     recipe_main,
     require_positive,
@@ -214,7 +214,9 @@ def main(config: DDPGConfig, *, callbacks: Sequence[Callback] = ()) -> dict:
 
     # buffer
     replay_buffer = LeanReplayBuffer(
-        storage=LazyTensorStorage(min(buffer_config.buffer_size, run_config.total_frames), device=device),
+        storage=off_policy_storage(
+            buffer_config.buffer_size, run_config.total_frames, frames_per_batch, observation_spec, device
+        ),
         batch_size=buffer_config.batch_size,
     )
 

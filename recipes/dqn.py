@@ -71,6 +71,7 @@ from training import (
     check_batch_fits_buffer,
     check_gradient_workers,
     check_ranges,
+    check_replay_memory,
     fused_adam,
     make_collector,
     make_training_env,
@@ -81,7 +82,6 @@ from training import (
     train_on_gradient_workers,
     warn_if_never_updated,
 )
-from training.replay import check_replay_memory
 
 PRESETS = Path(__file__).with_name("presets") / "dqn.toml"  # hyperparameters per env
 

@@ -32,7 +32,6 @@ from typing import Literal
 
 import gymnasium as gym
 import torch
-from torchrl.data import LazyTensorStorage
 from torchrl.objectives import DiscreteSACLoss, SACLoss
 
 from agents import (
@@ -69,6 +68,7 @@ from training import (
     make_off_policy_collector,
     make_training_env,
     mean_metrics,
+    off_policy_storage,
     prepare_process,
     recipe_main,
     refuse_loss_addons,
@@ -347,7 +347,9 @@ def main(
 
     # buffer
     replay_buffer = LeanReplayBuffer(
-        storage=LazyTensorStorage(min(buffer_config.buffer_size, run_config.total_frames), device=device),
+        storage=off_policy_storage(
+            buffer_config.buffer_size, run_config.total_frames, frames_per_batch, observation_spec, device
+        ),
         batch_size=buffer_config.batch_size,
     )
     n_step_returns = NStepReturns(buffer_config.n_steps, loss_config.gamma)  # n_steps 1: one-step transitions

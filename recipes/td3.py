@@ -27,7 +27,6 @@ from pathlib import Path
 from typing import Literal
 
 import torch
-from torchrl.data import LazyTensorStorage
 
 from agents import (
     TRANSITION_KEYS,
@@ -58,6 +57,7 @@ from training import (
     clip_and_step,
     make_off_policy_collector,
     make_training_env,
+    off_policy_storage,
     prepare_process,
     recipe_main,
     require_positive,
@@ -227,7 +227,9 @@ def main(config: TD3Config, *, callbacks: Sequence[Callback] = ()) -> dict:
 
     # buffer
     replay_buffer = LeanReplayBuffer(
-        storage=LazyTensorStorage(min(buffer_config.buffer_size, run_config.total_frames), device=device),
+        storage=off_policy_storage(
+            buffer_config.buffer_size, run_config.total_frames, frames_per_batch, observation_spec, device
+        ),
         batch_size=buffer_config.batch_size,
     )
 

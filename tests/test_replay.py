@@ -17,7 +17,7 @@ from torchrl.data import (
 from torchrl.data.replay_buffers.samplers import prioritized
 
 from errors import InputError
-from training.replay import LeanReplayBuffer, check_replay_memory
+from training.replay import LeanReplayBuffer, check_replay_memory, off_policy_storage
 from training.state import _load_replay_buffer_state, _replay_buffer_state
 
 CAPACITY = 10
@@ -295,3 +295,13 @@ def test_a_buffer_is_checked_against_memory_for_what_it_reserves_whole(monkeypat
         InputError, match=r"--buffer-size 3,000,000 needs at least 1.2 GiB .* 1.0 GiB of memory"
     ):
         check_replay_memory(3_000_000, observations, prioritized=False)
+
+
+def test_off_policy_storage_holds_every_frame_a_short_run_collects_and_is_checked_against_memory(monkeypatch):
+    observations = Unbounded(shape=(2, 3))
+    storage = off_policy_storage(1_000_000, 300, 8, observations, torch.device("cpu"))
+    assert storage.max_size == 304  # 38 batches of 8: the last one passes --total-frames
+    assert off_policy_storage(100, 300, 8, observations, torch.device("cpu")).max_size == 100
+    monkeypatch.setattr("training.replay.physical_memory", lambda: 2**30)
+    with pytest.raises(InputError, match=r"--buffer-size 100,000,000 needs at least 2.2 GiB"):
+        off_policy_storage(10**8, 10**9, 8, observations, torch.device("cpu"))  # 2 x 12 bytes a transition

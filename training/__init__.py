@@ -69,7 +69,7 @@ from training.optim import (
     fused_adam,
 )
 from training.presets import apply_preset, preset_note
-from training.replay import LeanReplayBuffer
+from training.replay import LeanReplayBuffer, check_replay_memory, off_policy_storage
 from training.run import Run
 from training.seeding import prepare_process
 from training.signals import recipe_main
@@ -97,6 +97,7 @@ __all__ = [
     "check_batch_fits_buffer",
     "check_gradient_workers",
     "check_ranges",
+    "check_replay_memory",
     "clip_and_step",
     "clip_gradients",
     "config_to_dict",
@@ -106,6 +107,7 @@ __all__ = [
     "make_off_policy_collector",
     "make_training_env",
     "mean_metrics",
+    "off_policy_storage",
     "prepare_process",
     "preset_note",
     "quiet",

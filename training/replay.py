@@ -284,3 +284,18 @@ def check_replay_memory(
             f"{' and its priorities' if prioritized else ''}, more than this machine's {memory / 2**30:,.1f} GiB of "
             "memory: lower --buffer-size."
         )
+
+
+def off_policy_storage(
+    buffer_size: int,
+    total_frames: int,
+    frames_per_batch: int,
+    observation_spec: TensorSpec,
+    device: torch.device,
+) -> LazyTensorStorage:
+    """The replay storage of SAC, TD3 and DDPG, reserved at its first write: ``buffer_size`` transitions, or every
+    one a shorter run collects (``total_frames`` rounded up to whole batches), once :func:`check_replay_memory` has
+    found room for them."""
+    capacity = min(buffer_size, -(-total_frames // frames_per_batch) * frames_per_batch)
+    check_replay_memory(capacity, observation_spec, prioritized=False)
+    return LazyTensorStorage(capacity, device=device)
