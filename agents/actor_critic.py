@@ -333,6 +333,13 @@ class TensorTD3Loss(TD3Loss):
         super().__init__(actor_network, qvalue_network, **kwargs)
         self._action = _deterministic_action(actor_network)
         self._qvalue = StackedNetwork(qvalue_network)
+        device = next(actor_network.parameters()).device
+        for name in ("policy_noise", "noise_clip"):  # per action dim: buffers, on the networks' device
+            value = self.__dict__.pop(name)
+            if isinstance(value, torch.Tensor):
+                self.register_buffer(name, value.to(device), persistent=False)
+            else:
+                setattr(self, name, value)
 
     def value_loss(self, tensordict: TensorDictBase) -> tuple[torch.Tensor, dict]:
         """Both critics regress on ``r + gamma * min target Q(s', clip(mu'(s') + clipped noise))``."""

@@ -57,13 +57,14 @@ def is_atari(env_id: str) -> bool:
         env_id: a Gymnasium id.
 
     Returns:
-        True for ids in the ``ALE`` namespace, such as ``"ALE/Pong-v5"``.
+        True for ids in the ``ALE`` namespace, such as ``"ALE/Pong-v5"``, with or without a module to import
+        first (``"ale_py:ALE/Pong-v5"``).
 
     Examples:
-        >>> is_atari("ALE/Pong-v5"), is_atari("CartPole-v1")
-        (True, False)
+        >>> is_atari("ALE/Pong-v5"), is_atari("ale_py:ALE/Pong-v5"), is_atari("CartPole-v1")
+        (True, True, False)
     """
-    return isinstance(env_id, str) and env_id.startswith(ATARI_PREFIX)
+    return isinstance(env_id, str) and env_id.rpartition(":")[2].startswith(ATARI_PREFIX)
 
 
 def legacy_atari_id(env_id: str) -> str | None:
@@ -316,7 +317,8 @@ def make_atari_env(env_id: str, training: bool, render_mode: str | None = None, 
 
     Raises:
         InputError: ``env_id`` is not an ALE id (or is an older one, :func:`check_atari_id`), ``ale-py`` is
-            missing, or ``frameskip``, ``obs_type`` or ``continuous`` is given.
+            missing, or ``frameskip``, ``obs_type`` or ``continuous`` is given (and ``render_mode`` in
+            ``--env-kwargs``, refused by :func:`check_atari_kwargs` before this is called).
 
     Examples:
         >>> env = make_atari_env("ALE/Pong-v5", training=True)

@@ -315,6 +315,21 @@ def main(config: DQNConfig, *, callbacks: Sequence[Callback] = ()) -> dict:
         loss_module.deterministic_sampling_mode = ExplorationType.RANDOM
     target_updater = make_target_updater(loss_module, loss_config.target_update_interval, loss_config.tau)
 
+    # room for the replay buffer, checked before the collector starts (worker processes, Ray actors)
+    observation_spec = env.observation_spec["observation"]
+    frame_stacks = image_layout(observation_spec) in ("chw", "schw", "shwc")  # stacks along the first dim
+    try:
+        check_replay_memory(
+            buffer_config.buffer_size,
+            observation_spec,
+            prioritized=prioritized,
+            frame_stacks=frame_stacks,
+            device=device,
+        )
+    except InputError:
+        env.close()
+        raise
+
     # collector (with --gradient-workers, each worker has its own)
     collector = (
         None
@@ -332,11 +347,6 @@ def main(config: DQNConfig, *, callbacks: Sequence[Callback] = ()) -> dict:
     # buffer: uniform or prioritized sampling; n-step returns are computed as batches come in; stacked frames
     # (Atari's channels-first stacks, FrameStackObservation's stacks of frames) are stored one frame each, not
     # eight times over
-    observation_spec = env.observation_spec["observation"]
-    frame_stacks = image_layout(observation_spec) in ("chw", "schw", "shwc")  # stacks along the first dim
-    check_replay_memory(
-        buffer_config.buffer_size, observation_spec, prioritized=prioritized, frame_stacks=frame_stacks
-    )
     if prioritized:
         sampler = prioritized_sampler(buffer_config.buffer_size, buffer_config.alpha, buffer_config.beta)
     else:

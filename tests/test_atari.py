@@ -646,3 +646,11 @@ def _layers(env):
         if not hasattr(env, "env"):
             return
         env = env.env
+
+
+def test_an_ale_id_behind_its_module_gets_the_preprocessing_and_the_checks():
+    env = make_env("ale_py:ALE/Pong-v5", num_envs=1, seed=0)
+    assert env.observation_spec["observation"].shape == (1, 4, 84, 84)  # not ALE's raw 210x160 screen
+    env.close()
+    with pytest.raises(InputError, match="frameskip cannot be set for Atari envs"):
+        check_env_kwargs("ale_py:ALE/Pong-v5", {"frameskip": 2})

@@ -495,6 +495,35 @@ def test_noise_scales_are_relative_to_each_action_dims_half_width():
     )
 
 
+def test_td3_target_noise_and_its_clip_are_per_action_dim_buffers():
+    actor = make_deterministic_actor(OBSERVATION_SPEC, ACTION_SPEC, (8,))[0]
+    critic = make_qvalue_critic(OBSERVATION_SPEC, ACTION_SPEC, (8,))
+    loss = TensorTD3Loss(
+        actor,
+        critic,
+        action_spec=ACTION_SPEC,
+        policy_noise=noise_scale(0.1, ACTION_SPEC),  # standard deviations 0.2 and 0.025
+        noise_clip=noise_scale(0.5, ACTION_SPEC),  # clipped at 1.0 and 0.125: five of them
+    )
+    loss.make_value_estimator(gamma=0.9)
+    buffers = dict(loss.named_buffers())
+    torch.testing.assert_close(buffers["noise_clip"], torch.tensor([1.0, 0.125]))
+    assert "policy_noise" not in loss.state_dict()  # they follow the Box, not the file
+    with torch.no_grad():
+        for p in loss.target_actor_network_params.values(True, True):
+            p.zero_()  # the target action is the Box's midpoint (1, 0.25)
+    actions = []
+    qvalue = loss._qvalue
+    loss._qvalue = lambda params, observation, action: (
+        actions.append(action) or qvalue(params, observation, action)
+    )
+    batch = torch.cat([transitions(seed) for seed in range(625)])  # 20,000 transitions
+    loss.value_loss(batch)
+    noise = actions[0] - torch.tensor([1.0, 0.25])
+    torch.testing.assert_close(noise.std(0), torch.tensor([0.2, 0.025]), rtol=0.05, atol=0)
+    assert (noise.abs() <= torch.tensor([1.0, 0.125])).all()
+
+
 @pytest.mark.parametrize("recipe", ["td3", "ddpg"])
 def test_recipes_train_and_sample_on_action_dims_of_different_widths(recipe, tmp_path):
     import echo_env  # noqa: F401 - registers UnevenEcho-v0: half-widths 2 and 20

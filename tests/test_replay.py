@@ -273,14 +273,21 @@ def test_a_cuda_storage_holds_and_draws_what_torchrl_s_does():
 
 
 def test_a_buffer_is_checked_against_memory_for_what_it_reserves_whole(monkeypatch):
-    """Two observations a transition, one frame and its slot numbers for frame stacks, the priorities' trees."""
-    monkeypatch.setattr("training.replay.physical_memory", lambda: 2**30)  # 1 GiB
+    """Two observations a transition; for frame stacks, the frame pool's first chunk and the slot numbers; the
+    priorities' trees."""
+    monkeypatch.setattr("training.replay.physical_memory", lambda: 2**31)  # 2 GiB
     stacks = Bounded(0, 255, shape=(8, 4, 84, 84), dtype=torch.uint8)  # 8 envs' Atari stacks
-    check_replay_memory(100_000, stacks, prioritized=False, frame_stacks=True)  # 100k x (7,056 + 64) bytes
+    # (100k x 1.25 + 65,536) frames of 7,056 bytes, and 64 bytes of slot numbers a transition: 1.3 GiB
+    check_replay_memory(100_000, stacks, prioritized=False, frame_stacks=True)
+    with pytest.raises(
+        InputError, match=r"--buffer-size 200,000 needs at least 2.1 GiB for the replay buffer,"
+    ):
+        check_replay_memory(200_000, stacks, prioritized=False, frame_stacks=True)
     with pytest.raises(
         InputError, match=r"--buffer-size 100,000 needs at least 5.3 GiB for the replay buffer,"
     ):
         check_replay_memory(100_000, stacks, prioritized=False)  # whole stacks: 2 x 28,224 bytes a transition
+    monkeypatch.setattr("training.replay.physical_memory", lambda: 2**30)  # 1 GiB
     numbers = Unbounded(shape=(8, 1))  # 4 bytes an observation: 60M transitions hold 0.45 GiB
     check_replay_memory(60_000_000, numbers, prioritized=False)
     with pytest.raises(InputError, match=r"at least 1.4 GiB for the replay buffer and its priorities"):

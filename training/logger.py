@@ -59,11 +59,18 @@ def make_logger(
             id=wandb_id,
         )
         _OPEN_WANDB_LOGGERS.append(logger)
-        logger.log_hparams(config)
+        try:
+            logger.log_hparams(config)
+        except Exception:
+            close_logger(logger, failed=True)  # before the next attempt opens its own
+            raise
         return logger
 
-    for stale in _OPEN_WANDB_LOGGERS:
-        close_logger(stale, failed=True)
+    while _OPEN_WANDB_LOGGERS:  # close_logger takes each off the list first, so this ends even if it raises
+        try:
+            close_logger(_OPEN_WANDB_LOGGERS[0], failed=True)
+        except Exception as error:  # noqa: BLE001 - an earlier run's record is not worth this run
+            warnings.warn(f"An earlier failed run's W&B run could not be finished ({error!r}).", stacklevel=2)
     attempts = [("online W&B", False)] if run.wandb_online else []
     attempts.append(("offline W&B", True))
     for index, (name, offline) in enumerate(attempts):

@@ -23,6 +23,7 @@ from torchrl.data.replay_buffers.writers import TensorDictRoundRobinWriter
 
 from agents.fast_paths import NUMPY_DTYPES, flat_entries, flat_select
 from errors import InputError
+from training.frame_storage import CHUNK_FRAMES
 
 INDEX_KEY = "index"
 
@@ -262,26 +263,39 @@ def physical_memory() -> int:
 
 
 def check_replay_memory(
-    buffer_size: int, observation_spec: TensorSpec, *, prioritized: bool, frame_stacks: bool = False
+    buffer_size: int,
+    observation_spec: TensorSpec,
+    *,
+    prioritized: bool,
+    frame_stacks: bool = False,
+    device: torch.device | str = "cpu",
 ) -> None:
     """Raise :class:`InputError` when a replay buffer of ``buffer_size`` transitions of ``observation_spec``
-    observations (batched: ``[N, ...]``) cannot fit in this machine's physical memory; call it before building the
-    sampler. It counts what is reserved whole, not as the buffer fills: a prioritized sampler's sum and min trees
-    (two float32 arrays of twice the power of two above ``buffer_size``, filled when it is built) and the storage,
-    reserved at its first write: two observations per transition, or with ``frame_stacks`` (stacks kept by
-    :class:`training.FrameStackStorage`) one frame and the slot numbers of two stacks."""
+    observations (batched: ``[N, ...]``) cannot fit in the memory of ``device`` (a GPU's own, else this machine's
+    physical memory); call it before building the sampler. It counts what is reserved whole, not as the buffer
+    fills: a prioritized sampler's sum and min trees (two float32 arrays of twice the power of two above
+    ``buffer_size``, filled when it is built) and the storage, reserved at its first write: two observations per
+    transition, or with ``frame_stacks`` (stacks kept by :class:`training.FrameStackStorage`) the frame pool's
+    first chunk (1.25 frames per transition and :data:`training.frame_storage.CHUNK_FRAMES` more) and the slot
+    numbers of two stacks a transition."""
     observation = observation_spec.zero()[0]
     observation_bytes = observation.bytes() if isinstance(observation, TensorDictBase) else observation.nbytes
     if frame_stacks:
-        per_transition = observation_bytes // observation.shape[0] + 2 * observation.shape[0] * 8
+        frames, frame_bytes = observation.shape[0], observation_bytes // observation.shape[0]
+        storage = (buffer_size + buffer_size // 4 + CHUNK_FRAMES) * frame_bytes + buffer_size * 2 * frames * 8
     else:
-        per_transition = 2 * observation_bytes
+        storage = buffer_size * 2 * observation_bytes
     trees = 16 * (1 << buffer_size.bit_length()) if prioritized else 0
-    needed, memory = buffer_size * per_transition + trees, physical_memory()
+    device = torch.device(device)
+    if device.type == "cuda":
+        memory, where = torch.cuda.get_device_properties(device).total_memory, f"{device}'s"
+    else:
+        memory, where = physical_memory(), "this machine's"
+    needed = storage + trees
     if needed > memory:
         raise InputError(
             f"--buffer-size {buffer_size:,} needs at least {needed / 2**30:,.1f} GiB for the replay buffer"
-            f"{' and its priorities' if prioritized else ''}, more than this machine's {memory / 2**30:,.1f} GiB of "
+            f"{' and its priorities' if prioritized else ''}, more than {where} {memory / 2**30:,.1f} GiB of "
             "memory: lower --buffer-size."
         )
 
@@ -297,5 +311,5 @@ def off_policy_storage(
     one a shorter run collects (``total_frames`` rounded up to whole batches), once :func:`check_replay_memory` has
     found room for them."""
     capacity = min(buffer_size, -(-total_frames // frames_per_batch) * frames_per_batch)
-    check_replay_memory(capacity, observation_spec, prioritized=False)
+    check_replay_memory(capacity, observation_spec, prioritized=False, device=device)
     return LazyTensorStorage(capacity, device=device)
