@@ -155,6 +155,11 @@ class EvaluationResult:
         return float(self.returns.std())
 
 
+def _count(value: Any) -> bool:
+    """Whether ``value`` is a whole number (Python's or NumPy's), and not a bool."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, (bool, np.bool_))
+
+
 def _mask_rows(masks: np.ndarray, rows: int, single: bool) -> np.ndarray:
     """``predict``'s action masks as one row per observation: a single observation's mask may be one row."""
     if single and masks.ndim == 1:
@@ -295,11 +300,16 @@ class Agent(nn.Module):
         return self._entry_tensor(observation, space)
 
     def _entry_tensor(self, observation: Any, space: gym.Space) -> tuple[torch.Tensor, bool]:
-        array = (
-            observation.detach().cpu().numpy()
-            if isinstance(observation, torch.Tensor)
-            else np.asarray(observation)
-        )
+        try:
+            array = (
+                observation.detach().cpu().numpy()
+                if isinstance(observation, torch.Tensor)
+                else np.asarray(observation)
+            )
+        except ValueError as error:  # rows of different lengths
+            raise InputError(
+                f"Observation {observation!r:.60} is not an array ({error}); the agent's observation space is {space}."
+            ) from None
         if array.dtype.kind not in "biuf":
             raise InputError(
                 f"Observation {observation!r:.60} is not numeric ({array.dtype}); the agent's observation space is "
@@ -307,10 +317,10 @@ class Agent(nn.Module):
             )
         shape = space.shape
         single = array.shape == shape
-        if not single and array.shape[1:] != shape:
+        if not single and (array.shape[1:] != shape or array.shape[0] == 0):
             raise InputError(
                 f"Observation of shape {array.shape} does not match the agent's observation space {space} "
-                f"(expected {shape} or a batch of them)."
+                f"(expected {shape} or a batch of one or more of them)."
             )
         integral = isinstance(
             space, (gym.spaces.Discrete, gym.spaces.MultiDiscrete, gym.spaces.MultiBinary)
@@ -533,7 +543,8 @@ class Agent(nn.Module):
 
         Episodes run in up to ``max_parallel_envs`` Gymnasium envs at once, with one batched policy call per
         step. Episode ``k`` is reset with ``seed + k`` (modulo 2**32), so the same seed gives the same episodes whatever the
-        parallelism. Rewards are the env's own, without any training-time wrapper: Atari ids run in
+        parallelism (continuous actions: up to the float32 rounding of a batched policy call, which can differ in
+        the last digits from a call on fewer rows). Rewards are the env's own, without any training-time wrapper: Atari ids run in
         :func:`envs.atari.make_atari_env` with ``training=False``, so the agent sees the observations it was
         trained on while episodes are whole games scored with the game's own rewards.
         Ids registered without a time limit (CliffWalking-v1) are capped at ``EVALUATION_STEP_LIMIT`` steps.
@@ -548,7 +559,8 @@ class Agent(nn.Module):
                 in .mp4, .mkv, .mov or .avi, or a folder: its video.mp4).
             max_parallel_envs: most envs created at once when ``env`` is an id.
             env_kwargs: keyword arguments of the env's constructor; default: the agent's own for its own env id,
-                none for another id. The agent's wrappers (``env_wrappers``) wrap every env it makes.
+                none for another id. The agent's ``max_episode_steps`` (``--max-episode-steps``) holds in every
+                env it makes unless ``env_kwargs`` names its own, and its wrappers (``env_wrappers``) wrap them all.
             render: show the episodes in a window (``render_mode="human"``), one after another;
                 :class:`InputError` where no display exists.
 
@@ -556,17 +568,27 @@ class Agent(nn.Module):
             An :class:`EvaluationResult` with ``episodes`` returns and lengths.
 
         Raises:
-            InputError: ``episodes`` outside [1, 1e9], a ``seed`` outside Gymnasium's ``[0, 2**32)`` (episode
-                seeds ``seed + k`` past its end wrap around to 0), or a ``video_path`` of another kind of file.
+            InputError: ``episodes`` not a whole number in [1, 1e9], a ``seed`` not a whole number in Gymnasium's
+                ``[0, 2**32)`` (episode seeds ``seed + k`` past its end wrap around to 0), ``max_parallel_envs``
+                below 1, or a ``video_path`` of another kind of file.
         """
         if not deterministic:
             self._refuse_ou_sampling(
                 "evaluate(deterministic=False) (--stochastic)", "deterministic evaluation"
             )
-        if not isinstance(episodes, numbers.Integral) or not 1 <= episodes <= MAX_EVALUATION_EPISODES:
-            raise InputError(f"episodes must be between 1 and {MAX_EVALUATION_EPISODES:,}, got {episodes}.")
-        if seed is not None and not 0 <= seed < 2**32:
-            raise InputError(f"seed must be in [0, 2**32), got {seed}.")
+        if not _count(episodes) or not 1 <= episodes <= MAX_EVALUATION_EPISODES:
+            raise InputError(f"episodes must be between 1 and {MAX_EVALUATION_EPISODES:,}, got {episodes!r}.")
+        if seed is not None and (not _count(seed) or not 0 <= seed < 2**32):
+            raise InputError(f"seed must be a whole number in [0, 2**32), got {seed!r}.")
+        if not _count(max_parallel_envs) or max_parallel_envs < 1:
+            raise InputError(
+                f"max_parallel_envs must be a whole number of at least 1, got {max_parallel_envs!r}."
+            )
+        episodes, seed, max_parallel_envs = (
+            int(episodes),
+            seed if seed is None else int(seed),
+            int(max_parallel_envs),
+        )
         if video_path is not None:
             video_path = Path(video_path)
             if video_path.is_dir():
@@ -652,6 +674,9 @@ class Agent(nn.Module):
         env_id = self.env_id if own_env else env_id
         if env_kwargs is None:
             env_kwargs = self.env_kwargs if env_id == self.env_id else {}
+        cap = self.env_kwargs.get("max_episode_steps")  # --max-episode-steps: in every env, unless set anew
+        if cap is not None and "max_episode_steps" not in env_kwargs:
+            env_kwargs = {**env_kwargs, "max_episode_steps": cap}
         env_spec(env_id, import_module=not own_env)
         check_env_kwargs(env_id, env_kwargs, "env_kwargs")
         wrappers = [*wrapper_functions(self.env_wrappers, self.allowed_wrappers), with_discrete_tuples]

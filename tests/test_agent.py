@@ -9,6 +9,8 @@ import torch
 
 from agents import Agent, ObservationNormalizer
 from errors import InputError
+from recipes import ppo
+from training import quiet
 
 
 def make_agent(env_id="CartPole-v1", **policy_kwargs):
@@ -80,9 +82,25 @@ def test_evaluate_returns_per_episode_results_reproducibly(tmp_path):
 
 def test_evaluate_refuses_seeds_outside_gymnasiums_range_and_wraps_episode_seeds_past_its_end():
     agent = make_agent()
-    for bad in ({"seed": -1}, {"seed": 2**32}, {"episodes": 0}, {"episodes": 10**30}, {"episodes": 2.5}):
-        with pytest.raises(InputError, match="seed must be in|episodes must be"):
+    bad_arguments = (
+        {"seed": -1},
+        {"seed": 2**32},
+        {"seed": 1.5},
+        {"episodes": 0},
+        {"episodes": 10**30},
+        {"episodes": 2.5},
+        {"episodes": True},
+        {"max_parallel_envs": 0},
+    )
+    for bad in bad_arguments:
+        with pytest.raises(
+            InputError, match="seed must be a whole|episodes must be|max_parallel_envs must be"
+        ):
             agent.evaluate(**{"episodes": 2, **bad})
+    np.testing.assert_array_equal(  # NumPy's integers are whole numbers too
+        agent.evaluate(episodes=np.int64(2), seed=np.int64(3)).returns,
+        agent.evaluate(episodes=2, seed=3).returns,
+    )
     with pytest.raises(InputError, match="env_kwargs foo=1: CartPole-v1 takes no argument 'foo'"):
         agent.evaluate(episodes=1, env_kwargs={"foo": 1})
     last = agent.evaluate(episodes=2, seed=2**32 - 1)  # its second episode is seeded 0
@@ -103,6 +121,24 @@ def test_wrong_env_and_wrong_observations_are_refused():
         agent.predict(np.zeros(3))
     with pytest.raises(InputError, match="NaN"):
         agent.predict(np.array([0.0, np.nan, 0.0, 0.0]))
+    with pytest.raises(InputError, match="is not an array"):
+        agent.predict([[0.0, 0.0, 0.0, 0.0], [0.0, 0.0]])  # rows of different lengths
+    with pytest.raises(InputError, match=r"shape \(0, 4\) does not match"):
+        agent.predict(np.zeros((0, 4), np.float32))  # an empty batch
+
+
+def test_max_episode_steps_holds_when_evaluating_in_another_env(tmp_path):
+    config = quiet(ppo.PPOConfig(), tmp_path)
+    config.run.total_frames, config.run.eval_every, config.run.eval_episodes = 512, 512, 2
+    config.run.max_episode_steps, config.run.eval_env_id = 5, "CartPole-v0"
+    ppo.main(config)
+    rows = (tmp_path / "evaluations.csv").read_text().splitlines()
+    assert float(rows[-1].split(",")[rows[0].split(",").index("length_mean")]) <= 5  # the run's evaluations
+    agent = Agent.load(tmp_path / "agent.ckpt")
+    assert agent.evaluate("CartPole-v0", episodes=3, seed=0).lengths.max() <= 5
+    assert agent.evaluate(episodes=3, seed=0, env_kwargs={"sutton_barto_reward": True}).lengths.max() <= 5
+    longer = agent.evaluate(episodes=3, seed=0, env_kwargs={"max_episode_steps": 500}).lengths
+    assert longer.max() > 5  # an env's own limit, given, wins
 
 
 def test_loading_bad_files_gives_clear_errors_and_never_unpickles(tmp_path):

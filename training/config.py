@@ -297,7 +297,8 @@ class RunConfig(Options):
         if self.eval_env_id is None and not self.eval_env_kwargs:
             return None, None
         same = self.eval_env_id in (None, self.env_id)
-        base = self.env_make_kwargs if same else {}
+        cap = {} if self.max_episode_steps is None else {"max_episode_steps": self.max_episode_steps}
+        base = self.env_make_kwargs if same else cap  # --max-episode-steps holds in another env too
         return self.eval_env_id, {**base, **parse_env_kwargs(self.eval_env_kwargs, "--eval-env-kwargs")}
 
     @property
