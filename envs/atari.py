@@ -100,10 +100,11 @@ def check_atari_id(env_id: str) -> None:
     """Raise :class:`InputError` for one of ALE's older ids (:func:`legacy_atari_id`), naming its ``ALE/`` id."""
     replacement = legacy_atari_id(env_id)
     if replacement is not None:
+        pixels = " Its observations are the screen's pixels: the toolkit does not train on the console's RAM."
         raise InputError(
             f"{env_id!r} is one of ALE's older ids, without this toolkit's preprocessing: use {replacement!r}, to "
             "which the toolkit applies the preprocessing of Machado et al. (2018) itself (frame skip, no-ops, "
-            "sticky actions)."
+            f"sticky actions).{pixels if '-ram' in env_id else ''}"
         )
 
 

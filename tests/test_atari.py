@@ -247,6 +247,8 @@ def test_older_ale_ids_are_refused_naming_their_v5_id():
             make_atari_env(env_id, training=False)
     with pytest.raises(InputError, match="use 'ALE/Pong-v5'"):
         make_env("PongNoFrameskip-v4", num_envs=1)
+    with pytest.raises(InputError, match="not train on the console's RAM"):
+        check_env_id("Pong-ram-v4")
     from envs.atari import legacy_atari_id
 
     for env_id in (
