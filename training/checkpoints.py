@@ -43,6 +43,7 @@ class Checkpoints:
         self.every = every
         self.next_checkpoint = every
         self._resume_saved_at: int | None = None
+        self._agent_saved_at: int | None = None  # frames of the last agent.ckpt
 
     @property
     def resumable(self) -> bool:
@@ -55,6 +56,11 @@ class Checkpoints:
     def resume_due(self, frames: int) -> bool:
         """Whether ``resume.ckpt`` can be written and does not already hold the state at ``frames``."""
         return self.resumable and self._resume_saved_at != frames
+
+    def agent_due(self, name: str, frames: int) -> bool:
+        """Whether the agent checkpoint ``name`` is to be written at ``frames``: ``agent.ckpt`` not again at the
+        frames it already holds (the last batch's periodic checkpoint and the end's), the best one always."""
+        return name != AGENT_FILE or self._agent_saved_at != frames
 
     def due(self, frames: int) -> bool:
         """Whether a periodic checkpoint is due at ``frames``; if so, the next one is scheduled."""
@@ -71,9 +77,11 @@ class Checkpoints:
             if tensor.is_floating_point()
         )
 
-    def save_agent(self, name: str) -> None:
-        """Save the agent as ``output_dir / name`` (atomically: see ``Agent.save``)."""
+    def save_agent(self, name: str, frames: int) -> None:
+        """Save the agent, trained on ``frames`` frames, as ``output_dir / name`` (atomically: see ``Agent.save``)."""
         self.agent.save(self.output_dir / name)
+        if name == AGENT_FILE:
+            self._agent_saved_at = frames
 
     def save_resume(self, frames: int, run_state: dict[str, Any], metadata: dict[str, Any]) -> None:
         """Write ``resume.ckpt``: the training state and the run's, unless already written at ``frames``."""

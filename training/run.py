@@ -103,7 +103,6 @@ class Run:
         self.callbacks = check_callbacks(callbacks)
         self.stopped_by_callback: str | None = None
         self._finishing = False  # from finish() on, a callback returning False has nothing left to stop
-        self._agent_saved_at: int | None = None  # frames of the last agent.ckpt
         self.algorithm = algorithm
         self.run = run
         self.agent = agent
@@ -234,13 +233,11 @@ class Run:
     def save_agent(self, name: str) -> None:
         """Save the agent as ``output_dir / name``, unless its parameters hold NaN or Inf (then stop the run);
         ``agent.ckpt`` is not written again at the frames it already holds."""
-        if name == AGENT_FILE and self._agent_saved_at == self.frames:
+        if not self.checkpoints.agent_due(name, self.frames):
             return
         if not self.checkpoints.parameters_finite():
             self._non_finite("the agent's parameters")
-        self.checkpoints.save_agent(name)
-        if name == AGENT_FILE:
-            self._agent_saved_at = self.frames
+        self.checkpoints.save_agent(name, self.frames)
         self._call("on_checkpoint", self.output_dir / name)
 
     def save_resume(self) -> None:
