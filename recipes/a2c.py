@@ -60,7 +60,7 @@ from agents.options import Options, defaults
 from agents.policy_gradient import make_shared_critic
 from agents.recurrent import make_recurrent_env, recurrent_kwargs
 from errors import InputError
-from recipes.ppo import check_recurrent_run
+from recipes.ppo import RECURRENT_SIZE, check_recurrent_run
 from training import (
     Callback,
     Learner,
@@ -155,7 +155,7 @@ class NetworkConfig(Options):
     """Give the policy memory (partially observed envs): an LSTM or GRU layer between the observation encoder and
     the MLP, shared with the critic, its state carried from step to step and reset at each episode's start; each
     update runs it over every env's steps of the batch from the state stored at their first."""
-    recurrent_size: int = 64
+    recurrent_size: int = RECURRENT_SIZE
     """Units of the --recurrent layer."""
 
 

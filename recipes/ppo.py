@@ -87,6 +87,7 @@ from training import (
 )
 
 PRESETS = Path(__file__).with_name("presets") / "ppo.toml"  # hyperparameters per env
+RECURRENT_SIZE = 64  # units of a --recurrent layer unless --recurrent-size says otherwise
 
 
 @dataclass
@@ -166,7 +167,7 @@ class NetworkConfig(Options):
     recurrent: Literal["lstm", "gru"] | None = None
     """Give the policy memory (partially observed envs): an LSTM or GRU layer between the observation encoder and
     the MLP, shared with the critic, its state carried from step to step and reset at each episode's start."""
-    recurrent_size: int = 64
+    recurrent_size: int = RECURRENT_SIZE
     """Units of the --recurrent layer."""
 
 
@@ -238,6 +239,7 @@ def check_recurrent_ppo_options(
     if network.recurrent is None:
         if optim.sequence_length is not None:
             raise InputError("--sequence-length is for recurrent policies; add --recurrent lstm or gru.")
+        check_recurrent_run(run, None, network.recurrent_size, network.use_sde)
         return
     if optim.sequence_length is not None:
         require_positive(sequence_length=optim.sequence_length)
@@ -254,8 +256,14 @@ def check_recurrent_ppo_options(
 
 
 def check_recurrent_run(run: RunConfig, recurrent: str | None, size: int, use_sde: bool) -> None:
-    """Raise :class:`InputError` for a --recurrent policy with options it does not combine with (PPO, A2C)."""
+    """Raise :class:`InputError` for a --recurrent policy with options it does not combine with, or for
+    --recurrent-size given without --recurrent, which would be ignored (PPO, A2C; a preset's size goes unused when
+    the user turns its --recurrent off)."""
     if recurrent is None:
+        if size != RECURRENT_SIZE and "recurrent_size" not in (run.preset_applied or {}).get("set", {}):
+            raise InputError(
+                f"--recurrent-size {size} only applies with --recurrent lstm or gru: add --recurrent or drop it."
+            )
         return
     check_recurrent_options(recurrent, size)
     for given, option in ((use_sde, "--use-sde"), (run.compile, "--compile")):

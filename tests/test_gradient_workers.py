@@ -483,6 +483,11 @@ def test_gradient_workers_need_ray_and_shares_that_split_evenly(output_dir):
             {"gradient_workers": 2, "collector_backend": "ray", "max_staleness": 2},
             "--max-staleness is for --async gradient workers",
         ),
+        ({"num_workers": 4}, "--num-workers 4 is for --collector-backend multiprocess or ray"),
+        (
+            {"gradient_workers": 2, "collector_backend": "ray", "num_workers": 4},
+            "--num-workers 4 does not apply with --gradient-workers",
+        ),
     ],
 )
 def test_ray_and_gradient_worker_options_the_run_would_not_use_are_refused(options, message, output_dir):

@@ -247,6 +247,7 @@ def test_ppo_and_a2c_train_and_evaluate_recurrent_policies(kind, tmp_path):
         ),
         ({"network.recurrent": "lstm", "network.recurrent_size": 0}, "--recurrent-size must be a positive"),
         ({"network.recurrent": "rnn"}, "--recurrent must be one of lstm, gru"),
+        ({"network.recurrent_size": 128}, "--recurrent-size 128 only applies with --recurrent lstm or gru"),
         ({"network.recurrent": "lstm", "run.compile": True}, "--recurrent does not combine with --compile"),
         (
             {"network.recurrent": "lstm", "run.collector_backend": "multiprocess"},
@@ -269,6 +270,10 @@ def test_rnd_ppo_and_a2c_refuse_what_they_cannot_do(output_dir):
     config = tiny_a2c(output_dir)
     config.network.recurrent, config.network.shared_network = "gru", True
     with pytest.raises(InputError, match="drop --shared-network"):
+        a2c.main(config)
+    config = tiny_a2c(output_dir)
+    config.network.recurrent_size = 32
+    with pytest.raises(InputError, match="--recurrent-size 32 only applies with --recurrent"):
         a2c.main(config)
 
 

@@ -218,7 +218,18 @@ class RunConfig(Options):
                 )
 
     def _refuse_unused_worker_options(self) -> None:
-        """Raise :class:`InputError` for Ray and gradient-worker options that the run would not use."""
+        """Raise :class:`InputError` for Ray, worker and gradient-worker options that the run would not use."""
+        if self.num_workers != RunConfig.num_workers:
+            if self.collector_backend == "single":
+                raise InputError(
+                    f"--num-workers {self.num_workers} is for --collector-backend multiprocess or ray: add one of "
+                    "them, or drop --num-workers."
+                )
+            if self.gradient_workers:
+                raise InputError(
+                    f"--num-workers {self.num_workers} does not apply with --gradient-workers: each gradient "
+                    "worker collects on its share of --num-envs itself; drop --num-workers."
+                )
         if self.ray_address is not None and self.collector_backend != "ray":
             raise InputError(
                 f"--ray-address {self.ray_address} is for Ray workers: add --collector-backend ray (worker "
