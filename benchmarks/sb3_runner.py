@@ -257,6 +257,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--eval-episodes", type=int, default=10)
     parser.add_argument("--output-dir", type=Path, required=True)
     args = parser.parse_args(argv)
+    if min(args.frames, args.eval_every, args.eval_episodes) < 1:
+        parser.error("--frames, --eval-every and --eval-episodes must be positive")
     name = " ".join([args.env, *args.env_kwargs])
     settings = ZOO_SETTINGS.get((args.algo, name))
     if settings is None:
@@ -331,7 +333,8 @@ def main(argv: list[str] | None = None) -> None:
                "best_eval_return_mean": max(row["return_mean"] for row in rows),
                "stable_baselines3": stable_baselines3.__version__}  # fmt: skip
     (args.output_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-    config = {"run": {"env_id": args.env, "env_kwargs": args.env_kwargs, "preset_applied": {"name": "RL Zoo (SB3)"}},
+    config = {"run": {"env_id": args.env, "env_kwargs": args.env_kwargs, "total_frames": args.frames,
+                      "preset_applied": {"name": "RL Zoo (SB3)"}},
               "settings": {key: list(value) if isinstance(value, tuple) else value for key, value in settings.items()}}  # fmt: skip
     (args.output_dir / "config.json").write_text(json.dumps(config, indent=2) + "\n")
 

@@ -6,8 +6,10 @@ published reference scores.
     python -m benchmarks.suite --report-only          # rebuild report.md and the plots from what is there
 
 Each run is ``python -m recipes.ALGO --env-id ENV --seed S`` (plus ``--total-frames N`` when given; the whole budget,
-no early stop), a separate process, ``--jobs`` at a time (default 2: one per core; each recipe uses one torch
-thread), or with ``--ray-address`` a task of one CPU on a Ray cluster, as many at a time as it has free CPUs.
+no early stop), a separate process, ``--jobs`` at a time (default 2: one per core), or with ``--ray-address`` a task
+of one CPU on a Ray cluster, as many at a time as it has free CPUs. Each run gets one torch thread when the runs fill
+the cores and always beside Stable-Baselines3's (which get one too); a run with cores to spare keeps its preset's
+threads, its share of the cores where the preset says all of them.
 Everything goes into one results folder (default ``benchmarks/results``):
 
     records/ALGO/ENV/seedS.json   a finished run's summary, evaluation curve and preset: what the report reads
@@ -23,9 +25,14 @@ Everything goes into one results folder (default ``benchmarks/results``):
 
 The suite is resumable: a finished run (its record) is not redone (a record whose preset has changed since is
 named, with the changes, in a warning and in report.md; delete it and its run folder to rerun it); a run stopped by
-the end of a session (SIGTERM or SIGINT to the suite, which passes it on) saved resume.ckpt and continues with
-``--resume``; runs write resume.ckpt every ``--checkpoint-every`` frames too, so even a killed run loses at most that
-much. Reference scores are ``benchmarks/references.csv`` (RL Zoo's benchmark.md, each row with its source); a score
+the end of a session (SIGTERM, SIGINT or SIGHUP to the suite, which passes it on) saved resume.ckpt, and the same
+suite command continues it from there; runs write resume.ckpt every ``--checkpoint-every`` frames too, so even a
+killed run loses at most that much. REINFORCE and VPG runs, which have no resume checkpoint, and Stable-Baselines3's
+start over. A record or a stopped run at another budget than the one asked for (``--frames``, or the preset's) is
+refused before anything runs: one folder holds one budget per (algorithm, env); give the other budgets their own
+``--results`` folder. A suite killed outright (SIGKILL) leaves its running runs to finish on their own (their
+folders locked meanwhile); a later suite command picks up their records. The suite exits with status 1 when a
+run failed (each named with its log's last error), and 128 + N after signal N stopped it. Reference scores are ``benchmarks/references.csv`` (RL Zoo's benchmark.md, each row with its source); a score
 is normalised as (score - random) / (reference - random), the random policy's return measured here once per env.
 """
 
@@ -33,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import functools
 import json
 import os
 import random
@@ -98,10 +106,48 @@ def recipe_config(algorithm: str, env: str) -> Any:
     return config
 
 
+@functools.cache
 def recipe_budget(algorithm: str, env: str) -> tuple[int, int, int]:
     """(total frames, eval every, eval episodes) of ``algorithm`` on ``env`` with its preset."""
     config = recipe_config(algorithm, env)
     return config.run.total_frames, config.run.eval_every, config.run.eval_episodes
+
+
+def requested_budget(job: Job, frames: int | None) -> int:
+    """The frames ``job`` runs for: ``--frames``, else its recipe's preset's (Stable-Baselines3 runs: the same)."""
+    return frames if frames is not None else recipe_budget(job.algorithm.removeprefix("sb3-"), job.env)[0]
+
+
+def record_budget(record: dict[str, Any]) -> int:
+    """The budget a record's run was given (its ``--total-frames``); a record without one: its frames."""
+    total = record.get("config", {}).get("run", {}).get("total_frames")
+    return total if isinstance(total, int) and not isinstance(total, bool) else record["summary"]["frames"]
+
+
+def budget_conflicts(jobs: list[Job], results: Path, frames: int | None) -> list[str]:
+    """One line for each job whose record, or stopped run, has another budget than the one asked for: its record
+    would stand for runs it is not (or its continuation would run to the old budget)."""
+    conflicts = []
+    for job in jobs:
+        asked = requested_budget(job, frames)
+        record = read_record(job.record(results), quiet=True)
+        saved = job.folder(results) / "config.json"
+        if record is not None:
+            had, where = record_budget(record), job.record(results)
+        elif (job.folder(results) / "resume.ckpt").exists() and saved.exists():
+            try:
+                had = json.loads(saved.read_text())["run"]["total_frames"]
+            except (OSError, ValueError, TypeError, KeyError):
+                continue  # the recipe's --resume names what is wrong with the run folder
+            where = job.folder(results)
+        else:
+            continue
+        if isinstance(had, int) and not isinstance(had, bool) and had != asked:
+            conflicts.append(
+                f"{job.algorithm} {job.env} seed {job.seed} has a budget of {had:,} frames in {where}, this suite "
+                f"asks for {asked:,}"
+            )
+    return conflicts
 
 
 # the options the suite gives each recipe run on its command line (``command``): no preset sets them there
@@ -115,14 +161,18 @@ def preset_changes(record: dict[str, Any]) -> list[str]:
     command line (a budget given with ``--frames``) is not a change."""
     if record["algorithm"].startswith("sb3-"):
         return []
+    try:
+        return _preset_changes(record)
+    # a recipe gone, a module that is no recipe, an env it refuses, a record of another shape
+    except (ImportError, KeyError, AttributeError, TypeError, ValueError, StopIteration) as error:
+        return [f"not comparable with today's preset ({type(error).__name__}: {str(error)[:200]})"]
+
+
+def _preset_changes(record: dict[str, Any]) -> list[str]:
     from training.presets import get_option, json_ready, option_paths
 
-    try:
-        config = recipe_config(record["algorithm"], record["env"])
-        then = record["config"]["run"].get("preset_applied") or {}
-    # a recipe gone, a record of another shape
-    except (ImportError, KeyError, AttributeError, TypeError) as error:
-        return [f"not comparable with today's preset ({type(error).__name__}: {error})"]
+    config = recipe_config(record["algorithm"], record["env"])
+    then = record["config"]["run"].get("preset_applied") or {}
     now = config.run.preset_applied
     changes = [f"preset: {then.get('name')} -> {now['name']}"] if then.get("name") != now["name"] else []
     defaults, paths = type(config)(), option_paths(config)  # the recipe's defaults: options no preset sets
@@ -192,9 +242,17 @@ def command(
 
 
 def completed(job: Job, results: Path) -> bool:
-    """Whether the run in ``job``'s folder spent its budget (a run stopped by a signal also writes summary.json)."""
+    """Whether the run in ``job``'s folder spent its budget (a run stopped by a signal also writes summary.json);
+    an unreadable summary.json is not a finished run (the run is continued or redone), with a warning."""
     path = job.folder(results) / "summary.json"
-    return path.exists() and json.loads(path.read_text()).get("interrupted_by") is None
+    if not path.exists():
+        return False
+    try:
+        summary = json.loads(path.read_text())
+        return isinstance(summary, dict) and summary.get("interrupted_by") is None
+    except (OSError, ValueError, RecursionError) as error:
+        print(f"warning: {path} cannot be read ({type(error).__name__}); the run is not counted as finished")
+        return False
 
 
 def finished(job: Job, results: Path) -> bool:
@@ -220,54 +278,108 @@ def write_record(job: Job, results: Path) -> None:
     path.write_text(json.dumps(record, indent=1) + "\n")
 
 
-class Runner:
-    """Runs the jobs' processes, ``jobs`` at a time; SIGINT/SIGTERM are passed on to them (they save and stop)."""
+def last_error(log: Path) -> str:
+    """The last ``error:`` line (or else the last line) of a run's log: why it failed, for the suite's summary."""
+    try:
+        lines = [line.strip() for line in log.read_text(errors="replace").splitlines() if line.strip()]
+    except OSError:
+        return "no log"
+    errors = [line for line in lines if line.lower().startswith("error")]
+    return (errors or lines or ["empty log"])[-1][:300]
 
-    def __init__(self, jobs: int):
+
+class Runner:
+    """Runs the jobs' processes, ``jobs`` at a time; SIGINT, SIGTERM and SIGHUP are passed on to them (they save and
+    stop), and no job starts after one of them arrived."""
+
+    def __init__(self, jobs: int, with_sb3: bool = False):
         self.jobs = jobs
+        self.with_sb3 = with_sb3
         self.processes: set[subprocess.Popen] = set()
-        self.stopping = False
+        self.stopping: int | None = None  # the signal that stops the suite
+        self.failures: list[tuple[Job, str]] = []  # (job, why), for the summary at the end
+        self.restarting: list[Job] = []  # stopped without a resume checkpoint: they start over
         self.lock = threading.Lock()
 
+    def threads(self, job: Job) -> int | None:
+        """Torch threads for ``job``'s run: one when the runs fill the cores or run beside SB3's (one thread
+        each), else the recipe's own, but no more than its share of the cores where its preset says all."""
+        share = max(1, (os.cpu_count() or 1) // self.jobs)
+        if share == 1 or self.with_sb3:
+            return 1
+        if job.algorithm.startswith("sb3-"):
+            return None  # SB3's runner sets its one thread itself
+        return share if recipe_config(job.algorithm, job.env).run.threads == 0 else None
+
     def run(self, job: Job, results: Path, frames: int | None, checkpoint_every: int) -> int:
-        if self.stopping:
+        if self.stopping is not None:
             return -1
         logs = results / "logs"
         logs.mkdir(parents=True, exist_ok=True)
         log_path = logs / f"{job.algorithm}-{job.slug}-seed{job.seed}.log"
-        fills_machine = self.jobs >= (os.cpu_count() or 1)
-        threads = 1 if fills_machine else None  # a core each when the runs fill the machine
-        arguments = command(job, results, frames, checkpoint_every, threads)
+        arguments = command(job, results, frames, checkpoint_every, self.threads(job))
+        resuming = "--resume" in arguments
         with open(log_path, "a") as log:
-            log.write("$ " + " ".join(arguments) + "\n")
-            log.flush()
-            process = subprocess.Popen(
-                arguments, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                env={**os.environ, "PYTHONWARNINGS": "ignore", "MUJOCO_GL": os.environ.get("MUJOCO_GL", "egl")},
-            )  # fmt: skip
-            with self.lock:
+            with self.lock:  # a stop that arrived while the command was built: nothing starts
+                if self.stopping is not None:
+                    return -1
+                log.write("$ " + " ".join(arguments) + "\n")
+                log.flush()
+                process = subprocess.Popen(
+                    arguments, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                    env={**os.environ, "PYTHONWARNINGS": "ignore", "MUJOCO_GL": os.environ.get("MUJOCO_GL", "egl")},
+                )  # fmt: skip
                 self.processes.add(process)
             status = process.wait()
             with self.lock:
                 self.processes.discard(process)
+        self.finish(job, results, status, log_path, resuming)
+        return status
+
+    def finish(self, job: Job, results: Path, status: int, log_path: Path, resuming: bool) -> None:
+        """Keep the record of a run that spent its budget; note a failure, or a stopped run that starts over."""
         if status == 0 and completed(job, results):
             write_record(job, results)
+        elif self.stopping is not None:
+            if not job.algorithm.startswith("sb3-") and not (job.folder(results) / "resume.ckpt").exists():
+                self.restarting.append(job)
+        elif status != 0:
+            why = f"exit {status}: {last_error(log_path)} (log: {log_path})"
+            if resuming:
+                why += (
+                    f"; it was continuing from {job.folder(results) / 'resume.ckpt'}: if that file is damaged, "
+                    "delete the run folder to start the run over"
+                )
+            self.failures.append((job, why))
         print(
             f"{job.algorithm} {job.env} seed {job.seed}: " + ("done" if status == 0 else f"exit {status}"),
             flush=True,
         )
-        return status
 
     def stop(self, number: int, frame: Any) -> None:
-        self.stopping = True
+        passed = (
+            signal.SIGTERM if number == signal.SIGHUP else number
+        )  # the recipes save on SIGINT and SIGTERM
         with self.lock:
+            self.stopping = number
             for process in self.processes:
-                process.send_signal(number)  # each run saves resume.ckpt and exits
-        print(f"stopping: {signal.Signals(number).name} passed on to {len(self.processes)} runs", flush=True)
+                process.send_signal(passed)  # each run saves resume.ckpt and exits
+            count = len(self.processes)
+        print(
+            f"stopping: {signal.Signals(number).name} passed on to {count} runs"
+            + (" (as SIGTERM)" if passed != number else ""),
+            flush=True,
+        )
+
+    def handle_signals(self) -> None:
+        """Stop on SIGINT, SIGTERM and SIGHUP, except those the suite was started ignoring (``nohup`` ignores
+        SIGHUP, a shell's background job SIGINT): a logout does not stop a suite started with nohup."""
+        for number in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            if signal.getsignal(number) is not signal.SIG_IGN:
+                signal.signal(number, self.stop)
 
     def run_all(self, jobs: list[Job], results: Path, frames: int | None, checkpoint_every: int) -> None:
-        signal.signal(signal.SIGINT, self.stop)
-        signal.signal(signal.SIGTERM, self.stop)
+        self.handle_signals()
         with ThreadPoolExecutor(self.jobs) as pool:
             list(pool.map(lambda job: self.run(job, results, frames, checkpoint_every), jobs))
 
@@ -304,12 +416,12 @@ class RayRunner(Runner):
     """Runs each job as a Ray task of one CPU on the cluster at ``address`` (``"local"``: a cluster of this
     machine's cores), as many at a time as the cluster has free CPUs. Away from this machine the project is shipped
     with the tasks (Ray's ``working_dir``; the nodes need the same Python packages), and the finished runs' files
-    come back here. SIGINT/SIGTERM cancel the tasks, which stop their runs."""
+    come back here. SIGINT, SIGTERM and SIGHUP cancel the tasks, which stop their runs."""
 
-    def __init__(self, address: str):
-        super().__init__(jobs=1)
+    def __init__(self, address: str, with_sb3: bool = False):
+        super().__init__(jobs=1, with_sb3=with_sb3)
         self.address = address
-        self.pending: dict[Any, Job] = {}
+        self.pending: dict[Any, tuple[Job, bool]] = {}  # task -> (job, whether it continues a stopped run)
 
     def run_all(self, jobs: list[Job], results: Path, frames: int | None, checkpoint_every: int) -> None:
         from ray.exceptions import RayError
@@ -320,27 +432,32 @@ class RayRunner(Runner):
         shipped = self.address != "local"
         options = {"runtime_env": {"working_dir": str(ROOT), "excludes": SHIPPED_EXCLUDES}} if shipped else {}
         task = ray.remote(num_cpus=1, max_retries=0)(run_on_worker).options(**options)
-        signal.signal(signal.SIGINT, self.stop)
-        signal.signal(signal.SIGTERM, self.stop)
+        self.handle_signals()
         for job in jobs:
             job.folder(results).parent.mkdir(parents=True, exist_ok=True)
             arguments = command(job, results, frames, checkpoint_every)
-            self.pending[task.remote(arguments, str(job.folder(results)), shipped)] = job
+            self.pending[task.remote(arguments, str(job.folder(results)), shipped)] = (
+                job,
+                "--resume" in arguments,
+            )
         while self.pending:
             [ready], _ = ray.wait(list(self.pending), num_returns=1)
-            job = self.pending.pop(ready)
+            job, resuming = self.pending.pop(ready)
             try:
                 result = ray.get(ready)
             except RayError as error:  # cancelled, or the worker died: the next suite run starts it again
                 print(f"{job.algorithm} {job.env} seed {job.seed}: {type(error).__name__}", flush=True)
+                if self.stopping is None:
+                    self.failures.append((job, f"{type(error).__name__}: {str(error).splitlines()[0][:200]}"))
                 continue
-            self.collect(job, results, result)
+            self.collect(job, results, result, resuming)
 
-    def collect(self, job: Job, results: Path, result: dict[str, Any]) -> None:
+    def collect(self, job: Job, results: Path, result: dict[str, Any], resuming: bool = False) -> None:
         """Keep a finished task's output and files, and its record when the run spent its budget."""
         logs = results / "logs"
         logs.mkdir(parents=True, exist_ok=True)
-        with open(logs / f"{job.algorithm}-{job.slug}-seed{job.seed}.log", "a") as log:
+        log_path = logs / f"{job.algorithm}-{job.slug}-seed{job.seed}.log"
+        with open(log_path, "a") as log:
             log.write(result["output"])
         folder = job.folder(results)
         if not result["shared"]:
@@ -348,37 +465,51 @@ class RayRunner(Runner):
             for name, text in result["files"].items():
                 if name in RUN_FILES:
                     (folder / name).write_text(text)
-        status = result["status"]
-        if status == 0 and completed(job, results):
-            write_record(job, results)
-        print(
-            f"{job.algorithm} {job.env} seed {job.seed}: " + ("done" if status == 0 else f"exit {status}"),
-            flush=True,
-        )
+        self.finish(job, results, result["status"], log_path, resuming)
 
     def stop(self, number: int, frame: Any) -> None:
         import ray
 
-        self.stopping = True
+        self.stopping = number
         for reference in list(self.pending):
             ray.cancel(reference)
         print(f"stopping: {len(self.pending)} Ray tasks cancelled", flush=True)
 
 
 # ---------------------------------------------------------------------------------------------------- the report
+RECORD_NAME = re.compile(r"seed(\d+)\.json")
+
+
 def read_runs(results: Path) -> list[dict[str, Any]]:
-    """The records of the finished runs (a damaged one is left out with a warning, see :func:`read_record`)."""
-    records = (read_record(path) for path in sorted((results / "records").glob("*/*/seed*.json")))
+    """The records of the finished runs: ``records/ALGO/ENV/seedS.json`` files only (a copy such as
+    ``seed1.old.json`` is not another seed); a damaged one is left out with a warning, see :func:`read_record`."""
+    paths = sorted((results / "records").glob("*/*/seed*.json"))
+    records = (read_record(path) for path in paths if RECORD_NAME.fullmatch(path.name))
     return [record for record in records if record is not None]
 
 
-def read_record(path: Path) -> dict[str, Any] | None:
-    """The record at ``path``, or None with a warning naming it when it is not one the suite wrote (damaged, edited
-    by hand, or from another program): the report goes on without it."""
+def read_record(path: Path, quiet: bool = False) -> dict[str, Any] | None:
+    """The record at ``path``, or None with a warning naming it (none when ``quiet``) when there is none or it is
+    not one the suite wrote (damaged, edited by hand, from another program, or moved from another run's place): the
+    report goes on without it."""
+    if quiet and not path.exists():
+        return None
     try:
         record = json.loads(path.read_text())
         _check_record(record)
+        job = Job(record["algorithm"], record["env"], record["seed"])
+        if (
+            path.parent.parent.name != job.algorithm
+            or path.parent.name != job.slug
+            or path.name != f"seed{job.seed}.json"
+        ):
+            raise ValueError(
+                f"it is the record of {job.algorithm} {job.env} seed {job.seed}, whose place is "
+                f"records/{job.algorithm}/{job.slug}/seed{job.seed}.json"
+            )
     except (OSError, ValueError, TypeError, KeyError, RecursionError) as error:
+        if quiet:
+            return None
         reason = f"{type(error).__name__}: {str(error).splitlines()[0][:200] if str(error) else 'no detail'}"
         print(
             f"warning: {path} is not a run record the suite can read ({reason}); left out of the report. Delete "
@@ -392,24 +523,32 @@ def read_record(path: Path) -> dict[str, Any] | None:
 def _check_record(record: Any) -> None:
     """Raise ValueError unless ``record`` has the fields, of the types, that the report reads."""
 
-    def number(value: Any) -> bool:
-        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    def number(value: Any) -> bool:  # finite, and far enough from float's end for sums and plots
+        return isinstance(value, (int, float)) and not isinstance(value, bool) and abs(value) < 1e300
 
-    summary, curve = record["summary"], record["curve"]
+    def count(value: Any) -> bool:
+        return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 1e300
+
+    summary, curve, config = record["summary"], record["curve"], record.get("config", {})
+    run = config.get("run", {}) if isinstance(config, dict) else None
+    preset = run.get("preset_applied") if isinstance(run, dict) else None
     if not (
         isinstance(record["algorithm"], str)
         and isinstance(record["env"], str)
-        and isinstance(record["seed"], int)
+        and record["env"].split()
+        and count(record["seed"])
         and isinstance(summary, dict)
-        and isinstance(summary["frames"], int)
+        and count(summary["frames"])
         and all(number(summary[key]) for key in ("seed", "eval_return_mean", "wall_time_s", "fps"))
         and isinstance(curve, list)
         and curve
         and all(isinstance(point, list) and len(point) == 2 and all(map(number, point)) for point in curve)
         and (record.get("preset") is None or isinstance(record["preset"], str))
-        and isinstance(record.get("config", {}), dict)
+        and isinstance(run, dict)
+        and (preset is None or isinstance(preset, dict) and isinstance(preset.get("set", {}), dict))
+        and (run.get("total_frames") is None or count(run["total_frames"]))
     ):
-        raise ValueError("fields missing or of the wrong type")
+        raise ValueError("fields missing, of the wrong type, or not finite")
 
 
 def read_references() -> dict[tuple[str, str], dict[str, str]]:
@@ -418,8 +557,9 @@ def read_references() -> dict[tuple[str, str], dict[str, str]]:
 
 
 def random_score(env: str, cache: Path, episodes: int = 10) -> float:
-    """Mean return of uniformly random actions over ``episodes`` seeded episodes (cached in ``cache``)."""
-    scores = json.loads(cache.read_text()) if cache.exists() else {}
+    """Mean return of uniformly random actions over ``episodes`` seeded episodes (cached in ``cache``; a cache that
+    cannot be read, or an entry that is no finite number, is measured again)."""
+    scores = read_random_scores(cache)
     if env not in scores:
         import gymnasium as gym
 
@@ -443,8 +583,34 @@ def random_score(env: str, cache: Path, episodes: int = 10) -> float:
             returns.append(total)
         instance.close()
         scores[env] = statistics.mean(returns)
-        cache.write_text(json.dumps(scores, indent=2) + "\n")
+        partial = cache.with_name(cache.name + ".partial")
+        partial.write_text(json.dumps(scores, indent=2) + "\n")
+        partial.replace(cache)  # whole or not at all
     return scores[env]
+
+
+def read_random_scores(cache: Path) -> dict[str, float]:
+    """The cached random scores that are finite numbers (the rest, or a damaged file, with a warning)."""
+    if not cache.exists():
+        return {}
+    try:
+        scores = json.loads(cache.read_text())
+    except (OSError, ValueError, RecursionError) as error:
+        print(
+            f"warning: {cache} cannot be read ({type(error).__name__}); the random scores are measured again"
+        )
+        return {}
+    if not isinstance(scores, dict):
+        print(f"warning: {cache} holds no table of scores; the random scores are measured again")
+        return {}
+    kept = {
+        env: score
+        for env, score in scores.items()
+        if isinstance(score, (int, float)) and not isinstance(score, bool) and abs(score) < 1e300
+    }
+    if len(kept) < len(scores):
+        print(f"warning: {cache}: {', '.join(sorted(set(scores) - set(kept)))} not a number; measured again")
+    return kept
 
 
 def interquartile_mean(values: list[float]) -> float:
@@ -468,19 +634,23 @@ def bootstrap_interval(
 
 
 def mean_std(values: list[float]) -> str:
+    """``mean ± standard deviation``; one value alone, without a spread it does not have."""
     if not values:
         return "-"
-    spread = statistics.stdev(values) if len(values) > 1 else 0.0
-    return f"{statistics.fmean(values):.1f} ± {spread:.1f}"
+    if len(values) == 1:
+        return f"{values[0]:.1f}"
+    return f"{statistics.fmean(values):.1f} ± {statistics.stdev(values):.1f}"
 
 
 def write_report(results: Path) -> Path:
     """report.md, summary.csv and the plots from the finished runs in ``results``."""
     runs = read_runs(results)
     references = read_references()
-    pairs: dict[tuple[str, str], list[dict]] = {}
+    rows: dict[
+        tuple[str, str, int], list[dict]
+    ] = {}  # a row per budget: runs of other budgets do not average
     for run in runs:
-        pairs.setdefault((run["algorithm"], run["env"]), []).append(run)
+        rows.setdefault((run["algorithm"], run["env"], record_budget(run)), []).append(run)
     with open(results / "summary.csv", "w", newline="") as file:
         writer = csv.writer(file)
         writer.writerow(["algorithm", "env", "seed", "preset", "frames", "final_return", "best_return", "wall_time_s",
@@ -504,7 +674,8 @@ def write_report(results: Path) -> Path:
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     normalised: dict[str, list[list[float]]] = {}
-    for (algorithm, env), group in sorted(pairs.items()):
+    left_out = []  # pairs with a reference that the aggregate cannot normalise
+    for (algorithm, env, _), group in sorted(rows.items()):
         frames = [run["summary"]["frames"] for run in group]
         final = [run["summary"]["eval_return_mean"] for run in group]
         best = [max(value for _, value in run["curve"]) for run in group]
@@ -520,6 +691,10 @@ def write_report(results: Path) -> Path:
             scale = float(reference["score"]) - floor
             if scale > 0:
                 normalised.setdefault(algorithm, []).append([(value - floor) / scale for value in final])
+            else:
+                left_out.append(
+                    f"{algorithm} on {env} (its random score {floor:.1f} is not below the reference)"
+                )
         else:
             reference_text, source = "-", "-"
         lines.append(
@@ -535,7 +710,8 @@ def write_report(results: Path) -> Path:
             lines.append(f"- {run['algorithm']} {run['env']} seed {run['seed']}: {'; '.join(changes)}")
     if normalised:
         lines += ["", "## Aggregate", "", "Interquartile mean of the final returns normalised as (score - random) /",
-                  "(reference - random), 95% stratified bootstrap interval over seeds (Agarwal et al. 2021):", "",
+                  "(reference - random), 95% stratified bootstrap interval over seeds (Agarwal et al. 2021); pairs",
+                  "without a reference score are not in it:", "",
                   "| algorithm | pairs | IQM | 95% interval |", "|---|---|---|---|"]  # fmt: skip
         for algorithm, groups in sorted(normalised.items()):
             flat = [value for group in groups for value in group]
@@ -543,15 +719,17 @@ def write_report(results: Path) -> Path:
             lines.append(
                 f"| {algorithm} | {len(groups)} | {interquartile_mean(flat):.2f} | [{low:.2f}, {high:.2f}] |"
             )
-    against = [(algorithm, env) for algorithm, env in sorted(pairs) if (f"sb3-{algorithm}", env) in pairs]
+    if left_out:
+        lines += ["", "Left out of the aggregate: " + "; ".join(left_out) + "."]
+    against = [key for key in sorted(rows) if (f"sb3-{key[0]}", *key[1:]) in rows]
     if against:
         lines += ["", "## Against Stable-Baselines3 at the same frames", "",
                   "Stable-Baselines3 with RL Zoo's settings (`--with-sb3`), the same seeds, frames and evaluations, in",
                   "the same suite run. Speed: SB3's wall-clock over ours (above 1: ours is faster).", "",
                   "| algorithm | env | seeds | frames | final (ours) | final (SB3) | wall-clock ours / SB3 (s) | speed |",
                   "|---|---|---|---|---|---|---|---|"]  # fmt: skip
-        for algorithm, env in against:
-            ours, theirs = pairs[(algorithm, env)], pairs[(f"sb3-{algorithm}", env)]
+        for algorithm, env, budget in against:
+            ours, theirs = rows[(algorithm, env, budget)], rows[(f"sb3-{algorithm}", env, budget)]
             ours_time = statistics.fmean(run["summary"]["wall_time_s"] for run in ours)
             sb3_time = statistics.fmean(run["summary"]["wall_time_s"] for run in theirs)
             lines.append(
@@ -560,29 +738,29 @@ def write_report(results: Path) -> Path:
                 f"{mean_std([r['summary']['eval_return_mean'] for r in theirs])} | "
                 f"{ours_time:.0f} / {sb3_time:.0f} | {sb3_time / ours_time:.2f}x |"
             )
-    plot(results, pairs, normalised)
-    lines += [
-        "",
-        "Plots: " + ", ".join(f"[{path.name}]({path.name})" for path in sorted(results.glob("*.png"))),
-    ]
+    written = plot(results, rows, normalised)
+    lines += ["", "Plots: " + ", ".join(f"[{name}]({name})" for name in sorted(written))]
     report = results / "report.md"
     report.write_text("\n".join(lines) + "\n")
     return report
 
 
 def plot(
-    results: Path, pairs: dict[tuple[str, str], list[dict]], normalised: dict[str, list[list[float]]]
-) -> None:
+    results: Path, rows: dict[tuple[str, str, int], list[dict]], normalised: dict[str, list[list[float]]]
+) -> list[str]:
+    """curves_ENV.png per env (a curve per algorithm and budget) and aggregate.png; returns their file names."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    for env in sorted({env for _, env in pairs}):
+    written = []
+    for env in sorted({env for _, env, _ in rows}):
         figure, axes = plt.subplots(figsize=(6, 4))
-        for (algorithm, pair_env), group in sorted(pairs.items()):
-            if pair_env != env:
+        for (algorithm, row_env, budget), group in sorted(rows.items()):
+            if row_env != env:
                 continue
+            budgets = sum(1 for other, other_env, _ in rows if (other, other_env) == (algorithm, env))
             frames = sorted({frame for run in group for frame, _ in run["curve"]})
             means, lows, highs = [], [], []
             for frame in frames:
@@ -591,14 +769,16 @@ def plot(
                 low, high = bootstrap_interval([values], statistics.fmean, samples=500)
                 lows.append(low)
                 highs.append(high)
-            axes.plot(frames, means, label=f"{algorithm} ({len(group)} seed{'s' if len(group) > 1 else ''})")
+            label = f"{algorithm} ({len(group)} seed{'s' if len(group) > 1 else ''}"
+            axes.plot(frames, means, label=label + (f", {budget:,} frames)" if budgets > 1 else ")"))
             axes.fill_between(frames, lows, highs, alpha=0.25)
         axes.set_xlabel("frames")
         axes.set_ylabel("evaluation return")
         axes.set_title(env)
         axes.legend()
         figure.tight_layout()
-        figure.savefig(results / f"curves_{re.sub(r'[^A-Za-z0-9_.=-]+', '_', env)}.png", dpi=100)
+        written.append(f"curves_{re.sub(r'[^A-Za-z0-9_.=-]+', '_', env)}.png")
+        figure.savefig(results / written[-1], dpi=100)
         plt.close(figure)
     if normalised:
         figure, axes = plt.subplots(figsize=(6, 1 + 0.5 * len(normalised)))
@@ -612,6 +792,8 @@ def plot(
         figure.tight_layout()
         figure.savefig(results / "aggregate.png", dpi=100)
         plt.close(figure)
+        written.append("aggregate.png")
+    return written
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -645,13 +827,30 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.frames is not None and args.frames <= 0 or args.jobs <= 0 or args.checkpoint_every <= 0:
         parser.error("--frames, --jobs and --checkpoint-every must be positive")
+    # the runs work in the project's root: a relative folder is the caller's, not the project's
+    args.results = args.results.resolve()
+    for name in ("algos", "envs", "seeds"):  # each run once, in the order given
+        setattr(args, name, list(dict.fromkeys(getattr(args, name))))
+    if args.report_only:
+        if not args.results.is_dir():
+            parser.error(f"--results {args.results} is no folder")
+    elif problem := check_request(args.algos, args.envs, args.seeds, args.with_sb3):
+        parser.error(problem)
     args.results.mkdir(parents=True, exist_ok=True)
+    status = 0
     if not args.report_only:
-        for algorithm in args.algos:
-            if not (ROOT / "recipes" / f"{algorithm}.py").exists():
-                parser.error(f"no recipe {algorithm!r} (recipes/{algorithm}.py)")
         jobs = make_jobs(args.algos, args.envs, args.seeds, args.with_sb3)
         pending = [job for job in jobs if not finished(job, args.results)]
+        if conflicts := budget_conflicts(jobs, args.results, args.frames):
+            print("error: one results folder holds one budget per (algorithm, env, seed):", file=sys.stderr)
+            for line in conflicts:
+                print(f"  {line}", file=sys.stderr)
+            print(
+                "Give another --results folder for the new budget, --frames for the old one, or delete those "
+                "records and run folders to run them again.",
+                file=sys.stderr,
+            )
+            raise SystemExit(2)
         for job in jobs:
             record = None if job in pending else read_record(job.record(args.results))
             if record is not None and (changes := preset_changes(record)):
@@ -664,10 +863,26 @@ def main(argv: list[str] | None = None) -> None:
             f"{len(jobs) - len(pending)} of {len(jobs)} runs already finished; {len(pending)} to run",
             flush=True,
         )
-        runner = RayRunner(args.ray_address) if args.ray_address else Runner(args.jobs)
+        runner = (
+            RayRunner(args.ray_address, args.with_sb3)
+            if args.ray_address
+            else Runner(args.jobs, args.with_sb3)
+        )
         runner.run_all(pending, args.results, args.frames, args.checkpoint_every)
-        if runner.stopping:
+        for job in runner.restarting:
+            print(
+                f"{job.algorithm} {job.env} seed {job.seed} has no resume checkpoint (REINFORCE and VPG write none): "
+                "it starts over next time",
+                flush=True,
+            )
+        if runner.stopping is not None:
             print("stopped; run the same command again to continue", flush=True)
+            status = 128 + runner.stopping
+        elif runner.failures:
+            print(f"{len(runner.failures)} of {len(pending)} runs failed:", flush=True)
+            for job, why in runner.failures:
+                print(f"  {job.algorithm} {job.env} seed {job.seed}: {why}", flush=True)
+            status = 1
     if not any((args.results / "records").glob("*/*/seed*.json")):
         print("no finished runs yet")
     elif args.report_only:
@@ -675,7 +890,47 @@ def main(argv: list[str] | None = None) -> None:
     else:
         # in a fresh process: the recipes and presets as they are now, not as they were when a long suite started
         report = [sys.executable, "-m", "benchmarks.suite", "--report-only", "--results", str(args.results)]
-        subprocess.run(report, cwd=ROOT, check=True)
+        status = status or subprocess.run(report, cwd=ROOT, check=False).returncode
+    if status:
+        raise SystemExit(status)
+
+
+def check_request(algorithms: list[str], envs: list[str], seeds: list[int], with_sb3: bool) -> str | None:
+    """What is wrong with the runs asked for, before any of them starts (None: nothing)."""
+    from training.config import parse_env_kwargs
+
+    if not algorithms or not envs:
+        return "give --algos and --envs (or --report-only to rebuild the report from the runs there)"
+    recipes = sorted(  # the training recipes: those with presets
+        path.stem
+        for path in (ROOT / "recipes" / "presets").glob("*.toml")
+        if (ROOT / "recipes" / f"{path.stem}.py").exists()
+    )
+    for algorithm in algorithms:
+        if algorithm not in recipes:
+            return f"no training recipe {algorithm!r}; the suite runs {', '.join(recipes)}"
+    for seed in seeds:
+        if not 0 <= seed < 2**32:
+            return f"--seeds must be in [0, 2**32), got {seed}"
+    places: dict[Path, str] = {}
+    for env in envs:
+        if not env.split():
+            return 'an empty --envs item: give env ids, with kwargs as "ID key=value"'
+        try:
+            parse_env_kwargs(env.split()[1:])
+        except ValueError as error:  # InputError
+            return f"--envs {env!r}: {error}"
+        place = Job(algorithms[0], env, 0).record(Path())
+        if places.setdefault(place, env) != env:
+            return f"--envs {places[place]!r} and {env!r} would share the records folder {place.parent}; spell one otherwise"
+    if with_sb3:
+        from benchmarks.sb3_runner import ZOO_SETTINGS
+
+        missing = [f"{algorithm} on {env}" for algorithm in algorithms for env in envs
+                   if (algorithm, " ".join(env.split())) not in ZOO_SETTINGS]  # fmt: skip
+        if missing:
+            return f"--with-sb3: no RL Zoo settings for {', '.join(missing)} in benchmarks/sb3_runner.py"
+    return None
 
 
 if __name__ == "__main__":

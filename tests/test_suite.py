@@ -4,9 +4,11 @@ reference scores."""
 import csv
 import json
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 
@@ -31,23 +33,138 @@ def test_commands_start_continue_or_replace_a_run(tmp_path):
     assert resumed[3:5] == ["--resume", str(folder)] and "--env-id" not in resumed
 
 
-def test_runs_side_by_side_get_one_thread_each_and_a_run_alone_its_recipes(monkeypatch, tmp_path):
-    commands = []
+class Recorded:
+    """A stand-in for subprocess.Popen: keeps the command lines and the signals sent, exits with ``status``."""
 
-    class Recorded:
-        def __init__(self, arguments, **kwargs):
-            commands.append(arguments)
-            self.returncode = 0
+    commands: ClassVar[list] = []
+    status = 0
 
-        def wait(self):
-            return 0
+    def __init__(self, arguments, **kwargs):
+        Recorded.commands.append(arguments)
+        self.signals = []
+        self.returncode = Recorded.status
 
+    def wait(self):
+        return Recorded.status
+
+    def send_signal(self, number):
+        self.signals.append(number)
+
+
+@pytest.fixture
+def recorded(monkeypatch):
+    suite.recipe_config("sac", "Hopper-v5")  # MuJoCo's imports start processes of their own: done before
+    Recorded.commands, Recorded.status = [], 0
     monkeypatch.setattr(suite.subprocess, "Popen", Recorded)
+    return Recorded
+
+
+def test_runs_get_one_thread_when_they_fill_the_cores_or_run_beside_sb3(recorded, monkeypatch, tmp_path):
+    def threads(jobs, with_sb3, job=None):
+        job = job or suite.Job("ppo", "ALE/Pong-v5", 0)
+        suite.Runner(jobs, with_sb3).run(job, tmp_path, 1_000, 1_000)
+        arguments = recorded.commands[-1]
+        return arguments[arguments.index("--threads") + 1] if "--threads" in arguments else None
+
     monkeypatch.setattr(suite.os, "cpu_count", lambda: 2)
-    job = suite.Job("ppo", "ALE/Pong-v5", 0)
-    for jobs in (2, 1):
-        suite.Runner(jobs).run(job, tmp_path, 1_000, 1_000)
-    assert commands[0][commands[0].index("--threads") + 1] == "1" and "--threads" not in commands[1]
+    assert threads(2, False) == "1" and threads(1, True) == "1"  # SB3's runs have one thread too
+    assert suite.recipe_config("ppo", "ALE/Pong-v5").run.threads == 0  # the preset: all cores
+    assert threads(1, False) == "2"  # a run alone: its share is every core
+    assert threads(1, False, suite.Job("ppo", "CartPole-v1", 0)) is None  # the preset's own (one)
+    monkeypatch.setattr(suite.os, "cpu_count", lambda: 16)
+    sac_hopper = suite.Job("sac", "Hopper-v5", 0)  # its preset says threads = 0: all cores
+    assert suite.recipe_config("sac", "Hopper-v5").run.threads == 0
+    assert threads(2, False, sac_hopper) == "8"  # its share, not all 16 for each of two runs
+    assert threads(2, False, suite.Job("ppo", "CartPole-v1", 0)) is None  # its preset's one thread
+
+
+def test_a_stop_reaches_every_run_and_starts_none_after_it(recorded, monkeypatch, tmp_path):
+    runner = suite.Runner(2)
+    job = suite.Job("ppo", "CartPole-v1", 0)
+    building = suite.command
+
+    def command_then_stop(*arguments):  # the stop arrives while the command line is built
+        line = building(*arguments)
+        runner.stop(signal.SIGINT, None)
+        return line
+
+    monkeypatch.setattr(suite, "command", command_then_stop)
+    assert runner.run(job, tmp_path, 1_000, 1_000) == -1 and recorded.commands == []
+    assert runner.run(job, tmp_path, 1_000, 1_000) == -1 and runner.stopping == signal.SIGINT
+    running = suite.Runner(2)
+    process = Recorded(["x"])
+    running.processes.add(process)
+    running.stop(signal.SIGHUP, None)  # a closed terminal: the runs get the SIGTERM they save on
+    assert process.signals == [signal.SIGTERM] and running.stopping == signal.SIGHUP
+    numbers = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+    handlers = {number: signal.getsignal(number) for number in numbers}
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)  # started under nohup
+    try:
+        running.handle_signals()
+        assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
+        assert signal.getsignal(signal.SIGTERM) == running.stop
+    finally:
+        for number, handler in handlers.items():
+            signal.signal(number, handler)
+
+
+def test_failed_and_stopped_runs_set_the_exit_status_and_say_why(tmp_path, capsys):
+    arguments = ["--algos", "ppo", "--envs", "NoSuchEnv-v0", "--seeds", "0", "--frames", "512",
+                 "--results", str(tmp_path), "--jobs", "1"]  # fmt: skip
+    with pytest.raises(SystemExit) as stopped:
+        suite.main(arguments)
+    output = capsys.readouterr().out
+    assert stopped.value.code == 1 and "1 of 1 runs failed:" in output
+    log = tmp_path / "logs" / "ppo-NoSuchEnv-v0-seed0.log"
+    assert (
+        "ppo NoSuchEnv-v0 seed 0: exit 2: error: " in output
+        and "NoSuchEnv-v0" in output
+        and str(log) in output
+    )
+    runner = suite.Runner(1)
+    runner.stopping = signal.SIGTERM
+    runner.finish(suite.Job("reinforce", "CartPole-v1", 0), tmp_path, 143, log, resuming=False)
+    assert [job.algorithm for job in runner.restarting] == ["reinforce"] and not runner.failures
+    runner = suite.Runner(1)
+    (tmp_path / "runs" / "ppo" / "CartPole-v1" / "seed0").mkdir(parents=True)
+    runner.finish(suite.Job("ppo", "CartPole-v1", 0), tmp_path, 2, log, resuming=True)
+    assert "if that file is damaged, delete the run folder to start the run over" in runner.failures[0][1]
+
+
+@pytest.mark.parametrize(
+    "arguments,message",
+    [
+        (["--algos", "ppo"], "give --algos and --envs"),
+        (
+            ["--algos", "evaluate", "--envs", "CartPole-v1"],
+            "no training recipe 'evaluate'; the suite runs a2c",
+        ),
+        (["--algos", "ppo", "--envs", "CartPole-v1", "--seeds", "-1"], "--seeds must be in [0, 2**32)"),
+        (["--algos", "ppo", "--envs", "CartPole-v1 gravity"], "--envs 'CartPole-v1 gravity': "),
+        (["--algos", "ppo", "--envs", " "], "an empty --envs item"),
+        (
+            ["--algos", "ppo", "--envs", "Pendulum-v1 g=+9", "Pendulum-v1 g=,9"],
+            "would share the records folder",
+        ),
+        (
+            ["--algos", "sac", "--envs", "Pendulum-v1", "--with-sb3"],
+            "no RL Zoo settings for sac on Pendulum-v1",
+        ),
+    ],
+)
+def test_what_cannot_run_is_refused_before_any_run_starts(arguments, message, tmp_path, capsys):
+    with pytest.raises(SystemExit) as refused:
+        suite.main([*arguments, "--results", str(tmp_path / "results")])
+    assert refused.value.code == 2 and message in capsys.readouterr().err
+    assert not (tmp_path / "results" / "runs").exists()
+
+
+def test_a_relative_results_folder_is_the_callers(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit):
+        suite.main(["--report-only", "--results", "nowhere"])  # a typo: no new folder
+    assert f"--results {tmp_path / 'nowhere'} is no folder" in capsys.readouterr().err
+    assert not (tmp_path / "nowhere").exists()
 
 
 def test_a_stopped_run_is_not_finished_and_sb3_runs_at_the_recipes_budget(tmp_path):
@@ -104,6 +221,24 @@ def test_suite_runs_each_seed_once_and_reports(tmp_path, capsys):
         == record["config"]["run"]["output_dir"]
         == "runs/ppo/CartPole-v1/seed1"
     )
+    preset_budget = [
+        "--algos",
+        "ppo",
+        "--envs",
+        "CartPole-v1",
+        "--seeds",
+        "0",
+        "2",
+        "--results",
+        str(tmp_path),
+    ]
+    for other in ([*arguments, "--frames", "1024"], preset_budget):  # another budget; the preset's is 100k
+        with pytest.raises(SystemExit) as refused:
+            suite.main(other)
+        error = capsys.readouterr().err
+        assert refused.value.code == 2 and "ppo CartPole-v1 seed 0 has a budget of 512 frames in " in error
+    assert "asks for 1,024" in suite.budget_conflicts([suite.Job("ppo", "CartPole-v1", 1)], tmp_path, 1024)[0]
+    assert not (tmp_path / "runs" / "ppo" / "CartPole-v1" / "seed2").exists()  # nothing ran
     shutil.rmtree(tmp_path / "runs")  # a new checkout: the records, kept in the repository, are what counts
     suite.main(arguments)  # nothing left to do; --frames is not a preset change
     output = capsys.readouterr().out
@@ -126,6 +261,7 @@ def test_suite_runs_each_seed_once_and_reports(tmp_path, capsys):
 
 
 def test_report_only_without_runs(tmp_path, capsys):
+    (tmp_path / "empty").mkdir()
     suite.main(["--report-only", "--results", str(tmp_path / "empty")])
     assert "no finished runs yet" in capsys.readouterr().out
     assert not Path(tmp_path / "empty" / "report.md").exists()
@@ -245,3 +381,72 @@ def test_damaged_records_are_left_out_of_the_report_with_a_warning(tmp_path, cap
             in output
         )
     assert "| ppo |" not in (tmp_path / "report.md").read_text()
+
+
+def test_a_stopped_run_at_another_budget_is_not_continued_to_the_old_one(tmp_path):
+    job = suite.Job("ppo", "CartPole-v1", 0)
+    folder = job.folder(tmp_path)
+    folder.mkdir(parents=True)
+    (folder / "resume.ckpt").write_bytes(b"")
+    (folder / "config.json").write_text(json.dumps({"run": {"total_frames": 60_000}}))
+    assert suite.budget_conflicts([job], tmp_path, 60_000) == []
+    [conflict] = suite.budget_conflicts([job], tmp_path, 12_000)
+    assert (
+        conflict
+        == f"ppo CartPole-v1 seed 0 has a budget of 60,000 frames in {folder}, this suite asks for 12,000"
+    )
+
+
+def test_records_that_are_not_finite_misplaced_or_copies_stay_out_of_the_report(tmp_path, capsys):
+    def record(algorithm, env, seed, final, **config_run):
+        return {"algorithm": algorithm, "env": env, "seed": seed, "preset": None, "curve": [[1000, final]],
+                "summary": {"frames": 1000, "seed": seed, "eval_return_mean": final, "wall_time_s": 1.0, "fps": 1000.0},
+                "config": {"run": {"total_frames": 1000, **config_run}}}  # fmt: skip
+
+    folder = tmp_path / "records" / "ppo" / "CartPole-v1"
+    folder.mkdir(parents=True)
+    (folder / "seed0.json").write_text(json.dumps(record("ppo", "CartPole-v1", 0, 100.0)))
+    (folder / "seed0.old.json").write_text(json.dumps(record("ppo", "CartPole-v1", 0, 300.0)))  # a copy
+    (folder / "seed1.json").write_text(json.dumps(record("ppo", "CartPole-v1", 1, float("nan"))))
+    (folder / "seed2.json").write_text(json.dumps(record("ppo", "Pendulum-v1", 2, -200.0)))  # moved
+    (folder / "seed3.json").write_text(json.dumps(record("ppo", "CartPole-v1", 3, 10**400)))
+    (folder / "seed4.json").write_text(json.dumps(record("ppo", "CartPole-v1", 4, 1.0, preset_applied=[1])))
+    (tmp_path / "random_scores.json").write_text('{"CartPole-v1": NaN')  # cut short
+    suite.main(["--report-only", "--results", str(tmp_path)])
+    output = capsys.readouterr().out
+    for seed in (1, 3, 4):
+        assert (
+            f"{folder / f'seed{seed}.json'} is not a run record the suite can read (ValueError: fields"
+            in output
+        )
+    assert "whose place is records/ppo/Pendulum-v1/seed2.json" in output
+    assert (
+        "random_scores.json cannot be read (JSONDecodeError); the random scores are measured again" in output
+    )
+    report = (tmp_path / "report.md").read_text()
+    assert "| ppo | CartPole-v1 | 1 | 1,000 | 100.0 | 100.0 |" in report and "Pendulum" not in report
+    assert json.loads((tmp_path / "random_scores.json").read_text())["CartPole-v1"] > 0  # measured again
+    assert "Plots: [aggregate.png](aggregate.png), [curves_CartPole-v1.png](curves_CartPole-v1.png)" in report
+    (folder / "seed0.json").unlink()  # no run left: no plots listed from before
+    suite.main(["--report-only", "--results", str(tmp_path)])
+    assert "no finished runs yet" not in capsys.readouterr().out
+    assert "Plots: \n" in (tmp_path / "report.md").read_text() + "\n"
+
+
+def test_a_run_summary_that_cannot_be_read_is_not_a_finished_run(tmp_path, capsys):
+    job = suite.Job("ppo", "CartPole-v1", 0)
+    job.folder(tmp_path).mkdir(parents=True)
+    (job.folder(tmp_path) / "summary.json").write_text('{"frames": ')
+    assert not suite.finished(job, tmp_path)
+    assert "summary.json cannot be read (JSONDecodeError)" in capsys.readouterr().out
+
+
+def test_sb3_runner_refuses_budgets_below_one(capsys):
+    from benchmarks import sb3_runner
+
+    for option in ("--frames", "--eval-every", "--eval-episodes"):
+        arguments = {"--frames": "10", "--eval-every": "10", "--eval-episodes": "1", option: "0"}
+        with pytest.raises(SystemExit):
+            sb3_runner.main(["--algo", "ppo", "--env", "CartPole-v1", "--output-dir", "x",
+                             *[item for pair in arguments.items() for item in pair]])  # fmt: skip
+        assert "must be positive" in capsys.readouterr().err
