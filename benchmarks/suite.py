@@ -29,8 +29,8 @@ the end of a session (SIGTERM, SIGINT or SIGHUP to the suite, which passes it on
 suite command continues it from there; runs write resume.ckpt every ``--checkpoint-every`` frames too, so even a
 killed run loses at most that much. REINFORCE and VPG runs, which have no resume checkpoint, and Stable-Baselines3's
 start over. A record or a stopped run at another budget than the one asked for (``--frames``, or the preset's) is
-refused before anything runs: one folder holds one budget per (algorithm, env); give the other budgets their own
-``--results`` folder. A suite killed outright (SIGKILL) leaves its running runs to finish on their own (their
+refused before anything runs: one folder holds one budget per (algorithm, env, seed); give the other budgets
+their own ``--results`` folder. A suite killed outright (SIGKILL) leaves its running runs to finish on their own (their
 folders locked meanwhile); a later suite command picks up their records. The suite exits with status 1 when a
 run failed (each named with its log's last error), and 128 + N after signal N stopped it. Reference scores are ``benchmarks/references.csv`` (RL Zoo's benchmark.md, each row with its source); a score
 is normalised as (score - random) / (reference - random), the random policy's return measured here once per env.
@@ -118,10 +118,17 @@ def requested_budget(job: Job, frames: int | None) -> int:
     return frames if frames is not None else recipe_budget(job.algorithm.removeprefix("sb3-"), job.env)[0]
 
 
-def record_budget(record: dict[str, Any]) -> int:
-    """The budget a record's run was given (its ``--total-frames``); a record without one: its frames."""
+def record_budget(record: dict[str, Any], results: Path | None = None) -> int | None:
+    """The budget a record's run was given (its ``--total-frames``). Stable-Baselines3's records from before they
+    kept it (in ``results``) have their recipe run's: the suite gives both the same; else None (unknown)."""
     total = record.get("config", {}).get("run", {}).get("total_frames")
-    return total if isinstance(total, int) and not isinstance(total, bool) else record["summary"]["frames"]
+    if isinstance(total, int) and not isinstance(total, bool):
+        return total
+    if results is not None and record["algorithm"].startswith("sb3-"):
+        paired = Job(record["algorithm"].removeprefix("sb3-"), record["env"], record["seed"])
+        recipe_record = read_record(paired.record(results), quiet=True)
+        return None if recipe_record is None else record_budget(recipe_record)
+    return None
 
 
 def budget_conflicts(jobs: list[Job], results: Path, frames: int | None) -> list[str]:
@@ -133,7 +140,7 @@ def budget_conflicts(jobs: list[Job], results: Path, frames: int | None) -> list
         record = read_record(job.record(results), quiet=True)
         saved = job.folder(results) / "config.json"
         if record is not None:
-            had, where = record_budget(record), job.record(results)
+            had, where = record_budget(record, results), job.record(results)
         elif (job.folder(results) / "resume.ckpt").exists() and saved.exists():
             try:
                 had = json.loads(saved.read_text())["run"]["total_frames"]
@@ -279,11 +286,14 @@ def write_record(job: Job, results: Path) -> None:
 
 
 def last_error(log: Path) -> str:
-    """The last ``error:`` line (or else the last line) of a run's log: why it failed, for the suite's summary."""
+    """The last ``error:`` line (or else the last line) of the latest attempt in a run's log (the lines after its
+    last ``$ command`` line): why it failed, for the suite's summary."""
     try:
         lines = [line.strip() for line in log.read_text(errors="replace").splitlines() if line.strip()]
     except OSError:
         return "no log"
+    starts = [index for index, line in enumerate(lines) if line.startswith("$ ")]
+    lines = lines[starts[-1] + 1 :] if starts else lines
     errors = [line for line in lines if line.lower().startswith("error")]
     return (errors or lines or ["empty log"])[-1][:300]
 
@@ -299,7 +309,9 @@ class Runner:
         self.stopping: int | None = None  # the signal that stops the suite
         self.failures: list[tuple[Job, str]] = []  # (job, why), for the summary at the end
         self.restarting: list[Job] = []  # stopped without a resume checkpoint: they start over
-        self.lock = threading.Lock()
+        self.lock = (
+            threading.RLock()
+        )  # re-entrant: the Ray runner's signal handler runs in the thread that holds it
 
     def threads(self, job: Job) -> int | None:
         """Torch threads for ``job``'s run: one when the runs fill the cores or run beside SB3's (one thread
@@ -344,8 +356,11 @@ class Runner:
             if not job.algorithm.startswith("sb3-") and not (job.folder(results) / "resume.ckpt").exists():
                 self.restarting.append(job)
         elif status != 0:
-            why = f"exit {status}: {last_error(log_path)} (log: {log_path})"
-            if resuming:
+            error = last_error(log_path)
+            why = f"exit {status}: {error} (log: {log_path})"
+            if "Another run is writing into" in error:  # a run left going by a suite killed earlier
+                why += "; that run is still going: run the suite again once it has ended"
+            elif resuming:
                 why += (
                     f"; it was continuing from {job.folder(results) / 'resume.ckpt'}: if that file is damaged, "
                     "delete the run folder to start the run over"
@@ -436,10 +451,13 @@ class RayRunner(Runner):
         for job in jobs:
             job.folder(results).parent.mkdir(parents=True, exist_ok=True)
             arguments = command(job, results, frames, checkpoint_every)
-            self.pending[task.remote(arguments, str(job.folder(results)), shipped)] = (
-                job,
-                "--resume" in arguments,
-            )
+            with self.lock:  # a stop cancels what was submitted; nothing is submitted after it
+                if self.stopping is not None:
+                    break
+                reference = task.remote(arguments, str(job.folder(results)), shipped)
+                self.pending[reference] = (job, "--resume" in arguments)
+                if self.stopping is not None:  # the stop arrived during the submission
+                    ray.cancel(reference)
         while self.pending:
             [ready], _ = ray.wait(list(self.pending), num_returns=1)
             job, resuming = self.pending.pop(ready)
@@ -470,9 +488,10 @@ class RayRunner(Runner):
     def stop(self, number: int, frame: Any) -> None:
         import ray
 
-        self.stopping = number
-        for reference in list(self.pending):
-            ray.cancel(reference)
+        with self.lock:
+            self.stopping = number
+            for reference in list(self.pending):
+                ray.cancel(reference)
         print(f"stopping: {len(self.pending)} Ray tasks cancelled", flush=True)
 
 
@@ -650,7 +669,8 @@ def write_report(results: Path) -> Path:
         tuple[str, str, int], list[dict]
     ] = {}  # a row per budget: runs of other budgets do not average
     for run in runs:
-        rows.setdefault((run["algorithm"], run["env"], record_budget(run)), []).append(run)
+        budget = record_budget(run, results)  # unknown: the frames it ran
+        rows.setdefault((run["algorithm"], run["env"], budget or run["summary"]["frames"]), []).append(run)
     with open(results / "summary.csv", "w", newline="") as file:
         writer = csv.writer(file)
         writer.writerow(["algorithm", "env", "seed", "preset", "frames", "final_return", "best_return", "wall_time_s",
@@ -675,6 +695,7 @@ def write_report(results: Path) -> Path:
     ]
     normalised: dict[str, list[list[float]]] = {}
     left_out = []  # pairs with a reference that the aggregate cannot normalise
+    scores: dict[tuple[str, str], list[float]] = {}  # (algorithm, env) -> normalised final returns
     for (algorithm, env, _), group in sorted(rows.items()):
         frames = [run["summary"]["frames"] for run in group]
         final = [run["summary"]["eval_return_mean"] for run in group]
@@ -689,8 +710,8 @@ def write_report(results: Path) -> Path:
             source = reference["source"]
             floor = random_score(env, results / "random_scores.json")
             scale = float(reference["score"]) - floor
-            if scale > 0:
-                normalised.setdefault(algorithm, []).append([(value - floor) / scale for value in final])
+            if scale > 0:  # rows come in ascending budgets: a pair's largest budget stands for it
+                scores[(algorithm, env)] = [(value - floor) / scale for value in final]
             else:
                 left_out.append(
                     f"{algorithm} on {env} (its random score {floor:.1f} is not below the reference)"
@@ -708,10 +729,12 @@ def write_report(results: Path) -> Path:
                   "and its run folder to run it again):", ""]  # fmt: skip
         for run, changes in stale:
             lines.append(f"- {run['algorithm']} {run['env']} seed {run['seed']}: {'; '.join(changes)}")
+    for (algorithm, _), values in sorted(scores.items()):
+        normalised.setdefault(algorithm, []).append(values)
     if normalised:
         lines += ["", "## Aggregate", "", "Interquartile mean of the final returns normalised as (score - random) /",
                   "(reference - random), 95% stratified bootstrap interval over seeds (Agarwal et al. 2021); pairs",
-                  "without a reference score are not in it:", "",
+                  "without a reference score are not in it, a pair run at several budgets is in it at its largest:", "",
                   "| algorithm | pairs | IQM | 95% interval |", "|---|---|---|---|"]  # fmt: skip
         for algorithm, groups in sorted(normalised.items()):
             flat = [value for group in groups for value in group]
@@ -875,14 +898,14 @@ def main(argv: list[str] | None = None) -> None:
                 "it starts over next time",
                 flush=True,
             )
-        if runner.stopping is not None:
-            print("stopped; run the same command again to continue", flush=True)
-            status = 128 + runner.stopping
-        elif runner.failures:
+        if runner.failures:
             print(f"{len(runner.failures)} of {len(pending)} runs failed:", flush=True)
             for job, why in runner.failures:
                 print(f"  {job.algorithm} {job.env} seed {job.seed}: {why}", flush=True)
             status = 1
+        if runner.stopping is not None:
+            print("stopped; run the same command again to continue", flush=True)
+            status = 128 + runner.stopping
     if not any((args.results / "records").glob("*/*/seed*.json")):
         print("no finished runs yet")
     elif args.report_only:

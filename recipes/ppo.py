@@ -260,7 +260,8 @@ def check_recurrent_run(run: RunConfig, recurrent: str | None, size: int, use_sd
     --recurrent-size given without --recurrent, which would be ignored (PPO, A2C; a preset's size goes unused when
     the user turns its --recurrent off)."""
     if recurrent is None:
-        if size != RECURRENT_SIZE and "recurrent_size" not in (run.preset_applied or {}).get("set", {}):
+        preset = (run.preset_applied or {}).get("set", {})
+        if size != RECURRENT_SIZE and "recurrent_size" not in preset and run.resume is None:
             raise InputError(
                 f"--recurrent-size {size} only applies with --recurrent lstm or gru: add --recurrent or drop it."
             )

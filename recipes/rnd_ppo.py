@@ -60,7 +60,14 @@ from agents.networks import action_mask_kwargs, box_policy_kwargs, check_mlp_opt
 from agents.options import Options, defaults
 from agents.rnd import INTRINSIC_REWARD_KEY, normalizes_observations
 from errors import InputError
-from recipes.ppo import CollectorConfig, LossConfig, NetworkConfig, OptimConfig, check_ppo_options
+from recipes.ppo import (
+    RECURRENT_SIZE,
+    CollectorConfig,
+    LossConfig,
+    NetworkConfig,
+    OptimConfig,
+    check_ppo_options,
+)
 from training import (
     Callback,
     EpochMinibatches,
@@ -140,6 +147,7 @@ class RNDPPOConfig(Options):
             "--critic-lr": self.optim.critic_lr is not None,
             "--recurrent": self.network.recurrent is not None,
             "--sequence-length": self.optim.sequence_length is not None,
+            "--recurrent-size": self.network.recurrent_size != RECURRENT_SIZE,
         }
         for option, given in unsupported.items():
             if given:

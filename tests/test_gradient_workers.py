@@ -494,6 +494,8 @@ def test_ray_and_gradient_worker_options_the_run_would_not_use_are_refused(optio
     with pytest.raises(InputError, match=message):
         ppo.main(small_ppo(output_dir, **options))
     assert not output_dir.exists() or not any(output_dir.iterdir())
+    if "num_workers" in options:  # a run saved before the refusal keeps its options
+        small_ppo(output_dir, resume=output_dir, **options).run.validate()
 
 
 @ray_group

@@ -224,6 +224,7 @@ def test_rnd_ppo_rejects_bad_options(output_dir):
             8,
             "--sequence-length is a PPO option that recipes.rnd_ppo does not support",
         ),
+        ("network", "recurrent_size", 32, "--recurrent-size is a PPO option that recipes.rnd_ppo does not"),
     ]:
         config = tiny_rnd_ppo(output_dir)
         setattr(getattr(config, section), name, value)

@@ -450,3 +450,97 @@ def test_sb3_runner_refuses_budgets_below_one(capsys):
             sb3_runner.main(["--algo", "ppo", "--env", "CartPole-v1", "--output-dir", "x",
                              *[item for pair in arguments.items() for item in pair]])  # fmt: skip
         assert "must be positive" in capsys.readouterr().err
+
+
+def test_a_stop_on_a_ray_cluster_cancels_what_was_submitted_and_submits_nothing_more(tmp_path, monkeypatch):
+    pytest.importorskip("ray")
+    import types
+
+    import ray
+
+    import training.distributed
+
+    runner = suite.RayRunner("local")
+    submitted, cancelled = [], []
+
+    class Task:
+        def options(self, **options):
+            return self
+
+        def remote(self, arguments, folder, shipped):
+            submitted.append(len(submitted))
+            if (
+                len(submitted) == 1
+            ):  # SIGTERM while the suite hands out tasks (in this thread, as a handler runs)
+                runner.stop(signal.SIGTERM, None)
+            return submitted[-1]
+
+    cluster = types.SimpleNamespace(
+        remote=lambda **options: lambda function: Task(),
+        wait=lambda references, num_returns: ([references[0]], references[1:]),
+        get=lambda reference: {"status": -15, "output": "", "files": {}, "shared": True},
+        cancel=cancelled.append,
+    )
+    monkeypatch.setattr(training.distributed, "init_ray", lambda address, workers: cluster)
+    monkeypatch.setattr(ray, "cancel", cancelled.append)
+    numbers = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+    handlers = {number: signal.getsignal(number) for number in numbers}
+    try:
+        runner.run_all([suite.Job("ppo", "CartPole-v1", seed) for seed in range(4)], tmp_path, 1_000, 1_000)
+    finally:
+        for number, handler in handlers.items():
+            signal.signal(number, handler)
+    assert submitted == [0] and cancelled == [0] and runner.stopping == signal.SIGTERM
+
+
+def test_old_sb3_records_have_their_recipe_runs_budget(tmp_path, capsys):
+    def record(algorithm, seed, frames, **run):
+        return {"algorithm": algorithm, "env": "CartPole-v1", "seed": seed, "preset": None,
+                "curve": [[frames, 500.0]], "config": {"run": run},
+                "summary": {"frames": frames, "seed": seed, "eval_return_mean": 500.0, "wall_time_s": 10.0,
+                            "fps": 100.0}}  # fmt: skip
+
+    for algorithm, run in (("ppo", {"total_frames": 1_000}), ("sb3-ppo", {})):  # SB3's before it kept one
+        folder = tmp_path / "records" / algorithm / "CartPole-v1"
+        folder.mkdir(parents=True)
+        (folder / "seed0.json").write_text(json.dumps(record(algorithm, 0, 1_024, **run)))
+    jobs = suite.make_jobs(["ppo"], ["CartPole-v1"], [0], with_sb3=True)
+    assert suite.budget_conflicts(jobs, tmp_path, 1_000) == []  # 1,024 frames: one rollout past its 1,000
+    assert (
+        "sb3-ppo CartPole-v1 seed 0 has a budget of 1,000 frames"
+        in suite.budget_conflicts(jobs, tmp_path, 2_000)[1]
+    )
+    suite.main(["--report-only", "--results", str(tmp_path)])
+    report = (tmp_path / "report.md").read_text()
+    assert (
+        "| ppo | CartPole-v1 | 1 / 1 | 1,024 | 500.0 | 500.0 | 10 / 10 | 1.00x |" in report
+    )  # paired with SB3
+
+
+def test_a_failed_runs_reason_is_its_latest_attempts_error(tmp_path):
+    log = tmp_path / "run.log"
+    log.write_text(
+        "$ python -m recipes.ppo\nerror: --env-kwargs bad\n$ python -m recipes.ppo\nTraceback\nOSError: x\n"
+    )
+    assert suite.last_error(log) == "OSError: x"
+    log.write_text(
+        "$ python -m recipes.ppo --resume runs/x\nerror: Another run is writing into runs/x right now\n"
+    )
+    runner = suite.Runner(1)
+    runner.finish(suite.Job("ppo", "CartPole-v1", 0), tmp_path, 2, log, resuming=True)
+    [(_, why)] = runner.failures
+    assert "that run is still going" in why and "delete" not in why  # no advice to delete a live run's folder
+
+
+def test_failures_are_named_when_a_signal_stopped_the_suite_too(tmp_path, monkeypatch, capsys):
+    def run_all(self, jobs, results, frames, checkpoint_every):
+        self.failures.append((jobs[0], "exit 2: error: no such env (log: x.log)"))
+        self.stopping = signal.SIGTERM
+
+    monkeypatch.setattr(suite.Runner, "run_all", run_all)
+    with pytest.raises(SystemExit) as stopped:
+        suite.main(["--algos", "ppo", "--envs", "CartPole-v1", "--seeds", "0", "--frames", "512",
+                    "--results", str(tmp_path)])  # fmt: skip
+    output = capsys.readouterr().out
+    assert stopped.value.code == 128 + signal.SIGTERM and "stopped; run the same command again" in output
+    assert "1 of 1 runs failed:\n  ppo CartPole-v1 seed 0: exit 2: error: no such env (log: x.log)" in output

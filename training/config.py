@@ -219,7 +219,7 @@ class RunConfig(Options):
 
     def _refuse_unused_worker_options(self) -> None:
         """Raise :class:`InputError` for Ray, worker and gradient-worker options that the run would not use."""
-        if self.num_workers != RunConfig.num_workers:
+        if self.num_workers != RunConfig.num_workers and self.resume is None:  # a saved run keeps its options
             if self.collector_backend == "single":
                 raise InputError(
                     f"--num-workers {self.num_workers} is for --collector-backend multiprocess or ray: add one of "
