@@ -68,8 +68,12 @@ class DeterministicPolicy(nn.Module):
         self.output_names = ["action", *(f"next_{key}" for key in self.state_keys)]
         action_space = self.action_space
         if isinstance(action_space, gym.spaces.Box):
-            self.register_buffer("low", torch.as_tensor(action_space.low, dtype=torch.float32))
-            self.register_buffer("high", torch.as_tensor(action_space.high, dtype=torch.float32))
+            # the Box's own dtype: casting the action to it, then clipping, gives predict's values (float bounds
+            # are exact in their dtype, rounding keeps order); an integer Box clips in float64 before it truncates
+            self.action_dtype = torch.from_numpy(np.zeros(0, action_space.dtype)).dtype
+            clip_dtype = self.action_dtype if self.action_dtype.is_floating_point else torch.float64
+            self.register_buffer("low", torch.as_tensor(action_space.low, dtype=clip_dtype))
+            self.register_buffer("high", torch.as_tensor(action_space.high, dtype=clip_dtype))
         if isinstance(action_space, gym.spaces.Discrete | gym.spaces.MultiDiscrete):
             self.register_buffer(
                 "action_start", torch.as_tensor(np.asarray(action_space.start), dtype=torch.int64)
@@ -104,8 +108,8 @@ class DeterministicPolicy(nn.Module):
         action = outputs.get("action")
         space = self.action_space
         if isinstance(space, gym.spaces.Box):
-            action = torch.maximum(torch.minimum(action.to(torch.float32), self.high), self.low)
-            action = action.to(torch.float64) if space.dtype == np.float64 else action
+            action = torch.maximum(torch.minimum(action.to(self.low.dtype), self.high), self.low)
+            action = action.to(self.action_dtype)
         elif isinstance(space, gym.spaces.Discrete | gym.spaces.MultiDiscrete):
             action = action.to(torch.int64) + self.action_start
         else:  # MultiBinary

@@ -2,6 +2,10 @@
 
     python -m recipes.export runs/demo                          # writes runs/demo/policy.onnx
     python -m recipes.export runs/demo/best_agent.ckpt --output best.onnx
+    python -m recipes.export runs/demo --output exports/                # a folder (made): exports/policy.onnx
+
+An existing output file is replaced only if it is an ONNX model (an earlier export); the checkpoint itself or any
+other file is refused.
 
 The ONNX model takes a batch of observations as the Gymnasium env returns them and gives the env's actions, with
 the observation normalisation and action scaling inside (see ``agents.export``); run it with ``onnxruntime``.
@@ -9,6 +13,7 @@ the observation normalisation and action scaling inside (see ``agents.export``);
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Literal
@@ -29,8 +34,9 @@ class ExportConfig:
     """A run directory (its agent.ckpt is used) or an agent checkpoint file."""
     format: Literal["onnx"] = "onnx"
     """File format."""
-    output: Path | None = None
-    """Where to write the model (a folder: policy.onnx in it); default: policy.onnx beside the checkpoint."""
+    output: str | None = None
+    """Where to write the model: a file, or a folder (an existing one, or any path ending in /) to write policy.onnx
+    in; default: policy.onnx beside the checkpoint. An existing file is replaced only if it is an ONNX model."""
 
 
 def main(config: ExportConfig) -> dict:
@@ -39,9 +45,7 @@ def main(config: ExportConfig) -> dict:
         raise InputError(f"--format must be onnx, got {config.format!r}.")
     checkpoint = config.path / "agent.ckpt" if config.path.is_dir() else config.path
     agent = Agent.load(checkpoint)
-    output = config.output or checkpoint.parent / "policy.onnx"
-    if output.is_dir():
-        output = output / "policy.onnx"
+    output = output_path(config.output, checkpoint)
     export_onnx(agent, output)
     module = DeterministicPolicy(agent)
     return {
@@ -50,6 +54,42 @@ def main(config: ExportConfig) -> dict:
         "inputs": module.input_names,
         "outputs": module.output_names,
     }
+
+
+def output_path(output: str | None, checkpoint: Path) -> Path:
+    """The file to write: ``output``, or policy.onnx in it for a folder (an existing one, or a path ending in a
+    separator, made if missing), or beside ``checkpoint`` by default.
+
+    Raises:
+        InputError: the file is the checkpoint itself, or an existing file that is not an ONNX model (see
+            :func:`is_onnx_file`): export replaces only an earlier export.
+    """
+    separators = tuple(separator for separator in (os.sep, os.altsep) if separator)
+    path = checkpoint.parent / "policy.onnx" if output is None else Path(output)
+    if path.is_dir() or (isinstance(output, str) and output.endswith(separators)):  # a Path has lost its /
+        path = path / "policy.onnx"
+    if path.exists() and path.samefile(checkpoint):
+        raise InputError(
+            f"--output {path} is the agent checkpoint being exported; give another --output, e.g. "
+            f"{checkpoint.parent / 'policy.onnx'}."
+        )
+    if path.is_file() and not is_onnx_file(path):
+        raise InputError(
+            f"--output {path} exists and is not an ONNX model (a .onnx file), so export will not replace it; "
+            "give another --output or remove that file first."
+        )
+    return path
+
+
+def is_onnx_file(path: Path) -> bool:
+    """Whether ``path`` is named ``*.onnx`` and is empty or starts as an ONNX model does: byte 0x08, the protobuf
+    tag of ``ModelProto.ir_version`` (field 1, which writers put first); a PyTorch checkpoint (a zip, ``PK``), a
+    pickle or a text file does not."""
+    if path.suffix.lower() != ".onnx":
+        return False
+    with path.open("rb") as file:
+        start = file.read(1)
+    return start in (b"", b"\x08")
 
 
 if __name__ == "__main__":

@@ -12,8 +12,8 @@ pruner and scores the mean return of its last evaluation; with --seeds-per-trial
 after another (trial-NNNN/seed-S) and scores the mean of their last evaluations, so that one lucky seed does
 not win the study. --jobs processes run trials side by side (default 2: both cores here). The study ends once
 it holds --trials complete or pruned trials, or once --trials of this command's trials have failed (options
-that do not combine, diverging runs); Ctrl-C marks the running trials failed and stops, and the same command
-continues the study. The results go to OUTPUT_DIR: results.md (the best trials), optimization_history.png,
+that do not combine, diverging runs); Ctrl-C or SIGTERM marks the running trials failed and stops, and the
+same command continues the study (its samplers drawing anew). The folder belongs to one study. The results go to OUTPUT_DIR: results.md (the best trials), optimization_history.png,
 param_importances.png and best_preset.json, a preset every recipe takes with --preset-file (--list-presets
 shows it).
 """
@@ -143,7 +143,21 @@ class TuneConfig:
             require_positive(eval_every=self.eval_every)
         if self.pruner == "threshold" and self.prune_below is None:
             raise InputError("--pruner threshold needs --prune-below: the return a trial must keep above.")
+        if self.pruner != "threshold" and self.prune_below is not None:
+            raise InputError("--prune-below is for --pruner threshold; add it, or drop --prune-below.")
         parse_env_kwargs(self.env_kwargs)
+
+
+class Stop(KeyboardInterrupt):
+    """SIGINT or SIGTERM: the running trials end as failed and the study stops (the same command continues it)."""
+
+    def __init__(self, name: str = "SIGINT"):
+        super().__init__(name)
+        self.name = name
+
+
+def raise_stop(number: int, frame: Any) -> None:
+    raise Stop(signal.Signals(number).name)
 
 
 def recipe_config(config: TuneConfig) -> Any:
@@ -176,6 +190,11 @@ def objective(config: TuneConfig, space: dict[str, Any], trial: Any) -> float:
     main = importlib.import_module(f"recipes.{config.algorithm}").main
     reporter = ReportEvaluations(trial)  # steps count the frames of the trial's earlier seeds too
     folder = config.folder / "trials" / f"trial-{trial.number:04d}"
+    for place in (folder.parent, folder):  # a trial's run replaces its folder's files: never through a link
+        if place.is_symlink():
+            error = f"{place} is a link; the study writes its trials there. Remove the link."
+            trial.set_user_attr("error", error)
+            raise InputError(error)
     returns = []
     for index in range(config.seeds_per_trial):
         run_config = recipe_config(config)
@@ -204,7 +223,9 @@ def objective(config: TuneConfig, space: dict[str, Any], trial: Any) -> float:
         )  # what the base preset set beside the sample
         trial.set_user_attr("output_dir", str(folder))
         if summary["interrupted_by"] is not None:
-            raise KeyboardInterrupt  # Optuna marks the trial failed; the study goes on next time
+            raise Stop(
+                summary["interrupted_by"]
+            )  # Optuna marks the trial failed; the study goes on next time
         if reporter.pruned:
             raise optuna.TrialPruned()
         returns.append(summary["eval_return_mean"])
@@ -212,47 +233,60 @@ def objective(config: TuneConfig, space: dict[str, Any], trial: Any) -> float:
     return sum(returns) / len(returns)
 
 
-def run_worker(config: TuneConfig, index: int, first_trial: int = 0) -> bool:
+def run_worker(config: TuneConfig, index: int, first_trial: int = 0) -> str | None:
     """Run trials until the study holds ``config.trials`` complete or pruned ones (one process's share); returns
-    whether Ctrl-C (or SIGTERM) stopped them first.
+    the signal that stopped them first (``"SIGINT"``, ``"SIGTERM"``), else None.
 
     A worker takes a trial only while the finished trials and those running in this invocation (numbered from
     ``first_trial`` on; older running ones were cut off by a crash) are fewer than ``config.trials``, deciding
     under a lock on a file in the study folder, so that the workers together run exactly that many. Failed trials
     do not count towards them, so it also stops once ``config.trials`` trials of this invocation have failed:
     options that never combine, or runs that always diverge, would otherwise take trials for ever."""
+    import numpy as np
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     warnings.filterwarnings("ignore")
+    signal.signal(
+        signal.SIGTERM, raise_stop
+    )  # as Ctrl-C: the trial ends as failed (the runs save on their own)
+    # a continued study draws anew: TPE's first samples are random draws, the same again from the same seed
+    seed = config.seed + index
+    if first_trial:
+        seed = int(np.random.SeedSequence([config.seed, index, first_trial]).generate_state(1)[0])
     study = optuna.load_study(
         study_name=config.name,
         storage=config.storage_url,
-        sampler=optuna.samplers.TPESampler(seed=config.seed + index),
+        sampler=optuna.samplers.TPESampler(seed=seed),
         pruner=make_pruner(config),
     )
     space = read_search_space(config.algorithm, config.search_space)
     states = optuna.trial.TrialState
     while True:
         flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW  # never through a link planted there
-        with open(os.open(config.folder / ".trials.lock", flags, 0o644), "a") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
-            trials = study.get_trials(deepcopy=False)
-            finished = sum(trial.state in (states.COMPLETE, states.PRUNED) for trial in trials)
-            running = sum(trial.state == states.RUNNING and trial.number >= first_trial for trial in trials)
-            failed = sum(trial.state == states.FAIL and trial.number >= first_trial for trial in trials)
-            if finished + running >= config.trials or failed >= config.trials:
-                return False
-            trial = study.ask()
+        try:
+            with open(os.open(config.folder / ".trials.lock", flags, 0o644), "a") as lock:
+                fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+                trials = study.get_trials(deepcopy=False)
+                finished = sum(trial.state in (states.COMPLETE, states.PRUNED) for trial in trials)
+                running = sum(
+                    trial.state == states.RUNNING and trial.number >= first_trial for trial in trials
+                )
+                failed = sum(trial.state == states.FAIL and trial.number >= first_trial for trial in trials)
+                if finished + running >= config.trials or failed >= config.trials:
+                    return None
+                trial = study.ask()
+        except KeyboardInterrupt as stop:  # between trials
+            return getattr(stop, "name", "SIGINT")
         try:
             value = objective(config, space, trial)
         except optuna.TrialPruned:
             study.tell(trial, state=states.PRUNED)  # scored by its last report
         except (InputError, NonFiniteError):  # options that do not combine, a diverging run
             study.tell(trial, state=states.FAIL)  # the study goes on
-        except KeyboardInterrupt:
+        except KeyboardInterrupt as stop:
             study.tell(trial, state=states.FAIL)
-            return True
+            return getattr(stop, "name", "SIGINT")
         except BaseException:
             study.tell(trial, state=states.FAIL)
             raise
@@ -272,13 +306,23 @@ def main(config: TuneConfig) -> dict[str, Any]:
     check_space_fits(space, recipe_config(config), str(config.search_space or "the recipe's search space"))
     # each a distribution Optuna can sample, refused before the study exists
     distributions = {name: distribution(name, entry) for name, entry in space.items()}
-    config.folder.mkdir(parents=True, exist_ok=True)
-    for name in ("study.db", ".trials.lock"):  # written in place, so a link there would be written through
+    try:
+        config.folder.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise InputError(f"--output-dir {config.folder} cannot be a folder ({error.strerror}).") from None
+    # written in place, so a link there would be written through
+    for name in ("study.db", ".trials.lock", "trials", ".study"):
         if (config.folder / name).is_symlink():
             raise InputError(
                 f"{config.folder / name} is a link; the study writes its own files there. Remove the link or give "
                 "another --output-dir."
             )
+    lock = config.folder / ".trials.lock"
+    if lock.exists() and not lock.is_file():
+        raise InputError(f"{lock} is not a file; the study keeps its lock there. Move it away.")
+    claim_folder(config)
+    if config.storage is None:
+        check_own_database(config.folder / "study.db")
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     from sqlalchemy.exc import SQLAlchemyError
 
@@ -286,7 +330,7 @@ def main(config: TuneConfig) -> dict[str, Any]:
         study = optuna.create_study(
             study_name=config.name, storage=config.storage_url, direction="maximize", load_if_exists=True
         )
-    except SQLAlchemyError as error:  # a file that is not a database, a database of another program
+    except (SQLAlchemyError, optuna.exceptions.StorageInternalError) as error:  # not a database, or another's
         reason = str(getattr(error, "orig", None) or error).splitlines()[0]
         raise InputError(
             f"Could not open the study's storage {config.storage_url} ({reason}); move the file away or give "
@@ -316,28 +360,87 @@ def main(config: TuneConfig) -> dict[str, Any]:
             )
         study.set_user_attr(key, value)
     check_space_continues(distributions, study)
-    interrupted, first_trial = False, len(study.get_trials(deepcopy=False))
+    stopped_by, first_trial = None, len(study.get_trials(deepcopy=False))
+    previous = signal.getsignal(signal.SIGTERM)
     if config.jobs == 1:
-        interrupted = run_worker(config, 0, first_trial)
+        try:
+            stopped_by = run_worker(config, 0, first_trial)
+        finally:
+            signal.signal(signal.SIGTERM, previous)
     else:
         context = multiprocessing.get_context("spawn")
         workers = [
             context.Process(target=run_worker, args=(config, index, first_trial))
             for index in range(config.jobs)
         ]
-        for worker in workers:
-            worker.start()
-        for worker in workers:
-            while worker.is_alive():
-                try:
-                    worker.join()
-                except KeyboardInterrupt:  # the workers got it too: they finish their trials as failed
-                    interrupted = True
+
+        def pass_on(number: int, frame: Any) -> None:  # SIGTERM reaches this process alone: the workers too
+            nonlocal stopped_by
+            stopped_by = signal.Signals(number).name
+            for worker in workers:
+                if worker.pid is not None and worker.is_alive():
+                    os.kill(worker.pid, number)  # they end their trials as failed
+
+        signal.signal(signal.SIGTERM, pass_on)
+        try:
+            for worker in workers:
+                worker.start()
+            for worker in workers:
+                while worker.is_alive():
+                    try:
+                        worker.join()
+                    except KeyboardInterrupt:  # the workers got it too: they finish their trials as failed
+                        stopped_by = stopped_by or "SIGINT"
+        finally:
+            signal.signal(signal.SIGTERM, previous)
     study = optuna.load_study(study_name=config.name, storage=config.storage_url)
     summary = write_results(config, study)
-    if not interrupted:
+    if stopped_by is None:
         check_failures(config, study, first_trial)
-    return summary | {"interrupted_by": "SIGINT" if interrupted else None}
+    return summary | {"interrupted_by": stopped_by}
+
+
+def claim_folder(config: TuneConfig) -> None:
+    """Raise :class:`InputError` when the study folder belongs to another study (its trials and results would
+    be replaced by this one's); else mark it as this study's."""
+    marker = config.folder / ".study"
+    if marker.exists():
+        try:
+            owner = json.loads(marker.read_text())["study"]
+        except (OSError, ValueError, TypeError, KeyError):
+            raise InputError(
+                f"{marker} is damaged; move it away if {config.folder} holds no other study."
+            ) from None
+        if owner != config.name:
+            raise InputError(
+                f"{config.folder} holds the study {owner!r}, whose trials and results this study would replace; "
+                "give another --output-dir (or --study-name to continue that one)."
+            )
+        return
+    write_text(marker, json.dumps({"study": config.name}) + "\n")
+
+
+def check_own_database(path: Path) -> None:
+    """Raise :class:`InputError` when ``path`` is an SQLite database of another program (Optuna would add its
+    tables to it)."""
+    import sqlite3
+
+    if not path.is_file() or path.stat().st_size == 0:
+        return
+    try:
+        connection = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+        try:
+            rows = connection.execute("select name from sqlite_master where type='table'").fetchall()
+        finally:
+            connection.close()
+        tables = {row[0] for row in rows}
+    except sqlite3.DatabaseError:
+        return  # not a database: Optuna's error names it
+    if tables and "alembic_version" not in tables:
+        raise InputError(
+            f"{path} is a database of another program (tables {', '.join(sorted(tables)[:5])}); the study does "
+            "not write into it. Move it away or give another --output-dir or --storage."
+        )
 
 
 def check_failures(config: TuneConfig, study: Any, first_trial: int) -> None:
@@ -433,10 +536,11 @@ def save_plots(study: Any, folder: Path) -> list[str]:
 if __name__ == "__main__":
     parsed, result = run_command(main, TuneConfig, __doc__)
     if "best_preset" in result:
+        kwargs = f" --env-kwargs {' '.join(parsed.env_kwargs)}" if parsed.env_kwargs else ""
         print(
-            f"\ntrain with the best options: python -m recipes.{parsed.algorithm} --env-id {parsed.env_id} "
-            f"--preset-file {result['best_preset']}",
+            f"\ntrain with the best options: python -m recipes.{parsed.algorithm} --env-id {parsed.env_id}{kwargs} "
+            f"--preset-file {result['best_preset']} --preset tuned-{parsed.name}",
             file=sys.stderr,
         )
     if result["interrupted_by"] is not None:  # the results so far are written; the same command continues
-        raise SystemExit(128 + signal.SIGINT)
+        raise SystemExit(128 + signal.Signals[result["interrupted_by"]])

@@ -14,6 +14,7 @@ from agents.export import DeterministicPolicy, export_onnx, onnx_actions
 from envs import make_atari_env
 from errors import InputError, WriteError
 from recipes import export
+from training.cli import run_command
 
 pytest.importorskip("onnxruntime")
 
@@ -221,14 +222,91 @@ def test_export_command_writes_beside_the_checkpoint(tmp_path):
     with pytest.raises(InputError, match="No agent checkpoint"):
         export.main(export.ExportConfig(tmp_path / "missing"))
     nested = tmp_path / "exports" / "v1" / "cartpole.onnx"  # folders that do not exist yet are made
-    assert export.main(export.ExportConfig(tmp_path, output=nested))["output"] == str(nested)
+    assert export.main(export.ExportConfig(tmp_path, output=str(nested)))["output"] == str(nested)
     assert nested.stat().st_size > 0
     folder = tmp_path / "exports"  # an existing folder: policy.onnx in it
-    assert export.main(export.ExportConfig(tmp_path, output=folder))["output"] == str(folder / "policy.onnx")
+    assert export.main(export.ExportConfig(tmp_path, output=str(folder)))["output"] == str(
+        folder / "policy.onnx"
+    )
     assert (folder / "policy.onnx").stat().st_size > 0
     blocked = tmp_path / "policy.onnx" / "inside.onnx"  # under a file: a write error (exit 1), not bad input
     with pytest.raises(WriteError, match="Could not write .*inside.onnx"):
-        export.main(export.ExportConfig(tmp_path, output=blocked))
+        export.main(export.ExportConfig(tmp_path, output=str(blocked)))
+
+
+def saved_agent(folder):
+    """A CartPole agent saved as ``folder/agent.ckpt``."""
+    agent = build(gym.make("CartPole-v1"), "mlp_actor")
+    agent.env_id = "CartPole-v1"
+    agent.save(folder / "agent.ckpt")
+    return folder / "agent.ckpt"
+
+
+def run_export_command(monkeypatch, capsys, *args):
+    """``python -m recipes.export ARGS`` in this process: the exit status (0 when it ends normally) and stderr."""
+    monkeypatch.setattr("sys.argv", ["export", *map(str, args)])
+    try:
+        run_command(export.main, export.ExportConfig, export.__doc__)
+        status = 0
+    except SystemExit as exit:
+        status = exit.code
+    return status, capsys.readouterr().err
+
+
+def test_export_refuses_to_replace_the_checkpoint_or_a_file_that_is_not_onnx(tmp_path, monkeypatch, capsys):
+    checkpoint = saved_agent(tmp_path)
+    content = checkpoint.read_bytes()
+    status, error = run_export_command(monkeypatch, capsys, tmp_path, "--output", checkpoint)
+    assert status == 2 and len(error.splitlines()) == 1 and "is the agent checkpoint being exported" in error
+    assert checkpoint.read_bytes() == content
+    link = tmp_path / "link.onnx"  # another name for the checkpoint
+    link.symlink_to(checkpoint)
+    with pytest.raises(InputError, match="is the agent checkpoint"):
+        export.main(export.ExportConfig(checkpoint, output=str(link)))
+    notes = tmp_path / "notes.txt"
+    notes.write_text("keep me")
+    fake = tmp_path / "fake.onnx"  # named .onnx, but a checkpoint's bytes
+    fake.write_bytes(content)
+    for other in (notes, fake):
+        status, error = run_export_command(monkeypatch, capsys, checkpoint, "--output", other)
+        assert status == 2 and len(error.splitlines()) == 1 and "is not an ONNX model" in error
+    assert notes.read_text() == "keep me" and fake.read_bytes() == content
+    earlier = export.main(export.ExportConfig(checkpoint))["output"]  # an earlier export is replaced
+    assert export.main(export.ExportConfig(checkpoint))["output"] == earlier
+    empty = tmp_path / "empty.onnx"
+    empty.touch()
+    assert export.main(export.ExportConfig(checkpoint, output=str(empty)))["output"] == str(empty)
+    assert empty.stat().st_size > 0
+
+
+def test_an_output_ending_in_a_separator_is_a_folder(tmp_path, monkeypatch, capsys):
+    saved_agent(tmp_path)
+    status, _ = run_export_command(monkeypatch, capsys, tmp_path, "--output", f"{tmp_path / 'new' / 'dir'}/")
+    assert status == 0
+    assert (tmp_path / "new" / "dir").is_dir() and (
+        tmp_path / "new" / "dir" / "policy.onnx"
+    ).stat().st_size > 0
+    summary = export.main(export.ExportConfig(tmp_path, output=f"{tmp_path / 'new' / 'dir'}/"))  # existing
+    assert summary["output"] == str(tmp_path / "new" / "dir" / "policy.onnx")
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.float64])
+@pytest.mark.parametrize("builder", ["mlp_actor", "deterministic_actor"])
+def test_box_actions_come_in_the_boxs_dtype(dtype, builder, tmp_path):
+    env = gym.make("Pendulum-v1")
+    space = gym.spaces.Box(np.array([-1.5, 0.0], dtype), np.array([2.0, 0.25], dtype), dtype=dtype)
+    torch.manual_seed(0)
+    agent = Agent.build("test", env.observation_space, space, "test", builder, {}).eval()
+    with torch.no_grad():  # large weights: actions at both bounds and between them
+        for parameter in agent.policy.parameters():
+            parameter.copy_(3 * torch.randn_like(parameter))
+    path = export_onnx(agent, tmp_path / "policy.onnx")
+    batch = np.random.default_rng(0).uniform(-1, 1, (20, 3)).astype(np.float32)
+    (actions,) = onnx_actions(path, batch)
+    expected = agent.predict(batch, deterministic=True)
+    assert actions.dtype == expected.dtype == dtype and actions.shape == expected.shape
+    np.testing.assert_allclose(actions, expected, rtol=1e-3 if dtype == np.float16 else 1e-5, atol=1e-5)
+    assert all(space.contains(action) for action in actions)
 
 
 @pytest.mark.parametrize("builder", ["mlp_actor", "q_actor", "q_table"])

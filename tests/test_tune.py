@@ -129,7 +129,7 @@ def test_trials_run_in_worker_processes_from_the_command_line(tmp_path):
     assert (
         summary["trials"].get("complete", 0) + summary["trials"].get("pruned", 0) == 3
     )  # none from a second job
-    assert "--preset-file" in result.stderr
+    assert "--preset-file" in result.stderr and "--preset tuned-ppo-CartPole-v1" in result.stderr
 
 
 def test_the_recipes_search_spaces_fit_their_recipes():
@@ -158,6 +158,15 @@ def test_the_recipes_search_spaces_fit_their_recipes():
         ({}, "num_epochs = { low = 1, high = 1" + "0" * 400 + " }", "needs finite low < high"),
         ({}, "activation = { choices = ['sigmoid'] }", "activation cannot be"),
         ({}, "lr = { low = 1e-4, high = 1e-2, log = true, step = 1e-4 }", "lr cannot be sampled"),
+        ({}, 'lr = { low = 1e-4, high = 1e-3, step = "a" }', "lr's step must be a positive number"),
+        ({}, "lr = { low = 1e-4, high = 1e-3, step = true }", "lr's step must be a positive number"),
+        (
+            {},
+            "num_epochs = { low = 1, high = 10, step = 0.5 }",
+            "num_epochs's step must be a positive integer",
+        ),
+        ({}, 'lr = { low = 1e-4, high = 1e-3, log = "false" }', "lr's log must be true or false"),
+        ({"prune_below": 5.0}, "lr = { low = 1e-4, high = 1e-3 }", "--prune-below is for --pruner threshold"),
         (
             {"pruner": "threshold"},
             "lr = { low = 1e-4, high = 1e-3 }",
@@ -328,3 +337,87 @@ def test_a_study_continued_with_a_search_space_optuna_cannot_continue_is_refused
     changed.write_text("lr = { low = 1e-3, high = 1e-2, log = true }\n")
     tune.main(tiny(tmp_path, search_space=changed, trials=2))
     assert states(tmp_path) == ["COMPLETE", "COMPLETE"]
+
+
+def test_a_continued_study_draws_new_options(tmp_path):
+    tune.main(tiny(tmp_path, trials=2, frames_per_trial=512, eval_every=512))
+    tune.main(tiny(tmp_path, trials=4, frames_per_trial=512, eval_every=512))
+    study = optuna.load_study(
+        study_name="ppo-CartPole-v1", storage=f"sqlite:///{tmp_path / 'study' / 'study.db'}"
+    )
+    learning_rates = [trial.params["lr"] for trial in study.get_trials(deepcopy=False)]
+    assert len(learning_rates) == 4 and len(set(learning_rates)) == 4  # not trials 0 and 1 over again
+
+
+def test_sigterm_with_one_job_is_named_as_itself(tmp_path, monkeypatch):
+    original = tune.objective
+
+    def objective(config, space, trial):  # the trial's run saved and stopped on SIGTERM
+        raise tune.Stop("SIGTERM")
+
+    monkeypatch.setattr(tune, "objective", objective)
+    assert tune.main(tiny(tmp_path, trials=1))["interrupted_by"] == "SIGTERM"
+    monkeypatch.setattr(tune, "objective", original)
+
+
+def test_sigterm_to_a_study_with_worker_processes_stops_them_and_writes_the_results(tmp_path):
+    import signal
+    import time
+
+    command = [sys.executable, "-m", "recipes.tune", "ppo", "--trials", "4", "--frames-per-trial", "200000",
+               "--eval-every", "100000", "--eval-episodes", "1", "--jobs", "2", "--search-space",
+               str(space_file(tmp_path)), "--output-dir", str(tmp_path / "study")]  # fmt: skip
+    process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 240
+    while (
+        time.monotonic() < deadline and len(list((tmp_path / "study").glob("trials/trial-*/config.json"))) < 2
+    ):
+        time.sleep(0.5)
+    process.send_signal(signal.SIGTERM)
+    _, error = process.communicate(timeout=240)
+    assert process.returncode == 128 + signal.SIGTERM, error[-2000:]
+    assert states(tmp_path) == ["FAIL", "FAIL"]  # both workers ended their trials, and took no more
+    assert json.loads((tmp_path / "study" / ".study").read_text()) == {"study": "ppo-CartPole-v1"}
+
+
+def test_a_folder_of_another_study_or_with_links_or_a_foreign_database_is_refused(tmp_path):
+    import sqlite3
+
+    tune.main(tiny(tmp_path, trials=1))
+    with pytest.raises(
+        InputError, match="holds the study 'ppo-CartPole-v1', whose trials and results this study"
+    ):
+        tune.main(tiny(tmp_path, trials=1, algorithm="a2c", search_space=None))
+    (tmp_path / "links").mkdir()
+    (tmp_path / "links" / "trials").symlink_to(tmp_path / "study" / "trials")
+    with pytest.raises(InputError, match="trials is a link; the study writes its own files there"):
+        tune.main(tiny(tmp_path, trials=1, output_dir=tmp_path / "links"))
+    foreign = tmp_path / "foreign"
+    foreign.mkdir()
+    with sqlite3.connect(foreign / "study.db") as connection:
+        connection.execute("create table customers(name text)")
+    connection.close()
+    with pytest.raises(InputError, match=r"study.db is a database of another program \(tables customers\)"):
+        tune.main(tiny(tmp_path, trials=1, output_dir=foreign))
+    with sqlite3.connect(foreign / "study.db") as connection:
+        tables = [row[0] for row in connection.execute("select name from sqlite_master where type='table'")]
+    connection.close()
+    assert tables == ["customers"]
+    (tmp_path / "file").write_text("not a folder")
+    with pytest.raises(InputError, match="cannot be a folder"):
+        tune.main(tiny(tmp_path, trials=1, output_dir=tmp_path / "file"))
+    (tmp_path / "locked" / ".trials.lock").mkdir(parents=True)
+    with pytest.raises(InputError, match="is not a file; the study keeps its lock there"):
+        tune.main(tiny(tmp_path, trials=1, output_dir=tmp_path / "locked"))
+
+
+def test_a_trial_folder_that_is_a_link_fails_that_trial_only(tmp_path):
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "notes.txt").write_text("keep")
+    (tmp_path / "study" / "trials").mkdir(parents=True)
+    (tmp_path / "study" / "trials" / "trial-0000").symlink_to(outside)
+    tune.main(tiny(tmp_path, trials=2))
+    assert states(tmp_path) == ["FAIL", "COMPLETE", "COMPLETE"] and sorted(
+        path.name for path in outside.iterdir()
+    ) == ["notes.txt"]

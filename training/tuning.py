@@ -69,6 +69,18 @@ def check_entry(name: str, entry: Any, source: Path) -> None:
         raise InputError(
             f"{source}: {name} needs finite low < high (and optionally log, step) or choices; got {entry!r}."
         )
+    if not isinstance(entry.get("log", False), bool):
+        raise InputError(f"{source}: {name}'s log must be true or false, got {entry['log']!r}.")
+    step = entry.get("step")
+    integers = isinstance(low, int) and isinstance(high, int)
+    if step is not None and (
+        isinstance(step, bool)
+        or not isinstance(step, int if integers else (int, float))
+        or not _finite(step)
+        or step <= 0
+    ):
+        kind = "a positive integer (low and high are integers)" if integers else "a positive number"
+        raise InputError(f"{source}: {name}'s step must be {kind}, got {step!r}.")
     if entry.get("log") and low <= 0:
         raise InputError(f"{source}: {name} samples on a log scale, so low must be above 0; got {low}.")
 
