@@ -320,9 +320,9 @@ def main(config: TuneConfig) -> dict[str, Any]:
     lock = config.folder / ".trials.lock"
     if lock.exists() and not lock.is_file():
         raise InputError(f"{lock} is not a file; the study keeps its lock there. Move it away.")
-    claim_folder(config)
     if config.storage is None:
         check_own_database(config.folder / "study.db")
+    claim_folder(config)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     from sqlalchemy.exc import SQLAlchemyError
 

@@ -402,7 +402,7 @@ def test_a_folder_of_another_study_or_with_links_or_a_foreign_database_is_refuse
     with sqlite3.connect(foreign / "study.db") as connection:
         tables = [row[0] for row in connection.execute("select name from sqlite_master where type='table'")]
     connection.close()
-    assert tables == ["customers"]
+    assert tables == ["customers"] and not (foreign / ".study").exists()  # nothing written there
     (tmp_path / "file").write_text("not a folder")
     with pytest.raises(InputError, match="cannot be a folder"):
         tune.main(tiny(tmp_path, trials=1, output_dir=tmp_path / "file"))
