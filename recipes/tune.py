@@ -13,9 +13,9 @@ after another (trial-NNNN/seed-S) and scores the mean of their last evaluations,
 not win the study. --jobs processes run trials side by side (default 2: both cores here). The study ends once
 it holds --trials complete or pruned trials, or once --trials of this command's trials have failed (options
 that do not combine, diverging runs); Ctrl-C or SIGTERM marks the running trials failed and stops, and the
-same command continues the study (its samplers drawing anew). The folder belongs to one study. The results go to OUTPUT_DIR: results.md (the best trials), optimization_history.png,
-param_importances.png and best_preset.json, a preset every recipe takes with --preset-file (--list-presets
-shows it).
+same command continues the study (its samplers drawing anew). The folder belongs to one study. The results go to
+OUTPUT_DIR: results.md (the best trials), optimization_history.png, param_importances.png and best_preset.json, a
+preset every recipe takes with --preset-file (--list-presets shows it).
 """
 
 from __future__ import annotations
@@ -223,9 +223,8 @@ def objective(config: TuneConfig, space: dict[str, Any], trial: Any) -> float:
         )  # what the base preset set beside the sample
         trial.set_user_attr("output_dir", str(folder))
         if summary["interrupted_by"] is not None:
-            raise Stop(
-                summary["interrupted_by"]
-            )  # Optuna marks the trial failed; the study goes on next time
+            # Optuna marks the trial failed; the study goes on next time
+            raise Stop(summary["interrupted_by"])
         if reporter.pruned:
             raise optuna.TrialPruned()
         returns.append(summary["eval_return_mean"])
@@ -247,9 +246,8 @@ def run_worker(config: TuneConfig, index: int, first_trial: int = 0) -> str | No
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     warnings.filterwarnings("ignore")
-    signal.signal(
-        signal.SIGTERM, raise_stop
-    )  # as Ctrl-C: the trial ends as failed (the runs save on their own)
+    # SIGTERM as Ctrl-C: the trial ends as failed (its run saves on its own)
+    signal.signal(signal.SIGTERM, raise_stop)
     # a continued study draws anew: TPE's first samples are random draws, the same again from the same seed
     seed = config.seed + index
     if first_trial:
