@@ -1,5 +1,5 @@
-"""Pieces the policy-gradient recipes share: Monte-Carlo returns of complete episodes, a state-independent
-baseline, and a critic head on the actor's torso.
+"""Pieces the policy-gradient recipes share: Monte-Carlo returns of complete episodes (bootstrapped at time
+limits where a critic is at hand), a state-independent baseline, and a critic head on the actor's torso.
 
 TorchRL's ``A2CLoss`` is ``-log pi(a|s) * advantage`` plus an entropy bonus and a value loss. With
 ``critic_coeff=None`` it has no value term and never calls its critic, but it still takes a critic module:
@@ -66,18 +66,24 @@ class ReturnBaseline(TensorDictModuleBase):
         self.mean += weight * (returns.mean().to(self.mean) - self.mean)
 
 
-def returns_to_go(episodes: TensorDictBase, gamma: float) -> torch.Tensor:
+def returns_to_go(
+    episodes: TensorDictBase, gamma: float, truncation_values: torch.Tensor | None = None
+) -> torch.Tensor:
     """The discounted return-to-go ``G_t = r_t + gamma r_{t+1} + ...`` of every step of complete episodes.
 
     ``episodes`` holds whole episodes one after another along its only batch dim, as a collector built with
     ``trajs_per_batch=..., traj_format="cat"`` yields them: ``("next", "done")`` is True at the last step of
-    each. The sum runs to the end of each episode, whether it terminated or was truncated by a time limit: a
-    Monte-Carlo return has nothing to bootstrap from, so a truncated episode's returns are its discounted
-    rewards until the cut. Computed by TorchRL's ``reward2go``.
+    each. The sum runs to the end of each episode, whether it terminated or was truncated by a time limit.
+    Without ``truncation_values`` a truncated episode's returns are its discounted rewards until the cut (a
+    Monte-Carlo return has nothing to bootstrap from); with them (see :func:`truncation_values`) the return
+    goes on past the cut as ``gamma * V(s')`` of the observation the time limit cut off, as Spinning Up's VPG
+    and Stable-Baselines3's on-policy algorithms bootstrap their timeouts. Computed by TorchRL's ``reward2go``.
 
     Args:
         episodes: a flat batch with ``("next", "reward")`` and ``("next", "done")`` of shape ``[T, 1]``.
         gamma: discount factor.
+        truncation_values: shape ``[T, 1]``: ``V(s_{t+1})`` at the last step of each truncated episode, zero
+            elsewhere; added to that step's reward, discounted by ``gamma``.
 
     Returns:
         A tensor of shape ``[T, 1]``.
@@ -100,7 +106,36 @@ def returns_to_go(episodes: TensorDictBase, gamma: float) -> torch.Tensor:
     done = episodes.get(("next", "done"))
     if not done[-1].all():
         raise ValueError("The last step of the batch does not end an episode: pass complete episodes only.")
-    return reward2go(episodes.get(("next", "reward")), done, gamma, time_dim=-2)
+    reward = episodes.get(("next", "reward"))
+    if truncation_values is not None:
+        reward = reward + gamma * truncation_values.to(reward)
+    return reward2go(reward, done, gamma, time_dim=-2)
+
+
+@torch.no_grad()
+def truncation_values(critic: nn.Module, episodes: TensorDictBase) -> torch.Tensor:
+    """``V(s_{t+1})`` from ``critic`` at every step where a time limit cut an episode off (``("next",
+    "truncated")`` set, ``("next", "terminated")`` not), zero at every other step: what
+    :func:`returns_to_go` bootstraps a truncated episode's returns from.
+
+    Args:
+        critic: a module reading the next observation's entries (``in_keys``) and writing ``"state_value"``.
+        episodes: a flat batch of complete episodes with ``("next", "reward")``, ``("next", "terminated")`` and,
+            from an env with a time limit, ``("next", "truncated")`` (without it nothing is bootstrapped).
+
+    Returns:
+        A tensor shaped as ``("next", "reward")``.
+    """
+    reward = episodes.get(("next", "reward"))
+    values = torch.zeros_like(reward)
+    truncated = episodes.get(("next", "truncated"), None)
+    if truncated is None:
+        return values
+    cut = (truncated & ~episodes.get(("next", "terminated"))).reshape(-1)
+    if cut.any():
+        next_steps = episodes.get("next")[cut].select(*critic.in_keys)
+        values[cut] = critic(next_steps).get("state_value").to(values)
+    return values
 
 
 def make_shared_critic(actor: ProbabilisticActor) -> ValueOperator:
@@ -140,4 +175,4 @@ def make_shared_critic(actor: ProbabilisticActor) -> ValueOperator:
     return ValueOperator(nn.Sequential(input_encoder(actor), torso, head), in_keys=["observation"])
 
 
-__all__ = ["ReturnBaseline", "make_shared_critic", "returns_to_go"]
+__all__ = ["ReturnBaseline", "make_shared_critic", "returns_to_go", "truncation_values"]

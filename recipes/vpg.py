@@ -3,11 +3,12 @@ statistical gradient-following algorithms for connectionist reinforcement learni
 any reinforcement baseline; the "VPG" of OpenAI Spinning Up, Achiam 2018).
 
 Each update takes ``--episodes-per-update`` complete episodes (collected as in ``recipes.reinforce``: episodes
-that span a batch boundary are completed by the following batches, a time-limit truncation ends the return
-sum), computes every step's discounted return-to-go G_t (TorchRL's ``reward2go``) and the advantage A_t = G_t
-- b(s_t) for the chosen baseline, and takes one gradient step on TorchRL's ``A2CLoss``: -mean_t log
-pi(a_t|s_t) A_t - entropy_coef * entropy, plus mean_t (V(s_t) - G_t)^2 for a learned value. A baseline that
-does not depend on the action leaves the gradient unbiased and lowers its variance.
+that span a batch boundary are completed by the following batches), computes every step's discounted
+return-to-go G_t (TorchRL's ``reward2go``; at a time-limit truncation the learned value's V(s') of the cut-off
+observation carries the sum on, the other baselines end it there) and the advantage A_t = G_t - b(s_t) for the
+chosen baseline, and takes one gradient step on TorchRL's ``A2CLoss``: -mean_t log pi(a_t|s_t) A_t minus
+entropy_coef * entropy, plus mean_t (V(s_t) - G_t)^2 for a learned value. A baseline that does not depend on
+the action leaves the gradient unbiased and lowers its variance.
 
     --baseline value          a critic V(s), regressed on the returns (its own learning rate, --critic-lr)
     --baseline running-mean   a running mean of earlier updates' returns (state-independent)
@@ -21,8 +22,8 @@ Advantages are divided by their root mean square (``--normalize-advantage``) but
 subtract the batch mean, itself a baseline, and make the state-independent baselines all the same.
 
 The defaults (value baseline, 8 envs, 8 episodes per update, Adam 1e-2 for both networks) solve CartPole-v1
-(deterministic evaluation mean >= 475 over 20 episodes) within the 100k-frame budget: at 11k, 41k, 15k, 47k
-and 11k frames for seeds 0-4 (4-14 s on one core of a shared 2-core CPU); ``--baseline running-mean`` at 27k,
+(deterministic evaluation mean >= 475 over 20 episodes) within the 100k-frame budget: at 11k, 41k, 15k, 52k
+and 11k frames for seeds 0-4 (4-12 s on one core of a shared 2-core CPU); ``--baseline running-mean`` at 27k,
 12k, 17k, 16k and 33k (4-13 s); ``--baseline none`` at 33k, 32k and 32k for seeds 0-2 (10-13 s). Frames are
 counted as in ``recipes.reinforce`` (the steps of the episodes used).
 
@@ -52,7 +53,7 @@ from agents.loss_addons import (
 )
 from agents.networks import action_mask_kwargs, box_policy_kwargs
 from agents.options import Options, defaults
-from agents.policy_gradient import ReturnBaseline, returns_to_go
+from agents.policy_gradient import ReturnBaseline, returns_to_go, truncation_values
 from training import (
     Callback,
     Learner,
@@ -277,7 +278,9 @@ def main(
     )
 
     def minibatches(episodes):  # one gradient step on the batch's episodes, with their advantages
-        returns = returns_to_go(episodes, gamma)  # to the end of each episode, truncated ones included
+        # to the end of each episode; a learned value carries a truncated one on past its time limit
+        cut_off = truncation_values(baseline, episodes) if learned_value else None
+        returns = returns_to_go(episodes, gamma, cut_off)
         with torch.no_grad():
             baseline(episodes)  # b(s_t) from the critic or the running mean, before this batch moves it
         advantage = returns - episodes.get("state_value")

@@ -18,7 +18,7 @@ from torchrl.objectives import A2CLoss
 from agents import Agent, make_actor, make_critic, orthogonal_init
 from agents.gsde import make_gsde_actor
 from agents.networks import initial_scale_kwargs
-from agents.policy_gradient import ReturnBaseline, make_shared_critic, returns_to_go
+from agents.policy_gradient import ReturnBaseline, make_shared_critic, returns_to_go, truncation_values
 from envs import make_env
 from errors import InputError
 from recipes import a2c, reinforce, vpg
@@ -72,6 +72,7 @@ def episode_collector(frames_per_batch, episodes_per_batch, total_frames):
 # G_t = r_t + 0.5 G_{t+1} with r_t = t + 1, computed by hand
 RETURNS_TERMINATED_AT_5 = [3.5625, 5.125, 6.25, 6.5, 5.0]  # rewards 1 2 3 4 5
 RETURNS_TRUNCATED_AT_4 = [3.25, 4.5, 5.0, 4.0]  # rewards 1 2 3 4, no bootstrap at the time limit
+RETURNS_BOOTSTRAPPED_AT_4 = [3.5, 5.0, 6.0, 6.0]  # rewards 1 2 3 4 + 0.5 V(s_4), with V(s_4) = 4
 
 
 def test_returns_of_complete_episodes_match_hand_computed_values_across_batch_boundaries():
@@ -94,6 +95,51 @@ def test_returns_of_complete_episodes_match_hand_computed_values_across_batch_bo
             seen[length] += 1
     collector.shutdown()
     assert seen[5] >= 3 and seen[4] >= 3
+
+
+def test_a_learned_value_carries_truncated_returns_on_past_the_time_limit_and_never_past_a_termination():
+    critic = ValueOperator(nn.Linear(1, 1), in_keys=["observation"])  # V(s) = s: the step count
+    with torch.no_grad():
+        critic.module.weight.fill_(1.0)
+        critic.module.bias.zero_()
+    collector = episode_collector(frames_per_batch=6, episodes_per_batch=2, total_frames=60)
+    seen = {5: 0, 4: 0}
+    for episodes in collector:
+        values = truncation_values(critic, episodes)
+        returns = returns_to_go(episodes, GAMMA, values).flatten().tolist()
+        ends = (torch.nonzero(episodes.get(("next", "done")).flatten()).flatten() + 1).tolist()
+        for start, stop in zip([0] + ends[:-1], ends):
+            length = stop - start
+            truncated = length == 4
+            expected_values = [0.0, 0.0, 0.0, 4.0] if truncated else [0.0] * 5  # the terminal s_5 = 5 unread
+            assert values[start:stop].flatten().tolist() == expected_values
+            expected = RETURNS_BOOTSTRAPPED_AT_4 if truncated else RETURNS_TERMINATED_AT_5
+            assert returns[start:stop] == pytest.approx(expected)
+            seen[length] += 1
+    collector.shutdown()
+    assert seen[5] >= 3 and seen[4] >= 3
+    no_time_limit = TensorDict(
+        {"next": {"reward": torch.ones(2, 1), "terminated": torch.tensor([[False], [True]])}}, batch_size=[2]
+    )
+    assert truncation_values(critic, no_time_limit).abs().sum() == 0
+
+
+@pytest.mark.parametrize("baseline", ["value", "running-mean"])
+def test_vpg_bootstraps_time_limits_with_its_learned_value_only(baseline, output_dir, monkeypatch):
+    calls = []
+
+    def recording(episodes, gamma, truncation_values=None):
+        calls.append((episodes.get(("next", "truncated")).clone(), truncation_values))
+        return returns_to_go(episodes, gamma, truncation_values)
+
+    monkeypatch.setattr(vpg, "returns_to_go", recording)
+    vpg.main(tiny_vpg(output_dir, "Pendulum-v1", baseline, max_episode_steps=20))  # every episode truncated
+    assert calls
+    for truncated, values in calls:
+        if baseline == "value":
+            assert truncated.sum() >= 2 and ((values != 0) == truncated).all()
+        else:
+            assert values is None
 
 
 def test_returns_to_go_rejects_unfinished_episodes():
