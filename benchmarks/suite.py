@@ -27,8 +27,7 @@ The suite is resumable: a finished run (its record) is not redone (a record whos
 named, with the changes, in a warning and in report.md; delete it and its run folder to rerun it); a run stopped by
 the end of a session (SIGTERM, SIGINT or SIGHUP to the suite, which passes it on) saved resume.ckpt, and the same
 suite command continues it from there; runs write resume.ckpt every ``--checkpoint-every`` frames too, so even a
-killed run loses at most that much. REINFORCE and VPG runs, which have no resume checkpoint, and Stable-Baselines3's
-start over. A record or a stopped run at another budget than the one asked for (``--frames``, or the preset's) is
+killed run loses at most that much. Stable-Baselines3's runs, which have no resume checkpoint, start over. A record or a stopped run at another budget than the one asked for (``--frames``, or the preset's) is
 refused before anything runs: one folder holds one budget per (algorithm, env, seed); give the other budgets
 their own ``--results`` folder. A suite killed outright (SIGKILL) leaves its running runs to finish on their own (their
 folders locked meanwhile); a later suite command picks up their records. The suite exits with status 1 when a
@@ -894,8 +893,8 @@ def main(argv: list[str] | None = None) -> None:
         runner.run_all(pending, args.results, args.frames, args.checkpoint_every)
         for job in runner.restarting:
             print(
-                f"{job.algorithm} {job.env} seed {job.seed} has no resume checkpoint (REINFORCE and VPG write none): "
-                "it starts over next time",
+                f"{job.algorithm} {job.env} seed {job.seed} has no resume checkpoint (Stable-Baselines3's runs write "
+                "none): it starts over next time",
                 flush=True,
             )
         if runner.failures:

@@ -53,6 +53,7 @@ from training import (
     Learner,
     Run,
     RunConfig,
+    TrainingState,
     WorkerSession,
     apply_preset,
     check_gradient_workers,
@@ -255,8 +256,15 @@ def main(
     if run_config.gradient_worker is not None:  # this process is a gradient worker: the learner drives it
         return WorkerSession(learner, collector, minibatches)
 
-    # logger, evaluation, checkpoints
-    run = Run("reinforce", config, run_config, agent, callbacks=callbacks)
+    # logger, evaluation, checkpoints, resume (the collector's episodes in the making included)
+    training = TrainingState(
+        env=env,
+        collector=collector,
+        modules={"loss": loss_module, "addons": addons},
+        optimizers={"optimizer": optimizer},
+        extras={"learner": learner},
+    )
+    run = Run("reinforce", config, run_config, agent, training, callbacks=callbacks)
     if run_config.learns_on_workers:
         return train_on_gradient_workers(run, config, learner, after_batch)
 

@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 import torch
 from run_helpers import (
-    RUN,
     interrupt_at,
     tiny_a2c,
     tiny_dqn,
@@ -20,14 +19,16 @@ from run_helpers import (
     tiny_off_policy,
     tiny_ppo,
     tiny_qlearning,
+    tiny_reinforce,
     tiny_rnd_ppo,
+    tiny_vpg,
     with_options,
 )
 
 from agents import Agent, NStepReturns
 from errors import InputError
-from recipes import a2c, ddpg, dqn, es, ppo, qlearning, rnd_ppo, sac, td3
-from training import Run, RunConfig
+from recipes import a2c, ddpg, dqn, es, ppo, qlearning, reinforce, rnd_ppo, sac, td3, vpg
+from training import Run
 from training.resume import RESUME_FILE, config_from_dict, explicit_options
 
 
@@ -57,6 +58,10 @@ CASES = {
     "ppo-lstm": (ppo.main, tiny_ppo, {"network.recurrent": "lstm", "optim.sequence_length": 8}),
     "a2c-gru": (a2c.main, tiny_a2c, {"network.recurrent": "gru"}),
     "es": (es.main, tiny_es, {}),
+    # episodes assembled across batches: the unfinished ones and those not yet handed over are saved too
+    "reinforce": (reinforce.main, tiny_reinforce, {}),
+    "vpg": (vpg.main, tiny_vpg, {}),
+    "vpg-box": (vpg.main, tiny_vpg, {"run.env_id": "Pendulum-v1", "run.max_episode_steps": 50}),
 }
 GYMNASIUM_ONLY = {"qlearning", "rnd_ppo"}  # envs without a torch implementation
 
@@ -117,11 +122,10 @@ def test_resume_refuses_other_options_another_recipe_and_agent_checkpoints(tmp_p
 
 
 def test_resume_is_refused_by_recipes_without_training_state_and_with_worker_collectors(tmp_path):
-    from recipes import vpg
+    from training.checkpoints import read_resume
 
-    config = vpg.VPGConfig(run=RunConfig(**{**RUN, "output_dir": tmp_path, "resume": tmp_path}))
-    with pytest.raises(InputError, match="recipes.vpg cannot resume a run"):
-        vpg.main(config)
+    with pytest.raises(InputError, match="recipes.custom cannot resume a run"):
+        read_resume(tmp_path, "custom", {}, None)  # a Run given no TrainingState
     config = tiny_dqn(tmp_path, resume=tmp_path, collector_backend="multiprocess")
     with pytest.raises(InputError, match="--collector-backend single only"):
         dqn.main(config)
@@ -491,3 +495,89 @@ def test_a_checkpoint_from_before_an_option_existed_still_resumes():
     assert config_differences(saved, current) == []
     current["loss"]["gamma"] = 0.9
     assert config_differences(saved, current) == ["--gamma (saved 0.99, now 0.9)"]
+
+
+def held_episode_collector(batches):
+    """REINFORCE's collector (episodes assembled across batches) on 2 CartPole envs, after ``batches`` batches."""
+    from agents import make_actor
+    from envs import make_env
+    from training.lean_collector import LeanCollector
+
+    env = make_env("CartPole-v1", num_envs=2, seed=0)
+    actor = make_actor(env.observation_spec["observation"], env.action_spec)
+    collector = LeanCollector(
+        env, actor, frames_per_batch=32, total_frames=3_200, trajs_per_batch=2, traj_format="cat",
+        track_traj_ids=True,
+    )  # fmt: skip
+    iterator = iter(collector)
+    for _ in range(batches):
+        next(iterator)
+    return collector
+
+
+def test_held_episodes_must_be_whole_episodes_with_this_runs_entries():
+    held = held_episode_collector(batches=1).held_episodes()
+    finished = [bool(episode.get(("next", "done"))[-1]) for episode in held]
+    assert held and not all(finished)  # at least the two envs' episodes in the making
+    fresh = held_episode_collector(batches=0)
+    fresh.restore_held_episodes(held, unfinished=False)
+    assert len(fresh.held_episodes()) == sum(finished)  # envs that start over keep the finished ones only
+    fresh.restore_held_episodes(held)
+    assert all((left == right).all() for left, right in zip(fresh.held_episodes(), held, strict=True))
+
+    unfinished = held[finished.index(False)]
+    forgeries = {
+        "an extra entry": (unfinished.clone().set("extra", torch.zeros(unfinished.numel())), "batch entries"),
+        "a wrong dtype": (unfinished.clone().set("action", unfinished.get("action").float()), "action is"),
+        "a wrong shape": (unfinished.clone().set("observation", torch.zeros(unfinished.numel(), 5)), "observation"),
+        "two trajectories": (
+            unfinished.clone().set(("collector", "traj_ids"), torch.arange(unfinished.numel())), "not one episode"
+        ),
+        "an end mid-way": (torch.cat([unfinished.clone().set(("next", "done"), torch.ones_like(
+            unfinished.get(("next", "done")))), unfinished]), "not one episode"),
+        "no steps": (unfinished[:0], "batch entries"),
+    }  # fmt: skip
+    for name, (episode, message) in forgeries.items():
+        with pytest.raises(InputError, match=message):
+            fresh.restore_held_episodes([episode])
+        assert name
+
+
+@pytest.mark.parametrize(
+    "episodes, message",
+    [([7], "does not fit this run"), ([{"observation": 1.0}], "does not have this run's batch entries")],
+)
+def test_forged_held_episodes_in_a_resume_checkpoint_are_refused_in_one_line(
+    tmp_path, monkeypatch, episodes, message
+):
+    with monkeypatch.context() as patch:
+        interrupt_at(patch, 400)
+        reinforce.main(tiny_reinforce(tmp_path / "run"))
+    forge_resume(
+        tmp_path / "run" / RESUME_FILE,
+        lambda manifest, state: set_item(schema_items(state, "training", "collector"), "episodes", episodes),
+    )
+    before = {path: path.read_bytes() for path in (tmp_path / "run").rglob("*") if path.is_file()}
+    with pytest.raises(InputError, match=message):
+        reinforce.main(tiny_reinforce(None, resume=tmp_path / "run"))
+    assert {path: path.read_bytes() for path in (tmp_path / "run").rglob("*") if path.is_file()} == before
+
+
+def test_envs_that_start_new_episodes_on_resume_keep_only_the_finished_held_episodes(tmp_path, monkeypatch):
+    from training.lean_collector import LeanCollector
+
+    with monkeypatch.context() as patch:
+        interrupt_at(patch, 400)
+        reinforce.main(tiny_reinforce(tmp_path / "run", vectorization="async"))
+    kept = []
+    restore = LeanCollector.restore_held_episodes
+
+    def recording(self, episodes, *, unfinished=True):
+        kept.append(unfinished)
+        return restore(self, episodes, unfinished=unfinished)
+
+    monkeypatch.setattr(LeanCollector, "restore_held_episodes", recording)
+    config = tiny_reinforce(tmp_path / "run", vectorization="async", resume=tmp_path / "run")
+    with pytest.warns(UserWarning, match=r"envs' state was not saved \(AsyncVectorEnv.*starts new episodes"):
+        summary = reinforce.main(config)
+    assert kept == [False] and summary["frames"] >= config.run.total_frames // 2

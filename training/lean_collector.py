@@ -25,6 +25,7 @@ from torchrl.envs.utils import set_exploration_type
 from agents.fast_paths import NUMPY_DTYPES, LeanActor, LeanDeterministicPolicy, LeanQPolicy
 from envs.specs import EPISODE_LENGTH_KEY, EPISODE_RETURN_KEY
 from envs.vector import GymnasiumVectorEnv
+from errors import InputError
 
 _ROOT_KEYS = {
     "observation",
@@ -77,6 +78,8 @@ class LeanCollector(Collector):
         # the carrier the last direct rollout left, with each entry's tensor and version (see _kept_state)
         self._kept_carrier: tuple[TensorDictBase, list[tuple[str, torch.Tensor, int]]] | None = None
         self.warmup_frames_per_batch = warmup_frames_per_batch
+        # with trajs_per_batch: the held episodes a resumed run puts back, handed to the assembly first
+        self._restored_episodes: list[TensorDictBase] = []
         # the action spec whose draw env.rand_action() makes, when "action" is the env's only action entry
         actions = self.env.full_action_spec
         self._action_spec = actions["action"] if self.lean and list(actions.keys()) == ["action"] else None
@@ -116,7 +119,55 @@ class LeanCollector(Collector):
             return None
         return [(key, value.shape, NUMPY_DTYPES[value.dtype]) for key, value in leaves]
 
+    def held_episodes(self) -> list[TensorDictBase]:
+        """With ``trajs_per_batch``: the episodes the collector holds between two of its batches, each as one
+        flat TensorDict; first those complete but not yet handed over (in the order they will be), then the
+        unfinished ones. Empty without ``trajs_per_batch``."""
+        if self.trajs_per_batch is None:
+            return []
+        unfinished, complete = getattr(self, "_traj_assembly", ({}, []))
+        joined = [torch.cat(chunks) if len(chunks) > 1 else chunks[0] for chunks in unfinished.values()]
+        return [*self._restored_episodes, *complete, *joined]  # restored ones are ingested before any other
+
+    def restore_held_episodes(self, episodes: list[TensorDictBase], *, unfinished: bool = True) -> None:
+        """Put back the episodes :meth:`held_episodes` returned (read from a checkpoint), so that the batches
+        that follow are those the interrupted run would have made; ``unfinished=False`` keeps only the complete
+        ones (for envs that start new episodes).
+
+        Raises:
+            InputError: an episode's entries are not those of this collector's batches (keys, dtypes, shapes),
+                or its steps do not form one episode (one trajectory id, done at the last step only or nowhere).
+        """
+        if self.trajs_per_batch is None:
+            if episodes:
+                raise InputError("the checkpoint holds episodes for a collector that assembles none")
+            return
+        template = self._final_rollout
+        leaves = {key: template.get(key) for key in template.keys(True, True)}
+        restored = []
+        for index, episode in enumerate(episodes):
+            where = f"held episode {index}"
+            if (
+                set(episode.keys(True, True)) != set(leaves)
+                or episode.batch_dims != 1
+                or not episode.batch_size[0]
+            ):
+                raise InputError(f"{where} does not have this run's batch entries")
+            for key, value in leaves.items():
+                saved = episode.get(key)
+                if saved.dtype != value.dtype or saved.shape[1:] != value.shape[template.batch_dims :]:
+                    raise InputError(f"{where}: {key} is {saved.dtype} {tuple(saved.shape)}")
+            done = episode.get(("next", "done")).reshape(episode.batch_size[0], -1).any(-1)
+            traj_ids = episode.get(("collector", "traj_ids"))
+            if done[:-1].any() or (traj_ids != traj_ids[0]).any():
+                raise InputError(f"{where} is not one episode")
+            if unfinished or done[-1]:
+                restored.append(episode if template.device is None else episode.to(template.device))
+        self._restored_episodes = restored
+
     def iterator(self) -> Iterator[TensorDictBase]:
+        while self._restored_episodes:  # one at a time: the assembly queues them in this order
+            yield self._restored_episodes.pop(0)
         if not self.lean:
             yield from super().iterator()
             return

@@ -87,6 +87,8 @@ class TrainingState:
         }
         if collector.track_traj_ids:
             collector_state["traj_pool"] = collector._traj_pool.state_dict()
+        if getattr(collector, "trajs_per_batch", None) is not None:  # episodes assembled across batches
+            collector_state["episodes"] = [episode.to_dict() for episode in collector.held_episodes()]
         return state | {"collector": collector_state, "env": env_state, "env_not_saved_because": reason}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -118,6 +120,11 @@ class TrainingState:
         collector._iter = _count(collector_state["iter"], "the collector's batch count", minimum=-1)
         if "traj_pool" in collector_state:
             collector._traj_pool.load_state_dict(collector_state["traj_pool"])
+        if "episodes" in collector_state:  # complete ones not handed over yet, unfinished ones if envs resume
+            episodes = [
+                TensorDict(episode).auto_batch_size_(batch_dims=1) for episode in collector_state["episodes"]
+            ]
+            collector.restore_held_episodes(episodes, unfinished=state["env"] is not None)
         if state["env"] is None:
             warnings.warn(
                 f"The training envs' state was not saved ({state['env_not_saved_because']}): the resumed run "
