@@ -27,8 +27,9 @@ The suite is resumable: a finished run (its record) is not redone (a record whos
 named, with the changes, in a warning and in report.md; delete it and its run folder to rerun it); a run stopped by
 the end of a session (SIGTERM, SIGINT or SIGHUP to the suite, which passes it on) saved resume.ckpt, and the same
 suite command continues it from there; runs write resume.ckpt every ``--checkpoint-every`` frames too, so even a
-killed run loses at most that much. Stable-Baselines3's runs, which have no resume checkpoint, start over. A record or a stopped run at another budget than the one asked for (``--frames``, or the preset's) is
-refused before anything runs: one folder holds one budget per (algorithm, env, seed); give the other budgets
+killed run loses at most that much. Stable-Baselines3's runs, which have no resume checkpoint, start over. A
+record or a stopped run at another budget than the one asked for (``--frames``, or the preset's) is refused
+before anything runs: one folder holds one budget per (algorithm, env, seed); give the other budgets
 their own ``--results`` folder. A suite killed outright (SIGKILL) leaves its running runs to finish on their own (their
 folders locked meanwhile); a later suite command picks up their records. The suite exits with status 1 when a
 run failed (each named with its log's last error), and 128 + N after signal N stopped it. Reference scores are ``benchmarks/references.csv`` (RL Zoo's benchmark.md, each row with its source); a score

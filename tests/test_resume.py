@@ -516,30 +516,47 @@ def held_episode_collector(batches):
 
 
 def test_held_episodes_must_be_whole_episodes_with_this_runs_entries():
-    held = held_episode_collector(batches=1).held_episodes()
+    source = held_episode_collector(batches=1)
+    held = source.held_episodes()
     finished = [bool(episode.get(("next", "done"))[-1]) for episode in held]
     assert held and not all(finished)  # at least the two envs' episodes in the making
     fresh = held_episode_collector(batches=0)
     fresh.restore_held_episodes(held, unfinished=False)
     assert len(fresh.held_episodes()) == sum(finished)  # envs that start over keep the finished ones only
-    fresh.restore_held_episodes(held)
+    with pytest.raises(InputError, match="not one of the episodes the envs are in"):
+        fresh.restore_held_episodes(held)  # this collector's envs are in other episodes
+    running = ("collector", "traj_ids")
+    fresh._carrier.set(
+        running, source._carrier.get(running).clone()
+    )  # as a resumed run's carrier is restored
+    fresh.restore_held_episodes([episode.to_dict() for episode in held])  # as read from resume.ckpt
     assert all((left == right).all() for left, right in zip(fresh.held_episodes(), held, strict=True))
 
+    def changed(episode, key, value):
+        return episode.clone().set(key, value)
+
     unfinished = held[finished.index(False)]
+    steps, done = unfinished.numel(), unfinished.get(("next", "done"))
     forgeries = {
-        "an extra entry": (unfinished.clone().set("extra", torch.zeros(unfinished.numel())), "batch entries"),
-        "a wrong dtype": (unfinished.clone().set("action", unfinished.get("action").float()), "action is"),
-        "a wrong shape": (unfinished.clone().set("observation", torch.zeros(unfinished.numel(), 5)), "observation"),
-        "two trajectories": (
-            unfinished.clone().set(("collector", "traj_ids"), torch.arange(unfinished.numel())), "not one episode"
+        "an extra entry": ([changed(unfinished, "extra", torch.zeros(steps))], "batch entries"),
+        "a wrong dtype": ([changed(unfinished, "action", unfinished.get("action").float())], "action is"),
+        "a wrong shape": ([changed(unfinished, "observation", torch.zeros(steps, 5))], "observation is"),
+        "an action outside the space": (
+            [changed(unfinished, "action", torch.full_like(unfinished.get("action"), 7))], "outside the action space"
         ),
-        "an end mid-way": (torch.cat([unfinished.clone().set(("next", "done"), torch.ones_like(
-            unfinished.get(("next", "done")))), unfinished]), "not one episode"),
-        "no steps": (unfinished[:0], "batch entries"),
+        "two trajectories": ([changed(unfinished, running, torch.arange(steps))], "not one episode"),
+        "an end mid-way": ([torch.cat([changed(unfinished, ("next", "done"), torch.ones_like(done)), unfinished])],
+                           "not one episode"),
+        "a termination without done": (
+            [changed(unfinished, ("next", "terminated"), torch.ones_like(done))], "done is not terminated"
+        ),
+        "one episode twice": ([unfinished, unfinished], "not one of the episodes the envs are in"),
+        "no steps": ([unfinished[:0]], "batch entries"),
+        "more than a collector holds": ([unfinished] * 100, "more than a collector holds"),
     }  # fmt: skip
-    for name, (episode, message) in forgeries.items():
+    for name, (episodes, message) in forgeries.items():
         with pytest.raises(InputError, match=message):
-            fresh.restore_held_episodes([episode])
+            fresh.restore_held_episodes(episodes)
         assert name
 
 

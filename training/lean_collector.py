@@ -13,7 +13,7 @@ state are the parent's; every other configuration runs the parent's rollout.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -129,24 +129,46 @@ class LeanCollector(Collector):
         joined = [torch.cat(chunks) if len(chunks) > 1 else chunks[0] for chunks in unfinished.values()]
         return [*self._restored_episodes, *complete, *joined]  # restored ones are ingested before any other
 
-    def restore_held_episodes(self, episodes: list[TensorDictBase], *, unfinished: bool = True) -> None:
-        """Put back the episodes :meth:`held_episodes` returned (read from a checkpoint), so that the batches
-        that follow are those the interrupted run would have made; ``unfinished=False`` keeps only the complete
-        ones (for envs that start new episodes).
+    def restore_held_episodes(
+        self, episodes: Sequence[TensorDictBase | Mapping], *, unfinished: bool = True
+    ) -> None:
+        """Put back the episodes :meth:`held_episodes` returned (read from a checkpoint: TensorDicts or their
+        ``to_dict()`` form), so that the batches that follow are those the interrupted run would have made;
+        ``unfinished=False`` keeps only the finished ones (for envs that start new episodes). Call it after the
+        carrier is restored: an unfinished episode must be one a sub-env is still in.
 
         Raises:
-            InputError: an episode's entries are not those of this collector's batches (keys, dtypes, shapes),
-                or its steps do not form one episode (one trajectory id, done at the last step only or nowhere).
+            InputError: more episodes than a collector can hold between batches; an episode's entries are not
+                those of this collector's batches (keys, dtypes, shapes), its discrete actions are outside the
+                action space, or its steps do not form one episode (one trajectory id, done exactly where
+                terminated or truncated, and only at the last step; an unfinished one in a sub-env's episode).
         """
         if self.trajs_per_batch is None:
             if episodes:
                 raise InputError("the checkpoint holds episodes for a collector that assembles none")
             return
+        envs = self.env.batch_size.numel()
+        most = (
+            self.frames_per_batch + self.trajs_per_batch + envs
+        )  # one batch's episodes, the queue, the running
+        if len(episodes) > most:
+            raise InputError(
+                f"the checkpoint holds {len(episodes):,} episodes, more than a collector holds ({most:,})"
+            )
         template = self._final_rollout
         leaves = {key: template.get(key) for key in template.keys(True, True)}
-        restored = []
+        action_specs = self.env.full_action_spec
+        discrete = {  # per-env specs of the integer and boolean actions: an index out of range fails later
+            key: action_specs[key][(0,) * len(self.env.batch_size)]
+            for key in action_specs.keys(True, True)
+            if key in leaves and not leaves[key].is_floating_point()
+        }
+        running = set(self._carrier.get(("collector", "traj_ids")).reshape(-1).tolist())
+        restored, unfinished_ids = [], set()
         for index, episode in enumerate(episodes):
             where = f"held episode {index}"
+            if isinstance(episode, Mapping):
+                episode = TensorDict(episode).auto_batch_size_(batch_dims=1)
             if (
                 set(episode.keys(True, True)) != set(leaves)
                 or episode.batch_dims != 1
@@ -157,11 +179,29 @@ class LeanCollector(Collector):
                 saved = episode.get(key)
                 if saved.dtype != value.dtype or saved.shape[1:] != value.shape[template.batch_dims :]:
                     raise InputError(f"{where}: {key} is {saved.dtype} {tuple(saved.shape)}")
-            done = episode.get(("next", "done")).reshape(episode.batch_size[0], -1).any(-1)
+            for key, spec in discrete.items():
+                if not spec.is_in(episode.get(key)):
+                    raise InputError(f"{where}: {key} holds values outside the action space")
+            steps = episode.batch_size[0]
+            flags = {
+                name: episode.get(("next", name)).reshape(steps, -1).any(-1)
+                for name in ("done", "terminated", "truncated")
+                if ("next", name) in leaves
+            }
+            ends = flags["done"]
+            if {"terminated", "truncated"} <= flags.keys() and (
+                ends != flags["terminated"] | flags["truncated"]
+            ).any():
+                raise InputError(f"{where} is not one episode (done is not terminated or truncated)")
             traj_ids = episode.get(("collector", "traj_ids"))
-            if done[:-1].any() or (traj_ids != traj_ids[0]).any():
+            if ends[:-1].any() or (traj_ids != traj_ids[0]).any():
                 raise InputError(f"{where} is not one episode")
-            if unfinished or done[-1]:
+            if unfinished and not ends[-1]:
+                traj_id = traj_ids[0].item()
+                if traj_id in unfinished_ids or traj_id not in running:
+                    raise InputError(f"{where} is not one of the episodes the envs are in")
+                unfinished_ids.add(traj_id)
+            if unfinished or ends[-1]:
                 restored.append(episode if template.device is None else episode.to(template.device))
         self._restored_episodes = restored
 

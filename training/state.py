@@ -65,6 +65,13 @@ class TrainingState:
                 "Resume state is kept for --collector-backend single only (worker processes and Ray actors hold "
                 "their envs' state out of reach); drop --collector-backend or --resume."
             )
+        if getattr(self.collector, "trajs_per_batch", None) is not None and not hasattr(
+            self.collector, "held_episodes"
+        ):
+            raise InputError(
+                "A collector that assembles episodes (trajs_per_batch) resumes only as training.lean_collector."
+                "LeanCollector, which saves the episodes it holds; build it with training.make_collector."
+            )
 
     def state_dict(self) -> dict[str, Any]:
         state = {
@@ -87,7 +94,9 @@ class TrainingState:
         }
         if collector.track_traj_ids:
             collector_state["traj_pool"] = collector._traj_pool.state_dict()
-        if getattr(collector, "trajs_per_batch", None) is not None:  # episodes assembled across batches
+        if collector.trajs_per_batch is not None and hasattr(
+            collector, "held_episodes"
+        ):  # see check_resumable
             collector_state["episodes"] = [episode.to_dict() for episode in collector.held_episodes()]
         return state | {"collector": collector_state, "env": env_state, "env_not_saved_because": reason}
 
@@ -120,11 +129,6 @@ class TrainingState:
         collector._iter = _count(collector_state["iter"], "the collector's batch count", minimum=-1)
         if "traj_pool" in collector_state:
             collector._traj_pool.load_state_dict(collector_state["traj_pool"])
-        if "episodes" in collector_state:  # complete ones not handed over yet, unfinished ones if envs resume
-            episodes = [
-                TensorDict(episode).auto_batch_size_(batch_dims=1) for episode in collector_state["episodes"]
-            ]
-            collector.restore_held_episodes(episodes, unfinished=state["env"] is not None)
         if state["env"] is None:
             warnings.warn(
                 f"The training envs' state was not saved ({state['env_not_saved_because']}): the resumed run "
@@ -139,6 +143,8 @@ class TrainingState:
             for key, value in saved.items(True, True):
                 current = carrier.get(key, None)
                 carrier.set(key, value if current is None else value.to(current.device))
+        if "episodes" in collector_state:  # finished ones not handed over yet, unfinished ones if envs resume
+            collector.restore_held_episodes(collector_state["episodes"], unfinished=state["env"] is not None)
         self.restore_rng(state)
 
     def _end_episodes(self) -> None:
