@@ -73,7 +73,7 @@ def output_path(output: str | None, checkpoint: Path) -> Path:
             f"--output {path} is the agent checkpoint being exported; give another --output, e.g. "
             f"{checkpoint.parent / 'policy.onnx'}."
         )
-    if path.is_file() and not is_onnx_file(path):
+    if (path.exists() or path.is_symlink()) and not is_onnx_file(path):
         raise InputError(
             f"--output {path} exists and is not an ONNX model (a .onnx file), so export will not replace it; "
             "give another --output or remove that file first."
@@ -82,13 +82,23 @@ def output_path(output: str | None, checkpoint: Path) -> Path:
 
 
 def is_onnx_file(path: Path) -> bool:
-    """Whether ``path`` is named ``*.onnx`` and is empty or starts as an ONNX model does: byte 0x08, the protobuf
-    tag of ``ModelProto.ir_version`` (field 1, which writers put first); a PyTorch checkpoint (a zip, ``PK``), a
-    pickle or a text file does not."""
-    if path.suffix.lower() != ".onnx":
+    """Whether ``path`` is a regular file named ``*.onnx`` and is empty or starts as an ONNX model does: byte
+    0x08, the protobuf tag of ``ModelProto.ir_version`` (field 1, which writers put first); a PyTorch checkpoint
+    (a zip, ``PK``), a pickle, a text file, a pipe or a dangling link does not.
+
+    Raises:
+        InputError: the file cannot be read (its permissions).
+    """
+    if path.suffix.lower() != ".onnx" or not path.is_file():
         return False
-    with path.open("rb") as file:
-        start = file.read(1)
+    try:
+        with path.open("rb") as file:
+            start = file.read(1)
+    except OSError as error:
+        raise InputError(
+            f"--output {path} exists and cannot be read ({error.strerror}), so export cannot tell whether it is an "
+            "earlier export to replace; give another --output or remove that file first."
+        ) from None
     return start in (b"", b"\x08")
 
 

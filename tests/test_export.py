@@ -3,6 +3,8 @@
 tolerance for continuous ones), whatever the batch size."""
 
 import json
+import os
+from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
@@ -271,6 +273,13 @@ def test_export_refuses_to_replace_the_checkpoint_or_a_file_that_is_not_onnx(tmp
         status, error = run_export_command(monkeypatch, capsys, checkpoint, "--output", other)
         assert status == 2 and len(error.splitlines()) == 1 and "is not an ONNX model" in error
     assert notes.read_text() == "keep me" and fake.read_bytes() == content
+    pipe, dangling = tmp_path / "pipe.onnx", tmp_path / "dangling.onnx"  # not files an export replaces
+    os.mkfifo(pipe)
+    dangling.symlink_to(tmp_path / "missing.onnx")
+    for other in (pipe, dangling):
+        with pytest.raises(InputError, match="is not an ONNX model"):
+            export.main(export.ExportConfig(checkpoint, output=str(other)))
+    assert pipe.is_fifo() and dangling.is_symlink() and not (tmp_path / "missing.onnx").exists()
     earlier = export.main(export.ExportConfig(checkpoint))["output"]  # an earlier export is replaced
     assert export.main(export.ExportConfig(checkpoint))["output"] == earlier
     empty = tmp_path / "empty.onnx"
@@ -324,3 +333,21 @@ def test_multidiscrete_observations_keep_their_start(builder, tmp_path):
     expected = agent.predict(batch)
     np.testing.assert_array_equal(actions, expected)
     assert len(set(expected.tolist())) > 1
+
+
+def test_an_existing_output_that_cannot_be_read_is_refused_in_one_line(tmp_path, monkeypatch):
+    checkpoint = saved_agent(tmp_path)
+    locked = tmp_path / "locked.onnx"
+    locked.write_bytes(b"\x08")
+    real_open = Path.open
+
+    def guarded_open(self, *args, **kwargs):  # as for a file without read permission (tests may run as root)
+        if self == locked:
+            raise PermissionError(13, "Permission denied", str(self))
+        return real_open(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "open", guarded_open)
+    with pytest.raises(InputError, match=r"exists and cannot be read \(Permission denied\)"):
+        export.main(export.ExportConfig(checkpoint, output=str(locked)))
+    monkeypatch.undo()
+    assert locked.read_bytes() == b"\x08"
