@@ -147,10 +147,8 @@ class LeanCollector(Collector):
             if episodes:
                 raise InputError("the checkpoint holds episodes for a collector that assembles none")
             return
-        envs = self.env.batch_size.numel()
-        most = (
-            self.frames_per_batch + self.trajs_per_batch + envs
-        )  # one batch's episodes, the queue, the running
+        # at most: one batch's episodes, those queued before it, one running in each env
+        most = self.frames_per_batch + self.trajs_per_batch + self.env.batch_size.numel()
         if len(episodes) > most:
             raise InputError(
                 f"the checkpoint holds {len(episodes):,} episodes, more than a collector holds ({most:,})"

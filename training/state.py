@@ -94,9 +94,8 @@ class TrainingState:
         }
         if collector.track_traj_ids:
             collector_state["traj_pool"] = collector._traj_pool.state_dict()
-        if collector.trajs_per_batch is not None and hasattr(
-            collector, "held_episodes"
-        ):  # see check_resumable
+        assembles = collector.trajs_per_batch is not None and hasattr(collector, "held_episodes")
+        if assembles:  # the episodes held between batches (another collector is refused by check_resumable)
             collector_state["episodes"] = [episode.to_dict() for episode in collector.held_episodes()]
         return state | {"collector": collector_state, "env": env_state, "env_not_saved_because": reason}
 
