@@ -133,7 +133,7 @@ def truncation_values(critic: nn.Module, episodes: TensorDictBase) -> torch.Tens
         return values
     cut = (truncated & ~episodes.get(("next", "terminated"))).reshape(-1)
     if cut.any():
-        next_steps = episodes.get("next")[cut].select(*critic.in_keys)
+        next_steps = episodes.get("next").select(*critic.in_keys)[cut]  # the critic's entries, cut rows only
         values[cut] = critic(next_steps).get("state_value").to(values)
     return values
 
