@@ -18,7 +18,6 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
-import torch.nn.functional as F
 from tensordict import TensorDict, TensorDictBase
 from tensordict.nn import TensorDictParams
 from torch import nn
@@ -32,6 +31,7 @@ from torchrl.objectives.value.functional import td0_return_estimate
 
 from agents.continuous import StateActionNet
 from agents.fast_paths import tanh_normal_arguments, tanh_normal_sample
+from agents.linear import MIN_MULTIPLY_ADDS, linear, uses_onednn
 from errors import InputError
 
 
@@ -109,7 +109,7 @@ def direct_forward(module: nn.Module, prefix: str = "") -> Callable[..., torch.T
     sequences of ``nn.Linear`` layers, TorchRL ``MLP`` networks, :class:`agents.continuous.StateActionNet` and any
     submodule without parameters or buffers (activations, ``Identity``, ``NormalParamExtractor``, a shared
     normaliser), which is called as it is. It computes what ``functional_call`` computes, with the same
-    operations, without swapping every parameter into the module and back on each call. ``None`` for any other
+    operations (large float32 products through oneDNN where :func:`agents.linear.linear` takes it), without swapping every parameter into the module and back on each call. ``None`` for any other
     module with parameters or buffers (callers fall back to ``functional_call``).
     """
     if next(module.parameters(), None) is None and next(module.buffers(), None) is None:
@@ -117,8 +117,8 @@ def direct_forward(module: nn.Module, prefix: str = "") -> Callable[..., torch.T
     if type(module) is nn.Linear:
         weight, bias = prefix + "weight", prefix + "bias"
         if module.bias is None:
-            return lambda parameters, x: F.linear(x, parameters[weight])
-        return lambda parameters, x: F.linear(x, parameters[weight], parameters[bias])
+            return lambda parameters, x: linear(x, parameters[weight])
+        return lambda parameters, x: linear(x, parameters[weight], parameters[bias])
     if type(module) in (nn.Sequential, MLP) and not getattr(module, "_reshape_out", False):
         layers = [direct_forward(child, f"{prefix}{name}.") for name, child in module.named_children()]
         if any(layer is None for layer in layers):
@@ -164,7 +164,8 @@ def stacked_forward(module: nn.Module, prefix: str = "") -> Callable[..., torch.
     """``module``'s forward for every member of stacked parameters at once, as a function of ``(parameters,
     *inputs)``: the parameters stacked along a leading member dim ``K`` (keys: dotted names), the inputs shared by
     the members, the output ``[K, *output]``. Each ``nn.Linear`` is one batched matrix product over the members
-    (``torch.baddbmm``, the bias added in the same call), the activations of :data:`_ELEMENTWISE` run on all
+    (``torch.baddbmm``, the bias added in the same call; where :func:`agents.linear.linear` takes oneDNN for
+    the largest layer, each member runs through its layers with oneDNN's products instead), the activations of :data:`_ELEMENTWISE` run on all
     members' outputs together; ``nn.Sequential`` and TorchRL ``MLP`` containers of those and
     :class:`agents.continuous.StateActionNet` with an encoder without parameters or buffers are covered. ``None``
     for any other module (callers run the members one by one). On a 2-core CPU a SAC gradient step with twin
@@ -200,6 +201,18 @@ def stacked_forward(module: nn.Module, prefix: str = "") -> Callable[..., torch.
     def members(parameters, *inputs):
         x = torch.cat(inputs, -1) if concatenate and len(inputs) > 1 else inputs[0]
         batch_shape, x = x.shape[:-1], x.reshape(-1, x.shape[-1])
+        if uses_onednn() and _largest_product(parameters, layers, x.shape[0]) >= MIN_MULTIPLY_ADDS:
+            # oneDNN's products are faster than the batched one but take one member at a time: each member runs
+            # through all its layers, so only the outputs are stacked (and, in backward, the parameters' gradients)
+            names = [name for layer in layers if type(layer) is tuple for name in layer if name is not None]
+            unbound = {name: parameters[name].unbind(0) for name in names}
+            x = torch.stack(
+                [
+                    _member_forward(layers, {name: values[k] for name, values in unbound.items()}, x)
+                    for k in range(len(next(iter(unbound.values()))))
+                ]
+            )
+            return x.reshape(x.shape[0], *batch_shape, x.shape[-1])
         shared = True  # x is the members' common input until the first linear layer
         for layer in layers:
             if isinstance(layer, nn.Module):
@@ -216,6 +229,25 @@ def stacked_forward(module: nn.Module, prefix: str = "") -> Callable[..., torch.
         return x.reshape(x.shape[0], *batch_shape, x.shape[-1])
 
     return members if any(not isinstance(layer, nn.Module) for layer in layers) else None
+
+
+def _largest_product(parameters: dict[str, torch.Tensor], layers: list, rows: int) -> int:
+    """The multiply-adds of the largest linear layer of :func:`stacked_forward`'s ``layers`` on ``rows`` rows."""
+    return max(
+        rows * parameters[layer[0]].shape[-1] * parameters[layer[0]].shape[-2]
+        for layer in layers
+        if type(layer) is tuple
+    )
+
+
+def _member_forward(layers: list, parameters: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+    """One member's output of :func:`stacked_forward`'s ``layers``, with that member's parameters."""
+    for layer in layers:
+        if type(layer) is tuple:
+            x = linear(x, parameters[layer[0]], parameters[layer[1]] if layer[1] is not None else None)
+        else:
+            x = layer(x)
+    return x
 
 
 def _check_td0(loss: nn.Module) -> None:

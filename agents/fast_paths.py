@@ -55,6 +55,7 @@ from torchrl.modules import (
 from torchrl.modules.distributions import IndependentNormal, TanhNormal
 from torchrl.modules.distributions.utils import safetanh_noeps, sample_and_log_prob
 
+from agents.linear import linear
 from errors import InputError
 
 CompiledT = TypeVar("CompiledT", bound=Callable)
@@ -118,10 +119,11 @@ def install() -> None:
 
 def unrolled(module: nn.Module) -> Callable[..., torch.Tensor]:
     """``module``'s forward as a function of its inputs that runs containers and simple layers as tensor
-    operations, not module calls; it computes what ``module(*inputs)`` computes, with the same operations.
+    operations, not module calls; it computes what ``module(*inputs)`` computes, with the same operations (large
+    float32 products through oneDNN where :func:`agents.linear.linear` takes it: the same up to the order of sums).
 
-    ``nn.Sequential`` and TorchRL ``MLP`` containers are flattened, ``nn.Linear`` runs as ``F.linear`` on the
-    layer's current weight and bias, ``nn.ReLU`` and ``nn.Tanh`` as their functions, ``nn.Identity`` not at
+    ``nn.Sequential`` and TorchRL ``MLP`` containers are flattened, ``nn.Linear`` runs as
+    :func:`agents.linear.linear` on the layer's current weight and bias, ``nn.ReLU`` and ``nn.Tanh`` as their functions, ``nn.Identity`` not at
     all, and any other submodule (a normaliser, ``NormalParamExtractor``, a layer with parameters of another
     kind) is called as it is. A module with forward hooks is called as it is, and so is the whole network
     while global module hooks are registered (``torch.nn.modules.module.register_module_forward_hook``).
@@ -133,7 +135,7 @@ def unrolled(module: nn.Module) -> Callable[..., torch.Tensor]:
 
 
 class _Unrolled:
-    """What :func:`unrolled` returns: ``module`` and its steps, each a layer (``nn.Linear``: ``F.linear`` on its
+    """What :func:`unrolled` returns: ``module`` and its steps, each a layer (``nn.Linear``: :func:`agents.linear.linear` on its
     parameters), an activation function, or a submodule to call."""
 
     def __init__(self, module: nn.Module):
@@ -145,7 +147,7 @@ class _Unrolled:
             return self.module(*inputs)
         x = inputs[0]
         for step in self.steps:
-            x = F.linear(x, step.weight, step.bias) if type(step) is nn.Linear else step(x)
+            x = linear(x, step.weight, step.bias) if type(step) is nn.Linear else step(x)
         return x
 
 
@@ -154,7 +156,7 @@ def _unrolled_steps(module: nn.Module) -> list[Callable[[torch.Tensor], torch.Te
         return [module.__call__]  # called with its hooks (a bound method, never mistaken for a bare layer)
     kind = type(module)
     if kind is nn.Linear:
-        return [module]  # run as F.linear by _Unrolled
+        return [module]  # run as agents.linear.linear by _Unrolled
     if kind is nn.ReLU:
         return [torch.relu_ if module.inplace else torch.relu]
     if kind is nn.Tanh:

@@ -13,6 +13,8 @@ Agent steps per second of training (no evaluation) on ``ALE/Pong-v5``, each side
 * ``ours-bf16`` (likewise): ``ours`` with ``--matmul-precision medium`` (the CNN's convolutions and matrix products
   in bfloat16 on CPUs that have it, TF32 on CUDA GPUs).
 * ``ours-ieee`` (likewise): ``ours`` with ``--no-flush-denormal`` (denormal floats computed as such).
+* ``ours-mkl`` (likewise): ``ours`` with ``--linear-kernels torch`` (the Nature CNN's linear layer through torch's
+  default float32 product, MKL's on x86, where ``auto`` takes oneDNN's on AMD CPUs with AVX-512).
 * ``ours-async`` and ``sb3-subproc`` (likewise): each env in a process of its own (``--vectorization async``;
   SB3's ``SubprocVecEnv``), the lever where cores are spare, as on a GPU machine.
 
@@ -48,7 +50,7 @@ import warnings
 from benchmarks.common import whole_number
 
 ENV_ID = "ALE/Pong-v5"
-SIDES = ["sb3", "ours", "ours-compiled", "ours-bf16", "ours-ieee", "sb3-subproc", "ours-async"]
+SIDES = ["sb3", "ours", "ours-compiled", "ours-bf16", "ours-ieee", "ours-mkl", "sb3-subproc", "ours-async"]
 OURS_SIDES = [side for side in SIDES if side.startswith("ours")]
 
 
@@ -118,6 +120,7 @@ def run_ours(
     compile: bool = False,
     matmul_precision: str = "highest",
     flush_denormal: bool = True,
+    linear_kernels: str = "auto",
     device: str = "cpu",
     vectorization: str = "sync",
 ) -> dict:
@@ -137,7 +140,7 @@ def run_ours(
         sys.argv += ["--learning-starts", str(learning_starts)]
     if compile:
         sys.argv.append("--compile")
-    sys.argv += ["--matmul-precision", matmul_precision]
+    sys.argv += ["--matmul-precision", matmul_precision, "--linear-kernels", linear_kernels]
     if not flush_denormal:
         sys.argv.append("--no-flush-denormal")
     config_class = recipe.PPOConfig if algo == "ppo" else recipe.DQNConfig
@@ -206,6 +209,7 @@ def main() -> None:
                 compile=args.child == "ours-compiled",
                 matmul_precision="medium" if args.child == "ours-bf16" else "highest",
                 flush_denormal=args.child != "ours-ieee",
+                linear_kernels="torch" if args.child == "ours-mkl" else "auto",
                 device=args.device,
                 vectorization="async" if args.child == "ours-async" else "sync",
             )

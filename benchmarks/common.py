@@ -13,9 +13,10 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
-SIDES = ["sb3", "ours-zoo", "ours", "ours-zoo-compiled", "ours-zoo-bf16", "ours-zoo-ieee"]
+SIDES = ["sb3", "ours-zoo", "ours", "ours-zoo-compiled", "ours-zoo-bf16", "ours-zoo-ieee", "ours-zoo-mkl"]
 # ours-zoo-compiled: ours-zoo with --compile; ours-zoo-bf16: with --matmul-precision medium; ours-zoo-ieee: with
-# --no-flush-denormal (the last two only when asked for)
+# --no-flush-denormal; ours-zoo-mkl: with --linear-kernels torch (torch's default float32 products, MKL's on x86;
+# the last three only when asked for)
 DEFAULT_SIDES = SIDES[:4]
 EVAL_SEED_OFFSET = (
     1_000_000  # training.evaluation.EVAL_SEED_OFFSET (not imported: the SB3 side runs without torchrl)
@@ -94,14 +95,21 @@ def side_options(side: str) -> dict[str, Any]:
         "compile": side == "ours-zoo-compiled",
         "matmul_precision": "medium" if side == "ours-zoo-bf16" else "highest",
         "flush_denormal": side != "ours-zoo-ieee",
+        "linear_kernels": "torch" if side == "ours-zoo-mkl" else "auto",
     }
 
 
 def output_suffix(
-    compile: bool = False, matmul_precision: str = "highest", flush_denormal: bool = True
+    compile: bool = False,
+    matmul_precision: str = "highest",
+    flush_denormal: bool = True,
+    linear_kernels: str = "auto",
 ) -> str:
     """What a side's run options add to its output folder's name, so that each side keeps its own run."""
-    return f"{'-compiled' if compile else ''}{'-bf16' if matmul_precision == 'medium' else ''}{'' if flush_denormal else '-ieee'}"
+    return (
+        f"{'-compiled' if compile else ''}{'-bf16' if matmul_precision == 'medium' else ''}"
+        f"{'' if flush_denormal else '-ieee'}{'' if linear_kernels == 'auto' else '-' + linear_kernels}"
+    )
 
 
 def run_ours_off_policy(
@@ -201,6 +209,7 @@ def compare(module: str, sides: list[str], seeds: list[int], target: str = "475"
         ("ours-zoo-compiled", ", --compile"),
         ("ours-zoo-bf16", ", --matmul-precision medium"),
         ("ours-zoo-ieee", ", --no-flush-denormal"),
+        ("ours-zoo-mkl", ", --linear-kernels torch"),
     ):
         if "sb3" in results and side in results:
             ratio = statistics.mean(r["fps"] for r in results[side]) / statistics.mean(

@@ -13,6 +13,26 @@ import torch
 torch.set_num_threads(1)
 
 
+@pytest.fixture(autouse=True)
+def _restore_linear_kernels():
+    """Each test starts with the process's choice of linear kernels (agents.linear) and leaves it as it was: a
+    recipe's run sets them for the whole process."""
+    import agents.linear
+
+    before = agents.linear.uses_onednn()
+    yield
+    agents.linear._use_onednn = before
+
+
+@pytest.fixture
+def torch_linear_kernels():
+    """torch's own float32 products (F.linear) in every linear layer, for tests that compare a shortcut with the
+    module path it replaces bit for bit (oneDNN's products sum in another order)."""
+    from agents.linear import set_linear_kernels
+
+    set_linear_kernels("torch")
+
+
 @pytest.fixture
 def output_dir(tmp_path):
     return tmp_path / "run"

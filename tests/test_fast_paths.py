@@ -157,7 +157,7 @@ def test_the_lean_actor_draws_directly_only_for_the_distributions_it_knows():
 
 
 @pytest.mark.parametrize("dueling", [False, True])
-def test_the_lean_q_policy_explores_as_the_epsilon_greedy_policy_does(dueling):
+def test_the_lean_q_policy_explores_as_the_epsilon_greedy_policy_does(dueling, torch_linear_kernels):
     env = make_env("CartPole-v1", num_envs=64, seed=0)
     policy = make_q_actor(env.observation_spec["observation"], env.action_spec, dueling=dueling, epsilon=0.5)
     lean = lean_policy(policy)
@@ -185,7 +185,9 @@ def test_the_lean_q_policy_explores_as_the_epsilon_greedy_policy_does(dueling):
     "env_id, sigma, normalize_obs",
     [("Pendulum-v1", 0.1, False), ("MountainCarContinuous-v0", 1.5, True)],  # wide noise: projected often
 )
-def test_the_lean_deterministic_policy_adds_the_noise_the_gaussian_module_adds(env_id, sigma, normalize_obs):
+def test_the_lean_deterministic_policy_adds_the_noise_the_gaussian_module_adds(
+    env_id, sigma, normalize_obs, torch_linear_kernels
+):
     env = make_env(env_id, num_envs=64, seed=0)
     policy = make_deterministic_actor(
         env.observation_spec["observation"], env.action_spec, noise_sigma=sigma, normalize_obs=normalize_obs

@@ -100,6 +100,11 @@ class RunConfig(Options):
     'highest' float32; 'medium' lets them run in bfloat16 with float32 accumulation on CPUs with AVX512-BF16 or
     AMX (oneDNN) and in TF32 on CUDA GPUs; 'high' TF32 where the hardware has it. Faster updates of large networks
     for less exact products: check the learning curve before relying on it."""
+    linear_kernels: Literal["auto", "torch", "onednn"] = "auto"
+    """Kernels of large float32 linear layers on the CPU (agents.linear): 'onednn' runs products of two million
+    multiply-adds or more (256-unit layers at batch 32 and up) through oneDNN, 'torch' through torch's default
+    (MKL), 'auto' oneDNN on x86 CPUs with AVX-512 that are not Intel's, where MKL takes AVX2 kernels (about half
+    oneDNN's speed on an AMD EPYC). Both are float32 arithmetic, summed in another order."""
     flush_denormal: bool = True
     """Flush denormal floats (below 1.2e-38) to zero in CPU arithmetic (torch.set_flush_denormal; torch's
     worker threads started after the run sets it inherit it). Adam's moments of a dead ReLU unit's weights decay

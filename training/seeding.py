@@ -7,13 +7,15 @@ import random
 import numpy as np
 import torch
 
+from agents.linear import set_linear_kernels
 from training.config import RunConfig
 
 
 def prepare_process(run: RunConfig) -> None:
     """Seed Python, NumPy and torch with ``run.seed``, set torch's CPU threads (``run.threads``; 0 keeps
-    torch's default), the precision of float32 matrix products and CPU convolutions (``run.matmul_precision``)
-    and whether CPU arithmetic flushes denormals to zero (``run.flush_denormal``); for the learner of a run on
+    torch's default), the precision of float32 matrix products and CPU convolutions (``run.matmul_precision``),
+    whether CPU arithmetic flushes denormals to zero (``run.flush_denormal``), the kernels of large float32
+    linear layers (``run.linear_kernels``, :func:`agents.linear.set_linear_kernels`); for the learner of a run on
     gradient workers, join or start Ray and check that it has their CPUs (an :class:`InputError` if not)."""
     torch.set_flush_denormal(run.flush_denormal)  # first: worker threads started later inherit it
     random.seed(run.seed)
@@ -22,6 +24,7 @@ def prepare_process(run: RunConfig) -> None:
     if run.threads > 0:
         torch.set_num_threads(run.threads)
     set_matmul_precision(run.matmul_precision)
+    set_linear_kernels(run.linear_kernels)
     if run.learns_on_workers:  # Ray there, with a CPU per worker, before the run claims its output folder
         from training.distributed import init_ray
 

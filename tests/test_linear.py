@@ -1,0 +1,208 @@
+"""agents.linear: large float32 CPU products through oneDNN, the same values and gradients as F.linear up to the
+order of sums; everything it does not cover goes to F.linear itself."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import agents.linear as linear_kernels
+from agents.actor_critic import stacked_forward
+from agents.fast_paths import unrolled
+from agents.linear import MIN_MULTIPLY_ADDS, linear, set_linear_kernels, uses_onednn
+from agents.networks import NatureCNN
+from errors import InputError
+from training import RunConfig, prepare_process
+
+pytestmark = pytest.mark.skipif(not linear_kernels.onednn_available(), reason="this torch has no oneDNN")
+
+
+@pytest.fixture
+def onednn():
+    """oneDNN on for the test (conftest puts the process's choice back after it)."""
+    set_linear_kernels("onednn")
+
+
+@pytest.fixture
+def products(monkeypatch):
+    """The oneDNN products run, as (rows, weight) shapes."""
+    calls = []
+    original = linear_kernels._product
+
+    def counted(rows, weight, bias):
+        calls.append((tuple(rows.shape), tuple(weight.shape)))
+        return original(rows, weight, bias)
+
+    monkeypatch.setattr(linear_kernels, "_product", counted)
+    return calls
+
+
+def _operands(rows=256, inputs=400, outputs=300, bias=True, batch=()):
+    torch.manual_seed(0)
+    x = torch.randn(*batch, rows, inputs, requires_grad=True)
+    weight = (torch.randn(outputs, inputs) / inputs**0.5).requires_grad_()
+    return x, weight, (torch.randn(outputs, requires_grad=True) if bias else None)
+
+
+def _gradients(function, x, weight, bias):
+    output = function(x, weight, bias)
+    output.backward(torch.linspace(-1, 1, output.numel()).reshape(output.shape))
+    grads = [tensor.grad.clone() for tensor in (x, weight, bias) if tensor is not None]
+    for tensor in (x, weight, bias):
+        if tensor is not None:
+            tensor.grad = None
+    return output.detach(), grads
+
+
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("batch", [(), (2, 3)])
+def test_large_products_equal_f_linear_with_their_gradients(onednn, products, bias, batch):
+    x, weight, b = _operands(rows=64, inputs=256, outputs=256, bias=bias, batch=batch)
+    output, grads = _gradients(linear, x, weight, b)
+    expected, expected_grads = _gradients(F.linear, x, weight, b)
+    assert products  # it went through oneDNN: forward, and the input's and the weight's gradients
+    assert len(products) == 3
+    assert output.shape == expected.shape
+    torch.testing.assert_close(output, expected, rtol=1e-5, atol=1e-5)
+    for grad, expected_grad in zip(grads, expected_grads, strict=True):
+        torch.testing.assert_close(grad, expected_grad, rtol=1e-5, atol=1e-4)
+
+
+def test_strided_operands_and_gradients_of_the_weight_alone(onednn, products):
+    x, weight, bias = _operands()
+    x_t = x.detach().t().contiguous().t()  # the same values, column-major
+    assert not x_t.is_contiguous()
+    output = linear(x_t, weight, bias)
+    torch.testing.assert_close(output, F.linear(x_t, weight, bias), rtol=1e-5, atol=1e-5)
+    output.sum().backward()
+    assert len(products) == 2  # forward and the weight's gradient: the input needs none
+    expected = torch.autograd.grad(F.linear(x_t, weight, bias).sum(), weight)[0]
+    torch.testing.assert_close(weight.grad, expected, rtol=1e-5, atol=1e-4)
+
+
+def test_inference_runs_without_autograd(onednn, products):
+    x, weight, bias = _operands()
+    with torch.no_grad():
+        output = linear(x, weight, bias)
+    assert products and output.grad_fn is None
+    torch.testing.assert_close(output, F.linear(x, weight, bias).detach(), rtol=1e-5, atol=1e-5)
+
+
+def test_what_onednn_does_not_cover_is_f_linear_to_the_bit(onednn, products):
+    side = round((MIN_MULTIPLY_ADDS / 2) ** (1 / 3))
+    small = _operands(rows=side, inputs=side, outputs=side)
+    cases = {
+        "below the size": small,
+        "float64": [t.detach().double() for t in _operands()],
+        "one observation": _operands(rows=1),
+    }
+    for name, (x, weight, bias) in cases.items():
+        assert torch.equal(linear(x, weight, bias), F.linear(x, weight, bias)), name
+    x, weight, bias = _operands()
+    torch.set_float32_matmul_precision("medium")
+    try:
+        assert torch.equal(linear(x, weight, bias), F.linear(x, weight, bias))
+    finally:
+        torch.set_float32_matmul_precision("highest")
+    set_linear_kernels("torch")
+    assert torch.equal(linear(x, weight, bias), F.linear(x, weight, bias))
+    assert products == []
+
+
+def test_vmap_and_tracing_take_f_linear(onednn, products):
+    x, weight, bias = _operands()
+    stacked = torch.stack([weight.detach(), 2 * weight.detach()])
+    batched = torch.vmap(lambda w: linear(x.detach(), w, bias.detach()))(stacked)
+    torch.testing.assert_close(batched[1], F.linear(x, 2 * weight, bias).detach())
+    weight, bias = weight.detach(), bias.detach()
+    traced = torch.jit.trace(lambda inputs: linear(inputs, weight, bias), (x.detach(),), check_trace=False)
+    assert products == []  # neither went through oneDNN
+    assert "linear" in str(traced.graph)
+
+
+def test_a_second_derivative_is_refused(onednn):
+    x, weight, bias = _operands()
+    (gradient,) = torch.autograd.grad(linear(x, weight, bias).pow(2).sum(), weight, create_graph=True)
+    with pytest.raises(RuntimeError, match="twice|once_differentiable|double"):
+        gradient.sum().backward()
+
+
+def test_stacked_members_through_onednn_equal_the_batched_product(products):
+    torch.manual_seed(0)
+    network = nn.Sequential(nn.Linear(23, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 1))
+    forward = stacked_forward(network)
+    stacked = {
+        name: torch.stack([value.detach(), value.detach() * 0.5]).requires_grad_()
+        for name, value in network.named_parameters()
+    }
+    x = torch.randn(256, 23)
+
+    def run():
+        output = forward(stacked, x)
+        output.sum().backward()
+        grads = {name: value.grad.clone() for name, value in stacked.items()}
+        for value in stacked.values():
+            value.grad = None
+        return output.detach(), grads
+
+    before = uses_onednn()
+    try:
+        set_linear_kernels("torch")
+        expected, expected_grads = run()
+        set_linear_kernels("onednn")
+        output, grads = run()
+    finally:
+        linear_kernels._use_onednn = before
+    assert len(products) == 2 * 3  # each member's 256x256 layer: forward and two gradients
+    assert output.shape == expected.shape == (2, 256, 1)
+    torch.testing.assert_close(output, expected, rtol=1e-5, atol=1e-5)
+    for name in stacked:
+        torch.testing.assert_close(grads[name], expected_grads[name], rtol=1e-4, atol=1e-4)
+
+
+def test_unrolled_networks_and_the_nature_cnn_take_it(onednn, products):
+    torch.manual_seed(0)
+    network = nn.Sequential(nn.Linear(256, 256), nn.Tanh(), nn.Linear(256, 4))
+    x = torch.randn(64, 256)
+    torch.testing.assert_close(unrolled(network)(x), network(x), rtol=1e-5, atol=1e-5)
+    assert len(products) == 1
+    cnn = NatureCNN((4, 84, 84), "chw")
+    pixels = torch.randint(0, 256, (8, 4, 84, 84), dtype=torch.uint8)
+    features = cnn(pixels)
+    assert products[-1] == ((8, 3136), (512, 3136))
+    expected = cnn.linear(cnn.convolutions(pixels.float() / 255.0))
+    torch.testing.assert_close(features, expected, rtol=1e-4, atol=1e-5)
+
+
+def test_the_run_option_sets_the_kernels_and_auto_follows_the_cpu(monkeypatch):
+    before = uses_onednn()
+    try:
+        prepare_process(RunConfig(linear_kernels="onednn"))
+        assert uses_onednn()
+        prepare_process(RunConfig(linear_kernels="torch"))
+        assert not uses_onednn()
+        for vendor, capability, expected in [
+            ("AuthenticAMD", "AVX512", True),
+            ("GenuineIntel", "AVX512", False),
+            ("AuthenticAMD", "AVX2", False),
+            ("", "AVX512", False),
+        ]:
+            monkeypatch.setattr(linear_kernels, "_cpu_vendor", lambda vendor=vendor: vendor)
+            monkeypatch.setattr(
+                torch.backends.cpu, "get_cpu_capability", lambda capability=capability: capability
+            )
+            linear_kernels.onednn_by_default.cache_clear()
+            assert set_linear_kernels("auto") is expected, (vendor, capability)
+    finally:
+        linear_kernels.onednn_by_default.cache_clear()
+        linear_kernels._use_onednn = before
+
+
+def test_bad_choices_are_refused(monkeypatch):
+    before = uses_onednn()
+    with pytest.raises(InputError, match="'fast'"):
+        set_linear_kernels("fast")
+    monkeypatch.setattr(linear_kernels, "onednn_available", lambda: False)
+    with pytest.raises(InputError, match="built with oneDNN"):
+        set_linear_kernels("onednn")
+    assert uses_onednn() == before
