@@ -5,8 +5,8 @@ on AMD CPUs with AVX-512 (Zen 4 and 5) it takes AVX2 kernels. oneDNN, which torc
 run there already), picks its kernels by instruction set. On this project's 2-core AMD EPYC (AVX-512) a
 256x400 by 400x300 float32 product takes 0.70 ms through MKL and 0.36 ms through oneDNN on one thread (0.35
 against 0.17 ms on two), and the Nature CNN's 3136-to-512 layer at batch 256 4.9 against 1.9 ms on two; oneDNN
-pays a fixed 10-15 us a call, so the small products of 64-unit networks and of single observations stay with
-MKL. Both are IEEE float32 arithmetic; the results differ only in the order of the sums (as between two MKL
+pays a fixed 10-15 us a call, so the small products of 64-unit networks, of single observations and of DQN's
+batches of 64 stay with MKL. Both are IEEE float32 arithmetic; the results differ only in the order of the sums (as between two MKL
 kernels).
 
 :func:`linear` is ``F.linear`` that sends a float32 CPU product of at least :data:`MIN_MULTIPLY_ADDS`
@@ -36,10 +36,13 @@ from errors import InputError
 
 LinearKernels = Literal["auto", "torch", "onednn"]
 
-MIN_MULTIPLY_ADDS = 1 << 21
-"""Products of fewer multiply-adds (rows x inputs x outputs) stay with ``F.linear``: below about two million,
-oneDNN's fixed cost per call outweighs its faster kernels (measured on the 2-core AMD EPYC: a 64x256 by
-256x256 product 88 against 55 us, a 256x64 by 64x64 one 24 against 27 us, one thread)."""
+MIN_MULTIPLY_ADDS = 1 << 23
+"""Products of fewer multiply-adds (rows x inputs x outputs, about 8.4 million) stay with ``F.linear``. Timed
+alone, oneDNN already wins at about two million (on the 2-core AMD EPYC a 64x256 by 256x256 product took 55 against
+88 us, a 256x64 by 64x64 one 27 against 24 us, one thread), but in whole runs DQN's 256x256 network at RL Zoo's
+batch of 64 (4.2 million) ran slower through oneDNN (CartPole-v1, 50k frames: 29.1 and 31.0 s against 22.2 and
+24.8 s), while the off-policy recipes' 256-unit layers at batch 256 (16.8 million) and the Nature CNN's linear
+layer ran faster."""
 
 _use_onednn = False
 

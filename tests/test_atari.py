@@ -323,6 +323,34 @@ def test_nature_cnn_shapes_and_errors():
         NatureCNN((210, 160, 3))  # channels last
 
 
+def test_the_cnn_hands_its_gradient_back_channels_last_with_flattens_values():
+    from agents.networks import ChannelsLastFlatten
+
+    torch.manual_seed(0)
+    cnn = NatureCNN((4, 84, 84))
+    observations = torch.randint(0, 256, (5, 4, 84, 84), dtype=torch.uint8)
+    layouts = []
+    for relu in cnn.convolutions[1:6:2]:  # the ReLUs after the convolutions: the layout of the gradient they get
+        relu.register_full_backward_hook(
+            lambda module, grad_input, grad_output: layouts.append(
+                grad_output[0].is_contiguous(memory_format=torch.channels_last)
+            )
+        )
+    gradients = []
+    for flatten in (torch.nn.Flatten(), ChannelsLastFlatten()):
+        cnn.convolutions[-1] = flatten
+        cnn.zero_grad()
+        cnn(observations).pow(2).sum().backward()
+        gradients.append([parameter.grad.clone() for parameter in cnn.parameters()])
+    assert not all(layouts[:3]) and all(layouts[3:])  # nn.Flatten's: channels first into some of them
+    for expected, got in zip(*gradients, strict=True):
+        assert torch.equal(expected, got)
+    maps = torch.randn(2, 64, 7, 7).contiguous(memory_format=torch.channels_last)
+    assert torch.equal(ChannelsLastFlatten()(maps), maps.flatten(1))
+    traced = torch.jit.trace(ChannelsLastFlatten(), (maps.requires_grad_(),), check_trace=False)
+    assert "PythonOp" not in str(traced.graph)  # ONNX export sees a plain flatten
+
+
 def test_pong_actor_acts_and_critic_shares_its_cnn():
     env = make_env(PONG, num_envs=2, seed=0)
     observation_spec = env.observation_spec["observation"]

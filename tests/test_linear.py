@@ -57,7 +57,7 @@ def _gradients(function, x, weight, bias):
 @pytest.mark.parametrize("bias", [True, False])
 @pytest.mark.parametrize("batch", [(), (2, 3)])
 def test_large_products_equal_f_linear_with_their_gradients(onednn, products, bias, batch):
-    x, weight, b = _operands(rows=64, inputs=256, outputs=256, bias=bias, batch=batch)
+    x, weight, b = _operands(rows=128, inputs=256, outputs=256, bias=bias, batch=batch)
     output, grads = _gradients(linear, x, weight, b)
     expected, expected_grads = _gradients(F.linear, x, weight, b)
     assert products  # it went through oneDNN: forward, and the input's and the weight's gradients
@@ -163,7 +163,7 @@ def test_stacked_members_through_onednn_equal_the_batched_product(products):
 def test_unrolled_networks_and_the_nature_cnn_take_it(onednn, products):
     torch.manual_seed(0)
     network = nn.Sequential(nn.Linear(256, 256), nn.Tanh(), nn.Linear(256, 4))
-    x = torch.randn(64, 256)
+    x = torch.randn(256, 256)
     torch.testing.assert_close(unrolled(network)(x), network(x), rtol=1e-5, atol=1e-5)
     assert len(products) == 1
     cnn = NatureCNN((4, 84, 84), "chw")

@@ -101,8 +101,8 @@ class RunConfig(Options):
     AMX (oneDNN) and in TF32 on CUDA GPUs; 'high' TF32 where the hardware has it. Faster updates of large networks
     for less exact products: check the learning curve before relying on it."""
     linear_kernels: Literal["auto", "torch", "onednn"] = "auto"
-    """Kernels of large float32 linear layers on the CPU (agents.linear): 'onednn' runs products of two million
-    multiply-adds or more (256-unit layers at batch 32 and up) through oneDNN, 'torch' through torch's default
+    """Kernels of large float32 linear layers on the CPU (agents.linear): 'onednn' runs products of 8.4 million
+    multiply-adds or more (256-unit layers at batch 128 and up) through oneDNN, 'torch' through torch's default
     (MKL), 'auto' oneDNN on x86 CPUs with AVX-512 that are not Intel's, where MKL takes AVX2 kernels (about half
     oneDNN's speed on an AMD EPYC). Both are float32 arithmetic, summed in another order."""
     flush_denormal: bool = True
