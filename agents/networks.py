@@ -187,14 +187,12 @@ class ChannelsLastFlatten(nn.Module):
     """``nn.Flatten()`` of ``[N, C, H, W]`` feature maps (the features in C, H, W order, as ``nn.Flatten``'s),
     whose gradient goes back laid out as the maps were: channels last for channels-last maps.
 
-    ``nn.Flatten`` hands back a contiguous (channels-first) gradient whatever the maps' layout; the ReLU below
-    then computes its backward across two layouts, and each convolution's backward passes the channels-first
-    layout on down. On this 2-core CPU that mixed-layout ReLU backward took about five times as long as one in a
-    single layout (a 256x32x20x20 map: 9.7 against 0.9 ms on two threads), and the Nature CNN's forward and
-    backward pass at batch 256 took 75 against 69 ms (58.6 with oneDNN's linear layer). The gradient's values
-    are the same.
-    Under tracing (ONNX export), ``torch.vmap``, ``torch.compile``, without gradients and for channels-first maps it
-    is ``nn.Flatten``.
+    ``nn.Flatten`` hands back a contiguous (channels-first) gradient whatever the maps' layout, and the ReLU
+    after the last convolution then computes its backward across two layouts: on this 2-core CPU about ten times
+    as long as in one layout (on a 256x32x20x20 map: 9.7 against 0.9 ms on two threads); the Nature CNN's
+    forward and backward pass at batch 256 took 69 against 75 ms (58.6 with oneDNN's linear layer as well). The
+    gradient's values are the same. Under tracing (ONNX export), ``torch.vmap``, ``torch.compile``, without
+    gradients and for channels-first maps it is ``nn.Flatten``.
     """
 
     def forward(self, maps: torch.Tensor) -> torch.Tensor:

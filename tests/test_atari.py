@@ -330,7 +330,7 @@ def test_the_cnn_hands_its_gradient_back_channels_last_with_flattens_values():
     cnn = NatureCNN((4, 84, 84))
     observations = torch.randint(0, 256, (5, 4, 84, 84), dtype=torch.uint8)
     layouts = []
-    for relu in cnn.convolutions[1:6:2]:  # the ReLUs after the convolutions: the layout of the gradient they get
+    for relu in cnn.convolutions[1:6:2]:  # the ReLUs after the convolutions: the layout of their gradient
         relu.register_full_backward_hook(
             lambda module, grad_input, grad_output: layouts.append(
                 grad_output[0].is_contiguous(memory_format=torch.channels_last)
