@@ -57,6 +57,16 @@ class StackedNetwork:
         }
         self._direct = direct_forward(self.network)
         self._stacked = stacked_forward(self.network)
+        # multiply-adds a row of the largest linear layer: where agents.linear takes oneDNN for it, the members run
+        # one by one through oneDNN's products, faster than one batched product a layer
+        self._largest_layer = max(
+            (
+                layer.in_features * layer.out_features
+                for layer in self.network.modules()
+                if type(layer) is nn.Linear
+            ),
+            default=0,
+        )
 
     def _call(self, parameters: dict[str, torch.Tensor], inputs: tuple[torch.Tensor, ...]) -> torch.Tensor:
         if self._direct is not None:
@@ -69,7 +79,7 @@ class StackedNetwork:
         flat = self._flat(parameters)
         if not stacked:
             return self._call(flat, inputs)
-        if self._stacked is not None:
+        if self._stacked is not None and not self._members_through_onednn(inputs[0]):
             return self._stacked(flat, *inputs)
         # each stacked tensor unbound once: its gradient comes back as one stack of the members' gradients, where
         # indexing member by member zero-fills a gradient of the whole stack for each member and adds them
@@ -81,6 +91,9 @@ class StackedNetwork:
                 for k in range(members)
             ]
         )
+
+    def _members_through_onednn(self, x: torch.Tensor) -> bool:
+        return uses_onednn() and x.shape[:-1].numel() * self._largest_layer >= MIN_MULTIPLY_ADDS
 
     def member(self, parameters: TensorDictBase, index: int, *inputs: torch.Tensor) -> torch.Tensor:
         """The output of member ``index`` alone, with stacked parameters."""
@@ -165,8 +178,7 @@ def stacked_forward(module: nn.Module, prefix: str = "") -> Callable[..., torch.
     """``module``'s forward for every member of stacked parameters at once, as a function of ``(parameters,
     *inputs)``: the parameters stacked along a leading member dim ``K`` (keys: dotted names), the inputs shared by
     the members, the output ``[K, *output]``. Each ``nn.Linear`` is one batched matrix product over the members
-    (``torch.baddbmm``, the bias added in the same call; where :func:`agents.linear.linear` takes oneDNN for
-    the largest layer, each member runs through its layers with oneDNN's products instead), the activations of
+    (``torch.baddbmm``, the bias added in the same call), the activations of
     :data:`_ELEMENTWISE` run on all members' outputs together; ``nn.Sequential`` and TorchRL ``MLP`` containers of those and
     :class:`agents.continuous.StateActionNet` with an encoder without parameters or buffers are covered. ``None``
     for any other module (callers run the members one by one). On a 2-core CPU a SAC gradient step with twin
@@ -202,18 +214,6 @@ def stacked_forward(module: nn.Module, prefix: str = "") -> Callable[..., torch.
     def members(parameters, *inputs):
         x = torch.cat(inputs, -1) if concatenate and len(inputs) > 1 else inputs[0]
         batch_shape, x = x.shape[:-1], x.reshape(-1, x.shape[-1])
-        if uses_onednn() and _largest_product(parameters, layers, x.shape[0]) >= MIN_MULTIPLY_ADDS:
-            # oneDNN's products are faster than the batched one but take one member at a time: each member runs
-            # through all its layers, so only the outputs are stacked (and, in backward, the parameters' gradients)
-            names = [name for layer in layers if type(layer) is tuple for name in layer if name is not None]
-            unbound = {name: parameters[name].unbind(0) for name in names}
-            x = torch.stack(
-                [
-                    _member_forward(layers, {name: values[k] for name, values in unbound.items()}, x)
-                    for k in range(len(next(iter(unbound.values()))))
-                ]
-            )
-            return x.reshape(x.shape[0], *batch_shape, x.shape[-1])
         shared = True  # x is the members' common input until the first linear layer
         for layer in layers:
             if isinstance(layer, nn.Module):
@@ -230,25 +230,6 @@ def stacked_forward(module: nn.Module, prefix: str = "") -> Callable[..., torch.
         return x.reshape(x.shape[0], *batch_shape, x.shape[-1])
 
     return members if any(not isinstance(layer, nn.Module) for layer in layers) else None
-
-
-def _largest_product(parameters: dict[str, torch.Tensor], layers: list, rows: int) -> int:
-    """The multiply-adds of the largest linear layer of :func:`stacked_forward`'s ``layers`` on ``rows`` rows."""
-    return max(
-        rows * parameters[layer[0]].shape[-1] * parameters[layer[0]].shape[-2]
-        for layer in layers
-        if type(layer) is tuple
-    )
-
-
-def _member_forward(layers: list, parameters: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
-    """One member's output of :func:`stacked_forward`'s ``layers``, with that member's parameters."""
-    for layer in layers:
-        if type(layer) is tuple:
-            x = linear(x, parameters[layer[0]], parameters[layer[1]] if layer[1] is not None else None)
-        else:
-            x = layer(x)
-    return x
 
 
 def _check_td0(loss: nn.Module) -> None:

@@ -4,10 +4,12 @@ order of sums; everything it does not cover goes to F.linear itself."""
 import pytest
 import torch
 import torch.nn.functional as F
+from tensordict import TensorDict
 from torch import nn
+from torchrl.modules import ValueOperator
 
 import agents.linear as linear_kernels
-from agents.actor_critic import stacked_forward
+from agents.actor_critic import StackedNetwork
 from agents.fast_paths import unrolled
 from agents.linear import MIN_MULTIPLY_ADDS, linear, set_linear_kernels, uses_onednn
 from agents.networks import NatureCNN
@@ -130,34 +132,36 @@ def test_a_second_derivative_is_refused(onednn):
 def test_stacked_members_through_onednn_equal_the_batched_product(products):
     torch.manual_seed(0)
     network = nn.Sequential(nn.Linear(23, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 1))
-    forward = stacked_forward(network)
-    stacked = {
-        name: torch.stack([value.detach(), value.detach() * 0.5]).requires_grad_()
-        for name, value in network.named_parameters()
-    }
+    critic = StackedNetwork(ValueOperator(network, in_keys=["observation"]))
+    assert critic._stacked is not None  # the batched product, where oneDNN is not taken
+    stacked = TensorDict.from_module(ValueOperator(network, in_keys=["observation"])).expand(2).clone()
+    stacked["module", "2", "weight"] *= 0.5
+    leaves = list(stacked.values(True, True))
+    for value in leaves:
+        value.requires_grad_(True)
     x = torch.randn(256, 23)
 
     def run():
-        output = forward(stacked, x)
-        output.sum().backward()
-        grads = {name: value.grad.clone() for name, value in stacked.items()}
-        for value in stacked.values():
-            value.grad = None
-        return output.detach(), grads
+        output = critic(stacked, x)
+        return output.detach(), torch.autograd.grad(output.sum(), leaves)
 
     before = uses_onednn()
     try:
         set_linear_kernels("torch")
         expected, expected_grads = run()
+        assert not products
         set_linear_kernels("onednn")
         output, grads = run()
+        assert len(products) == 2 * 3  # each member's 256x256 layer: forward and two gradients
+        products.clear()
+        critic(stacked, x[:8])  # too few rows for oneDNN: the batched product
+        assert not products
     finally:
         linear_kernels._use_onednn = before
-    assert len(products) == 2 * 3  # each member's 256x256 layer: forward and two gradients
     assert output.shape == expected.shape == (2, 256, 1)
     torch.testing.assert_close(output, expected, rtol=1e-5, atol=1e-5)
-    for name in stacked:
-        torch.testing.assert_close(grads[name], expected_grads[name], rtol=1e-4, atol=1e-4)
+    for a, b in zip(grads, expected_grads, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
 
 
 def test_unrolled_networks_and_the_nature_cnn_take_it(onednn, products):
