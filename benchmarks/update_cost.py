@@ -58,6 +58,7 @@ def ours_update(algo: str, env_id: str) -> Callable[[], None]:
             delay_qvalue=True,
             delay_actor=False,
             target_entropy=default_target_entropy(action_spec),
+            loss_function="l2",  # the recipe's and SB3's mean squared error
         )
     else:
         actor = make_deterministic_actor(observation_spec, action_spec, sizes)[0]
@@ -68,6 +69,7 @@ def ours_update(algo: str, env_id: str) -> Callable[[], None]:
             num_qvalue_nets=2,
             policy_noise=0.2,
             noise_clip=0.5,
+            loss_function="l2",  # the recipe's and SB3's mean squared error
             delay_actor=True,
             delay_qvalue=True,
         )
