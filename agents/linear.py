@@ -14,9 +14,10 @@ multiply-adds to oneDNN (forward and both gradient products) while :func:`set_li
 everything else (other dtypes and devices, small products, ``torch.compile``, ``torch.vmap``, tracing and ONNX
 export, ``--matmul-precision`` other than ``highest``) to ``F.linear``. The gradient it defines is a first
 derivative: a second one through it raises (``once_differentiable``). The networks of
-:func:`agents.fast_paths.unrolled`, :func:`agents.actor_critic.direct_forward` and
-:func:`~agents.actor_critic.stacked_forward` (the lean policies, the tensor losses of DQN, PPO, SAC, TD3 and
-DDPG) and the Nature CNN's linear layer call it.
+:func:`agents.fast_paths.unrolled` and :func:`agents.actor_critic.direct_forward` (the lean policies, the
+tensor losses of DQN, PPO, SAC, TD3 and DDPG, and the members of :class:`agents.actor_critic.StackedNetwork`,
+which runs twin critics one by one where the largest layer's product goes to oneDNN) and the Nature CNN's linear
+layer call it.
 
 The default (``"auto"``) is oneDNN on x86 CPUs with AVX-512 that are not Intel's, with torch built with oneDNN;
 ``RunConfig.linear_kernels`` (``--linear-kernels torch|onednn|auto``) sets it per run.
