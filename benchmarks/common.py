@@ -190,7 +190,9 @@ def compare(module: str, sides: list[str], seeds: list[int], target: str = "475"
                 flush=True,
             )
 
-    print(f"\n| run | wall-clock s | frames/s | final return (20 det. episodes) | time to reach {target} s |")
+    print(
+        f"\n| run | wall-clock s | frames/s | final return (deterministic evaluation, mean) | time to reach {target} s |"
+    )
     print("|---|---|---|---|---|")
     for side, rows in results.items():
         solved = [r["time_to_target_s"] for r in rows if r["time_to_target_s"] is not None]
