@@ -93,7 +93,14 @@ class StackedNetwork:
         )
 
     def _members_through_onednn(self, x: torch.Tensor) -> bool:
-        return uses_onednn() and x.shape[:-1].numel() * self._largest_layer >= MIN_MULTIPLY_ADDS
+        """Whether agents.linear takes oneDNN for the largest layer on ``x``'s rows (float32 CPU inputs only: on
+        other devices and dtypes the batched product stays)."""
+        return (
+            uses_onednn()
+            and x.device.type == "cpu"
+            and x.dtype is torch.float32
+            and x.shape[:-1].numel() * self._largest_layer >= MIN_MULTIPLY_ADDS
+        )
 
     def member(self, parameters: TensorDictBase, index: int, *inputs: torch.Tensor) -> torch.Tensor:
         """The output of member ``index`` alone, with stacked parameters."""

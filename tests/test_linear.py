@@ -156,6 +156,10 @@ def test_stacked_members_through_onednn_equal_the_batched_product(products):
         products.clear()
         critic(stacked, x[:8])  # too few rows for oneDNN: the batched product
         assert not products
+        doubles = stacked.apply(lambda value: value.detach().double())
+        assert critic._members_through_onednn(x) and not critic._members_through_onednn(x.double())
+        torch.testing.assert_close(critic(doubles, x.double()).float(), expected, rtol=1e-5, atol=1e-5)
+        assert not products  # float64 (as any input agents.linear leaves to F.linear): the batched product
     finally:
         linear_kernels._use_onednn = before
     assert output.shape == expected.shape == (2, 256, 1)
