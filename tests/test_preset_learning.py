@@ -21,12 +21,11 @@ def test_ppo_preset_balances_the_mujoco_inverted_pendulum(output_dir):
     )  # the registered threshold
 
 
-def test_dqn_preset_learns_lunar_lander(output_dir):
-    """The preset on seed 0 evaluates at -1.5 after 10k frames (hovering to the time limit), 18.6 at 50k and 207.4
-    at 60k; the best constant action scores -139 and a random policy about -200. The budget stays the preset's
-    (epsilon and the learning rate anneal over it); the run stops at -40, a policy that no longer crashes, within
-    40k frames (the landings that come at 50-60k frames are the benchmark suite's to show)."""
-    config = quiet(dqn.DQNConfig(), output_dir, env_id="LunarLander-v3", stop_at_return=-40.0)
+def test_dqn_preset_lands_on_lunar_lander(output_dir):
+    """The preset on seed 0: -1.5 at 10k frames, -70.8 at 30k, 18.6 at 50k, 207.4 at 60k, at this test's limit (a
+    random policy: about -200; 267 at the end of the preset's 100k). The budget stays the preset's (epsilon and the
+    learning rate anneal over it); the run stops at 50."""
+    config = quiet(dqn.DQNConfig(), output_dir, env_id="LunarLander-v3", stop_at_return=50.0)
     summary = dqn.main(config)
-    assert summary["solved_at_frames"] is not None and summary["solved_at_frames"] <= 40_000
-    assert summary["eval_return_mean"] >= -40
+    assert summary["solved_at_frames"] is not None and summary["solved_at_frames"] <= 60_000
+    assert summary["eval_return_mean"] >= 50
