@@ -301,13 +301,17 @@ class DictEncoder(nn.Module):
         self.out_features = 0
         normalized = []
         for key, entry in observation_spec.items():
-            vector = not isinstance(entry, Categorical) and not is_image_spec(entry)
-            encoder, width = observation_encoder(
-                entry, normalize and vector and entry.dtype.is_floating_point
+            # integer vectors (counters, a time step) are passed through as they are, as a whole integer Box is
+            normalized_entry = (
+                normalize
+                and not isinstance(entry, Categorical)
+                and not is_image_spec(entry)
+                and entry.dtype.is_floating_point
             )
+            encoder, width = observation_encoder(entry, normalized_entry)
             self.encoders[key] = encoder
             self.out_features += width
-            normalized += [key] if normalize and vector else []
+            normalized += [key] if normalized_entry else []
         if normalize and not normalized:
             raise InputError(
                 "Observation normalisation needs a float vector entry in the Dict; drop --normalize-obs."

@@ -169,3 +169,21 @@ def test_a_dict_of_float_entries_only_trains_and_its_nan_is_caught(output_dir, r
 
     batch = TensorDict({"observation": {"position": torch.tensor([[0.0, float("nan")]])}}, batch_size=[1])
     assert find_non_finite(batch, {}) is not None
+
+
+@pytest.mark.parametrize("recipe", [ppo, dqn], ids=["ppo", "dqn"])
+def test_normalisation_leaves_the_integer_entries_of_a_dict_as_they_are(output_dir, recipe):
+    # TimeAwareObservation(flatten=False): {"obs": float Box, "time": integer Box}
+    config = recipe.PPOConfig() if recipe is ppo else recipe.DQNConfig()
+    quiet(config, output_dir, env_id="CartPole-v1", total_frames=256, num_envs=2, preset="none")
+    config.run.env_wrappers = ('gymnasium.wrappers.TimeAwareObservation={"flatten": false}',)
+    config.network.normalize_obs = True
+    if recipe is ppo:
+        config.collector.steps_per_env, config.optim.minibatch_size = 64, 64
+    else:
+        config.collector.learning_starts = 64
+    assert recipe.main(config)["frames"] >= 256
+    agent = Agent.load(output_dir / "agent.ckpt")
+    encoder = find_normalizer(agent.policy)
+    assert isinstance(encoder, DictEncoder) and encoder.normalized_keys == ["obs"]
+    assert find_normalizer(encoder.encoders["time"]) is None
