@@ -18,6 +18,27 @@ CELL_KEY = "cell"  # the table row of an observation, written by the policy next
 MAX_TABLE_ENTRIES = 50_000_000  # 200 MB of float32: more is a mistake for a table, not a plan
 
 
+def _count(number: int) -> str:
+    """``number`` with thousands separators, or its order of magnitude when it has more than 15 digits (the
+    cells of a grid over an image: Python refuses to print an integer of more than 4,300 digits)."""
+    if number < 10**15:
+        return f"{number:,}"
+    return f"about 10^{int((number.bit_length() - 1) * 0.30103)}"
+
+
+def _box_bounds(low: np.ndarray | torch.Tensor, high: np.ndarray | torch.Tensor) -> str:
+    """The bounds of a Box for an error message: every value for a few dimensions, else its shape and range."""
+    low, high = torch.as_tensor(low), torch.as_tensor(high)
+    if low.numel() <= 8:
+        return f"between {low.tolist()} and {high.tolist()}"
+    return f"of shape {tuple(low.shape)} between {low.min().item()} and {high.max().item()}"
+
+
+def _few(items: list) -> str:
+    """The first few of ``items`` for an error message, with how many there are in all."""
+    return str(items) if len(items) <= 8 else f"{str(items[:8])[:-1]}, ...] ({len(items):,} in all)"
+
+
 def check_finite_bounds(low: np.ndarray | torch.Tensor, high: np.ndarray | torch.Tensor) -> None:
     """Raise :class:`InputError` naming the dimensions of a Box whose ``low`` or ``high`` is infinite.
 
@@ -31,10 +52,10 @@ def check_finite_bounds(low: np.ndarray | torch.Tensor, high: np.ndarray | torch
     low, high = np.asarray(low, dtype=np.float64), np.asarray(high, dtype=np.float64)
     unbounded = ~(np.isfinite(low) & np.isfinite(high))
     if unbounded.any():
-        dims = [tuple(index) if low.ndim > 1 else int(index[0]) for index in np.argwhere(unbounded)]
+        dims = [tuple(index.tolist()) if low.ndim > 1 else int(index[0]) for index in np.argwhere(unbounded)]
         raise InputError(
-            f"The env's observation bounds are unbounded in dimension(s) {dims} (low {low.tolist()}, high "
-            f"{high.tolist()}); tabular Q-learning needs a finite box to cut into grid cells. Wrap the env so its "
+            f"The env's observation bounds are unbounded in dimension(s) {_few(dims)} (bounds "
+            f"{_box_bounds(low, high)}); tabular Q-learning needs a finite box to cut into grid cells. Wrap the env so its "
             "observations have finite bounds, or use a function approximator (recipes.ppo)."
         )
 
@@ -71,7 +92,7 @@ class ObservationGrid(nn.Module):
         if not (self.high > self.low).all():
             flat = torch.nonzero((self.high <= self.low).flatten()).flatten().tolist()
             raise InputError(
-                f"The observation box is empty in flattened dimension(s) {flat} (high <= low): no grid fits it."
+                f"The observation box is empty in flattened dimension(s) {_few(flat)} (high <= low): no grid fits it."
             )
         dims = self.low.numel()
         strides = grid_size ** torch.arange(dims - 1, -1, -1, dtype=torch.int64)
@@ -120,9 +141,9 @@ class IntegerCells(nn.Module):
             self.num_cells *= size
             if self.num_cells > MAX_TABLE_ENTRIES:
                 raise InputError(
-                    f"Integer Box observations between {low.tolist()} and {high.tolist()} take more than "
-                    f"{MAX_TABLE_ENTRIES} table rows, one per combination of values: pass --grid-size N to cut "
-                    "each dimension into N bins instead."
+                    f"Integer Box observations {_box_bounds(low, high)} take more than "
+                    f"{MAX_TABLE_ENTRIES:,} table rows, one per combination of values: pass --grid-size N to cut "
+                    "each dimension into N bins instead, or train a network (recipes.dqn, recipes.ppo)."
                 )
         strides = [1] * len(sizes)
         for index in range(len(sizes) - 2, -1, -1):
@@ -270,8 +291,8 @@ def make_q_table(
     num_actions = action_spec.space.n
     if num_states * num_actions > MAX_TABLE_ENTRIES:
         raise InputError(
-            f"A Q-table of {num_states} states x {num_actions} actions is too large to hold "
-            f"(limit {MAX_TABLE_ENTRIES} entries); lower --grid-size."
+            f"A Q-table of {_count(num_states)} states x {num_actions} actions is too large to hold "
+            f"(limit {MAX_TABLE_ENTRIES:,} entries); lower --grid-size, or train a network (recipes.dqn, recipes.ppo)."
         )
     q_actor = QValueActor(QTable(encoder, num_states, num_actions), spec=Categorical(num_actions))
     exploration = EGreedyModule(Categorical(num_actions), eps_init=float(epsilon), eps_end=float(epsilon))

@@ -400,3 +400,21 @@ def test_multiplicative_epsilon_decays_per_finished_episode(output_dir):
     assert Episodes.count > 10
     expected = max(0.01, 0.97**Episodes.count)
     assert Agent.load(output_dir).policy[1].eps.item() == pytest.approx(expected, rel=1e-5)
+
+
+def test_an_image_sized_box_is_refused_in_a_short_message_with_or_without_a_grid():
+    # CarRacing's 96x96x3 pixels (one env): 256^27648 cells value by value, 2^27648 on a grid of 2
+    shape = (1, 96, 96, 3)
+    low, high = torch.zeros(shape, dtype=torch.uint8), torch.full(shape, 255, dtype=torch.uint8)
+    image = Bounded(low, high, shape=shape, dtype=torch.uint8)
+    messages = {
+        None: r"Integer Box observations of shape \(96, 96, 3\) between 0 and 255 take more than",
+        2: r"A Q-table of about 10\^8322 states x 5 actions is too large",
+    }
+    for grid_size, message in messages.items():
+        with pytest.raises(InputError, match=message) as error:
+            make_q_table(image, Categorical(5, shape=(1,)), grid_size=grid_size)
+        assert len(str(error.value)) < 400
+    with pytest.raises(InputError, match=r"\(3,072 in all\)") as error:
+        ObservationGrid(torch.full((1024, 3), -float("inf")), torch.zeros(1024, 3), grid_size=2)
+    assert len(str(error.value)) < 400
