@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import inspect
 import json
 import re
 from collections.abc import Callable, Iterable, Sequence
@@ -180,9 +181,36 @@ def wrapper_functions(
 
 def _wrap(wrapper: type[gym.Wrapper], path: str, kwargs: dict[str, Any], env: gym.Env) -> gym.Env:
     try:
-        return wrapper(env, **kwargs)
+        return wrapper(env, **_typed_arrays(wrapper, kwargs))
     except TypeError as error:
         raise InputError(f"{path}({', '.join(kwargs)}) failed: {error}.") from None
+
+
+def _typed_arrays(wrapper: type[gym.Wrapper], kwargs: dict[str, Any]) -> dict[str, Any]:
+    """``kwargs`` with each JSON array given as the container the wrapper's annotation names for it: a tuple for
+    a ``tuple[...]`` parameter (``ResizeObservation(shape=...)``), a NumPy array for an ``np.ndarray`` one
+    (``RescaleAction(min_action=...)``; float32 for floats), which JSON cannot spell and Gymnasium's wrappers check for; other values
+    and parameters as they are."""
+    try:
+        parameters = inspect.signature(wrapper.__init__).parameters
+    except (TypeError, ValueError):
+        return kwargs
+    typed = dict(kwargs)
+    for name, value in kwargs.items():
+        parameter = parameters.get(name)
+        if not isinstance(value, list) or parameter is None:
+            continue
+        annotation = str(parameter.annotation)
+        if re.search(r"\b(tuple|Tuple)\b", annotation):
+            typed[name] = tuple(value)
+        elif "ndarray" in annotation:
+            try:
+                array = np.asarray(value)
+            except ValueError:  # ragged: the wrapper says what it expected
+                continue
+            # Gymnasium's Boxes are float32: a float64 bound would be cast down with a warning
+            typed[name] = array.astype(np.float32) if array.dtype == np.float64 else array
+    return typed
 
 
 def apply_wrappers(env: gym.Env, functions: Sequence[Callable[[gym.Env], gym.Env]]) -> gym.Env:

@@ -7,13 +7,15 @@ import sys
 import warnings
 from pathlib import Path
 
+import gymnasium as gym
+import numpy as np
 import pytest
 import torch
 from run_helpers import interrupt_at, tiny_ppo
 
 from agents import Agent
 from envs import make_env
-from envs.wrappers import MaxTotalReward, parse_env_wrappers, wrapper_functions
+from envs.wrappers import MaxTotalReward, apply_wrappers, parse_env_wrappers, wrapper_functions
 from errors import InputError
 from recipes import evaluate, ppo
 from training import Callback, RunConfig
@@ -48,6 +50,19 @@ def test_wrapper_items_parse_and_bad_ones_say_how():
     for item in ["TimeAwareObservation", "gymnasium.wrappers.ClipReward=[1]", "a.b={oops", "os.system; rm=1"]:
         with pytest.raises(InputError, match="import path|IMPORT.PATH"):
             parse_env_wrappers([item])
+
+
+def test_json_arrays_reach_wrappers_as_the_tuples_and_arrays_their_annotations_name():
+    items = [
+        'gymnasium.wrappers.RescaleAction={"min_action": [-0.5], "max_action": [0.5]}',
+        'gymnasium.wrappers.ReshapeObservation={"shape": [3, 1]}',
+    ]
+    specs = parse_env_wrappers(items)
+    env = apply_wrappers(gym.make("Pendulum-v1"), wrapper_functions(specs))
+    assert env.observation_space.shape == (3, 1)
+    assert env.action_space.dtype == np.float32 and env.action_space.high.tolist() == [0.5]
+    assert specs[0]["kwargs"]["min_action"] == [-0.5]  # saved as given: JSON
+    env.close()
 
 
 def test_only_wrapper_classes_are_accepted(on_path):
