@@ -31,7 +31,7 @@ from agents.recurrent import IS_INIT_KEY, initial_state, is_recurrent
 from agents.recurrent import state_shapes as recurrent_state_shapes
 from agents.tabular import make_q_table
 from envs.atari import is_atari, make_atari_env
-from envs.rendering import check_display, headless_rendering
+from envs.rendering import check_display, check_mujoco_camera, headless_rendering
 from envs.specs import ACTION_MASK_KEY, space_to_spec
 from envs.vector import check_device, check_env_kwargs, env_spec
 from envs.wrappers import apply_wrappers, check_wrapper_spec, with_discrete_tuples, wrapper_functions
@@ -647,6 +647,8 @@ class Agent(nn.Module):
             raise InputError(f"evaluate takes a Gymnasium id or env, got {type(env).__name__}.")
         try:
             self.check_spaces(envs[0])
+            if video_path is not None or render:
+                check_mujoco_camera(envs[0])
             return self._run_episodes(envs, episodes, deterministic, seed, video_path)
         finally:
             if owned:

@@ -83,3 +83,22 @@ def headless_rendering() -> Iterator[None]:
         yield
     finally:
         os.environ.pop("MUJOCO_GL", None)
+
+
+def check_mujoco_camera(env) -> None:
+    """Raise :class:`InputError` when a MuJoCo env's ``camera_id`` names no camera of its model.
+
+    MuJoCo's renderer meets such an id as a C-level fatal error that ends the process (no Python exception a run
+    could catch), so a video of it would take the run's last outputs with it. ``-1`` is the free camera; ids
+    ``0 .. model.ncam - 1`` are the model's own. Other envs pass as they are."""
+    base = getattr(env, "unwrapped", env)
+    renderer, model = getattr(base, "mujoco_renderer", None), getattr(base, "model", None)
+    camera_id, cameras = getattr(renderer, "camera_id", None), getattr(model, "ncam", None)
+    if not isinstance(camera_id, int) or not isinstance(cameras, int) or -1 <= camera_id < cameras:
+        return
+    ids = {0: "only -1", 1: "id 0, or -1"}.get(cameras, f"ids 0 to {cameras - 1}, or -1")
+    raise InputError(
+        f"camera_id={camera_id} names no camera of this MuJoCo model (it has {cameras}: {ids} for the free camera), "
+        "and MuJoCo's renderer would end the process on it; pass one of those (--env-kwargs camera_id=N) or a "
+        "camera_name."
+    )

@@ -136,3 +136,22 @@ def test_recipes_import_and_train_whatever_mujoco_gl_names(tmp_path):
     assert (tmp_path / "run" / "agent.ckpt").exists()
     if ctypes.util.find_library("OSMesa") is None:
         assert result.stderr.count("MUJOCO_GL=osmesa was unset") == 1
+
+
+def test_a_camera_the_model_lacks_skips_the_video_instead_of_ending_the_process(tmp_path):
+    import gymnasium as gym
+
+    from envs.rendering import check_mujoco_camera
+    from errors import InputError
+
+    for camera_id in (-1, 0):
+        check_mujoco_camera(gym.make("Hopper-v5", camera_id=camera_id, render_mode="rgb_array"))
+    with pytest.raises(
+        InputError, match=r"camera_id=99 names no camera of this MuJoCo model \(it has 1: id 0"
+    ):
+        check_mujoco_camera(gym.make("Hopper-v5", camera_id=99, render_mode="rgb_array"))
+    # MuJoCo's renderer would end this process on that id: the run warns, skips the video, saves the rest
+    with pytest.warns(UserWarning, match="No video.mp4: .*camera_id=99 names no camera"):
+        summary = smoke(sac, sac.SACConfig, "Hopper-v5", tmp_path, video=True, env_kwargs=("camera_id=99",))
+    assert summary["frames"] >= 300 and (tmp_path / "summary.json").exists()
+    assert not (tmp_path / "video.mp4").exists()
