@@ -40,7 +40,14 @@ from torchrl.envs.utils import ExplorationType, exploration_type, set_exploratio
 from torchrl.modules import MLP, ProbabilisticActor
 from torchrl.modules.models.exploration import gSDEModule
 
-from agents.networks import ACTIVATIONS, check_mlp_options, encoder_width, is_float_box, observation_encoder
+from agents.networks import (
+    ACTIVATIONS,
+    check_mlp_memory,
+    check_mlp_options,
+    encoder_width,
+    is_float_box,
+    observation_encoder,
+)
 from envs.vector import GymnasiumVectorEnv
 from errors import InputError
 
@@ -272,6 +279,7 @@ def make_gsde_actor(
         encoder, in_features = observation_encoder(observation_spec, normalize_obs)
     else:
         in_features = encoder_width(observation_spec)
+    check_mlp_memory(in_features, action_spec.shape[-1], hidden_sizes)
     hidden_sizes = list(hidden_sizes)
     if hidden_sizes:
         body = MLP(

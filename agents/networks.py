@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 import numbers
+import os
 import weakref
 from collections.abc import Sequence
 
@@ -573,6 +575,14 @@ def refuse_action_masks(env: EnvBase, recipe: str) -> None:
         )
 
 
+def _physical_memory() -> int:
+    """Bytes of this machine's physical memory (0 where the system does not say)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, OSError, ValueError):
+        return 0
+
+
 def check_mlp_options(hidden_sizes: Sequence[int], activation: str, option: str = "--hidden-sizes") -> None:
     """Raise :class:`InputError` for an unknown activation or a hidden width that is not a positive integer (the
     widths given as ``option``)."""
@@ -588,9 +598,26 @@ def check_mlp_options(hidden_sizes: Sequence[int], activation: str, option: str 
         )
 
 
+def check_mlp_memory(in_features: int, out_features: int, hidden_sizes: Sequence[int]) -> None:
+    """Raise :class:`InputError` when an MLP of these widths would hold float32 weights taking more than a quarter
+    of this machine's physical memory (training keeps three more copies of them, gradients and Adam's two moments,
+    besides target networks), before anything is allocated."""
+    widths = [in_features, *hidden_sizes, out_features]
+    weights = sum((inputs + 1) * outputs for inputs, outputs in itertools.pairwise(widths))
+    memory = _physical_memory()
+    if memory and 4 * weights > memory // 4:
+        raise InputError(
+            f"--hidden-sizes {' '.join(map(str, hidden_sizes))} on {in_features:,} input features gives a network "
+            f"of {weights:,} weights ({4 * weights / 2**30:,.1f} GiB in float32, four times that to train), more "
+            f"than this machine's {memory / 2**30:,.1f} GiB of memory allows: use narrower layers."
+        )
+
+
 def make_mlp(in_features: int, out_features: int, hidden_sizes: Sequence[int], activation: str) -> MLP:
-    """A TorchRL ``MLP`` with the named activation between layers and none on the output."""
+    """A TorchRL ``MLP`` with the named activation between layers and none on the output (options checked by
+    :func:`check_mlp_options` and :func:`check_mlp_memory`)."""
     check_mlp_options(hidden_sizes, activation)
+    check_mlp_memory(in_features, out_features, hidden_sizes)
     return MLP(
         in_features=in_features,
         out_features=out_features,

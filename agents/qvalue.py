@@ -39,7 +39,7 @@ from torchrl.objectives.value.functional import td0_return_estimate
 
 from agents.actor_critic import ForeachSoftUpdate
 from agents.fast_paths import flat_select, unrolled
-from agents.networks import ACTIVATIONS, check_mlp_options, observation_encoder
+from agents.networks import ACTIVATIONS, check_mlp_memory, check_mlp_options, observation_encoder
 from agents.options import Options
 from envs.specs import ACTION_MASK_KEY
 from errors import InputError, check_ranges
@@ -201,6 +201,7 @@ def make_q_network(
     if noisy_type not in NOISY_LAYERS:
         raise InputError(f"Unknown noisy type {noisy_type!r}; choose one of {sorted(NOISY_LAYERS)}.")
     encoder, in_features = observation_encoder(observation_spec, normalize_obs)
+    check_mlp_memory(in_features, num_actions * (num_atoms or 1), hidden_sizes)
     layer_class = NOISY_LAYERS[noisy_type] if noisy else nn.Linear
     if not dueling:
         body = MLP(

@@ -231,6 +231,7 @@ def test_cli_help_documents_the_common_options():
             "--hidden-sizes must be positive integers up to 1,048,576 (units per hidden layer), got [64, 0]",
         ),
         (["--hidden-sizes", "64", "1e12"], "--hidden-sizes must be positive integers up to 1,048,576"),
+        (["--hidden-sizes", "1048576", "1048576"], "of memory allows: use narrower layers"),
         (["--gamma", "1.5"], "--gamma must be in (0, 1]"),
         (
             ["--device", "cuda:3"],
@@ -286,3 +287,25 @@ def test_every_network_builder_refuses_hidden_sizes_that_are_not_positive_intege
         for sizes in ([0], [8, -3], [8.5], [True]):
             with pytest.raises(InputError, match="--hidden-sizes must be positive integers"):
                 build(sizes)
+
+
+def test_networks_too_large_for_memory_are_refused_before_any_allocation():
+    from torchrl.data import Bounded, Unbounded
+
+    from agents.gsde import make_gsde_actor
+    from agents.networks import make_mlp
+    from agents.qvalue import make_q_network
+
+    wide = (2**20, 2**20)  # 1.1 trillion weights: 4 TiB of float32
+    observations = Unbounded(shape=(1, 4))
+    actions = Bounded(-1.0, 1.0, shape=(1, 2))
+    for build in (
+        lambda: make_mlp(4, 2, wide, "relu"),
+        lambda: make_q_network(observations, 2, wide, dueling=True),
+        lambda: make_q_network(observations, 2, wide, noisy=True),
+        lambda: make_gsde_actor(observations, actions, wide),
+    ):
+        with pytest.raises(
+            InputError, match=r"--hidden-sizes 1048576 1048576 on 4 input features gives a network"
+        ):
+            build()
