@@ -308,3 +308,9 @@ def test_an_env_that_its_options_fail_to_build_is_one_line_naming_them(output_di
     with pytest.raises(InputError, match=message):
         ppo.main(tiny_ppo(output_dir, **options))
     assert not output_dir.exists() or not any(output_dir.iterdir())
+
+
+def test_async_vectorization_is_refused_for_torch_envs():
+    with pytest.raises(InputError, match="--vectorization async runs Gymnasium envs in subprocesses"):
+        RunConfig(env_id="CartPole-v1", env_backend="torch", vectorization="async").validate()
+    RunConfig(env_id="CartPole-v1", env_backend="torch").validate()

@@ -216,6 +216,11 @@ class RunConfig(Options):
         self._validate_env_options()
         if self.env_backend == "torch":
             torch_env_class(self.env_id)  # raises if there is no torch implementation
+            if self.vectorization == "async":
+                raise InputError(
+                    "--vectorization async runs Gymnasium envs in subprocesses; a torch env steps all its envs "
+                    "as one batch of tensors: drop --vectorization async or use --env-backend gymnasium."
+                )
             if self.wrapper_specs:
                 raise InputError(
                     "--env-wrappers and --max-total-reward wrap Gymnasium envs; drop them or use --env-backend "
