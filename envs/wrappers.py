@@ -19,6 +19,7 @@ import importlib
 import inspect
 import json
 import re
+import warnings
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, SupportsFloat
 
@@ -45,15 +46,26 @@ class MaxTotalReward(gym.Wrapper):
         super().__init__(env)
         self.max_total_reward = float(max_total_reward)
         self._total = 0.0
+        self._steps = 0
 
     def reset(self, **kwargs: Any) -> tuple[Any, dict[str, Any]]:
-        self._total = 0.0
+        self._total, self._steps = 0.0, 0
         return self.env.reset(**kwargs)
 
     def step(self, action: Any) -> tuple[Any, SupportsFloat, bool, bool, dict[str, Any]]:
         observation, reward, terminated, truncated, info = self.env.step(action)
         self._total += float(reward)
-        return observation, reward, terminated, truncated or self._total >= self.max_total_reward, info
+        self._steps += 1
+        reached = self._total >= self.max_total_reward
+        if reached and self._steps == 1 and not (terminated or truncated):
+            # one text for every env and episode: Python's warnings show it once per process
+            warnings.warn(
+                f"--max-total-reward {self.max_total_reward:g} ended an episode at its first step (the first "
+                "reward already reached it), as it ends every episode whose first reward is at or above it (a "
+                "threshold at or below 0 with negative rewards); set it above the returns you mean to cap.",
+                stacklevel=2,
+            )
+        return observation, reward, terminated, truncated or reached, info
 
 
 class DiscreteTuple(gym.ObservationWrapper):

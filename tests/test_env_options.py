@@ -165,7 +165,8 @@ def test_max_total_reward_truncates_an_episode_once_its_return_reaches_it(output
         __import__("gymnasium").make("Pendulum-v1"), -5.0
     )  # negative rewards: first step ends
     env.reset(seed=0)
-    assert env.step(env.action_space.sample())[3] is True
+    with pytest.warns(UserWarning, match="--max-total-reward -5 ended an episode at its first step"):
+        assert env.step(env.action_space.sample())[3] is True
 
 
 def test_evaluation_env_options_apply_to_evaluations_only(output_dir):
