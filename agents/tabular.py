@@ -55,8 +55,8 @@ def check_finite_bounds(low: np.ndarray | torch.Tensor, high: np.ndarray | torch
         dims = [tuple(index.tolist()) if low.ndim > 1 else int(index[0]) for index in np.argwhere(unbounded)]
         raise InputError(
             f"The env's observation bounds are unbounded in dimension(s) {_few(dims)} (bounds "
-            f"{_box_bounds(low, high)}); tabular Q-learning needs a finite box to cut into grid cells. Wrap the env so its "
-            "observations have finite bounds, or use a function approximator (recipes.ppo)."
+            f"{_box_bounds(low, high)}); tabular Q-learning needs a finite box to cut into grid cells. Wrap the "
+            "env so its observations have finite bounds, or use a function approximator (recipes.ppo)."
         )
 
 
@@ -92,7 +92,8 @@ class ObservationGrid(nn.Module):
         if not (self.high > self.low).all():
             flat = torch.nonzero((self.high <= self.low).flatten()).flatten().tolist()
             raise InputError(
-                f"The observation box is empty in flattened dimension(s) {_few(flat)} (high <= low): no grid fits it."
+                f"The observation box is empty in flattened dimension(s) {_few(flat)} (high <= low): no grid "
+                "fits it."
             )
         dims = self.low.numel()
         strides = grid_size ** torch.arange(dims - 1, -1, -1, dtype=torch.int64)
@@ -292,7 +293,8 @@ def make_q_table(
     if num_states * num_actions > MAX_TABLE_ENTRIES:
         raise InputError(
             f"A Q-table of {_count(num_states)} states x {num_actions} actions is too large to hold "
-            f"(limit {MAX_TABLE_ENTRIES:,} entries); lower --grid-size, or train a network (recipes.dqn, recipes.ppo)."
+            f"(limit {MAX_TABLE_ENTRIES:,} entries); lower --grid-size, or train a network (recipes.dqn, "
+            "recipes.ppo)."
         )
     q_actor = QValueActor(QTable(encoder, num_states, num_actions), spec=Categorical(num_actions))
     exploration = EGreedyModule(Categorical(num_actions), eps_init=float(epsilon), eps_end=float(epsilon))

@@ -201,8 +201,8 @@ def _wrap(wrapper: type[gym.Wrapper], path: str, kwargs: dict[str, Any], env: gy
 def _typed_arrays(wrapper: type[gym.Wrapper], kwargs: dict[str, Any]) -> dict[str, Any]:
     """``kwargs`` with each JSON array given as the container the wrapper's annotation names for it: a tuple for
     a ``tuple[...]`` parameter (``ResizeObservation(shape=...)``), a NumPy array for an ``np.ndarray`` one
-    (``RescaleAction(min_action=...)``; float32 for floats), which JSON cannot spell and Gymnasium's wrappers check for; other values
-    and parameters as they are."""
+    (``RescaleAction(min_action=...)``; float32 for floats), which JSON cannot spell and Gymnasium's wrappers
+    check for; other values and parameters as they are."""
     try:
         parameters = inspect.signature(wrapper.__init__).parameters
     except (TypeError, ValueError):
