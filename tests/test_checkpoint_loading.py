@@ -103,7 +103,9 @@ def test_a_description_larger_than_the_tensors_is_refused_without_building_it(
     rewrite(
         path, lambda entries: manifest_metadata(entries, lambda meta: meta["policy_kwargs"].update(change))
     )
-    with pytest.raises(InputError, match=message):
+    # refused either by the description-against-file check or, first on machines of less memory than such a
+    # network takes, by the builders' own memory check: neither allocates the layers
+    with pytest.raises(InputError, match=f"{message}|of memory allows: use narrower layers"):
         Agent.load(path)  # building a million-unit MLP would need terabytes
 
 
