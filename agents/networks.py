@@ -575,8 +575,8 @@ def refuse_action_masks(env: EnvBase, recipe: str) -> None:
         )
 
 
-def _physical_memory() -> int:
-    """Bytes of this machine's physical memory (0 where the system does not say)."""
+def physical_memory() -> int:
+    """Bytes of this machine's physical memory (0 where the system does not say: the memory checks then pass)."""
     try:
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (AttributeError, OSError, ValueError):
@@ -604,7 +604,7 @@ def check_mlp_memory(in_features: int, out_features: int, hidden_sizes: Sequence
     besides target networks), before anything is allocated."""
     widths = [in_features, *hidden_sizes, out_features]
     weights = sum((inputs + 1) * outputs for inputs, outputs in itertools.pairwise(widths))
-    memory = _physical_memory()
+    memory = physical_memory()
     if memory and 4 * weights > memory // 4:
         raise InputError(
             f"--hidden-sizes {' '.join(map(str, hidden_sizes))} on {in_features:,} input features gives a network "

@@ -16,6 +16,7 @@ from torchrl.data import (
 )
 from torchrl.data.replay_buffers.samplers import prioritized
 
+from agents.networks import check_mlp_memory, physical_memory
 from errors import InputError
 from training.replay import LeanReplayBuffer, check_replay_memory, off_policy_storage
 from training.state import _load_replay_buffer_state, _replay_buffer_state
@@ -302,6 +303,13 @@ def test_a_buffer_is_checked_against_memory_for_what_it_reserves_whole(monkeypat
         InputError, match=r"--buffer-size 3,000,000 needs at least 1.2 GiB .* 1.0 GiB of memory"
     ):
         check_replay_memory(3_000_000, observations, prioritized=False)
+
+
+def test_memory_checks_pass_where_the_system_does_not_say_how_much_memory_it_has(monkeypatch):
+    monkeypatch.setattr("os.sysconf", lambda name: (_ for _ in ()).throw(ValueError(name)))
+    assert physical_memory() == 0
+    check_replay_memory(10**9, Unbounded(shape=(8, 1)), prioritized=True)  # 32 GiB and more: not refused
+    check_mlp_memory(10**5, 1, [10**5])  # 10^10 weights: not refused
 
 
 def test_off_policy_storage_holds_every_frame_a_short_run_collects_and_is_checked_against_memory(monkeypatch):

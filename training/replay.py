@@ -11,7 +11,6 @@ count, last cursor), so checkpoints, resumed runs and every other method of the 
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from typing import Any
 
@@ -22,6 +21,7 @@ from torchrl.data.replay_buffers.storages.utils import _collate_id
 from torchrl.data.replay_buffers.writers import TensorDictRoundRobinWriter
 
 from agents.fast_paths import NUMPY_DTYPES, flat_entries, flat_select
+from agents.networks import physical_memory
 from errors import InputError
 from training.frame_storage import CHUNK_FRAMES
 
@@ -257,11 +257,6 @@ def gather_rows(data: TensorDict, index: torch.Tensor, skip: str | None = None) 
     )
 
 
-def physical_memory() -> int:
-    """Bytes of this machine's physical memory."""
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-
-
 def check_replay_memory(
     buffer_size: int,
     observation_spec: TensorSpec,
@@ -272,7 +267,7 @@ def check_replay_memory(
 ) -> None:
     """Raise :class:`InputError` when a replay buffer of ``buffer_size`` transitions of ``observation_spec``
     observations (batched: ``[N, ...]``) cannot fit in the memory of ``device`` (a GPU's own, else this machine's
-    physical memory); call it before building the sampler. It counts what is reserved whole, not as the buffer
+    physical memory, where the system says how much); call it before building the sampler. It counts what is reserved whole, not as the buffer
     fills: a prioritized sampler's sum and min trees (two float32 arrays of twice the power of two above
     ``buffer_size``, filled when it is built) and the storage, reserved at its first write: two observations per
     transition, or with ``frame_stacks`` (stacks kept by :class:`training.FrameStackStorage`) the frame pool's
@@ -292,7 +287,7 @@ def check_replay_memory(
     else:
         memory, where = physical_memory(), "this machine's"
     needed = storage + trees
-    if needed > memory:
+    if memory and needed > memory:
         raise InputError(
             f"--buffer-size {buffer_size:,} needs at least {needed / 2**30:,.1f} GiB for the replay buffer"
             f"{' and its priorities' if prioritized else ''}, more than {where} {memory / 2**30:,.1f} GiB of "
