@@ -2,9 +2,10 @@
 
 Torch computes a float32 ``F.linear`` on the CPU with MKL's GEMM, whose AVX-512 kernels run on Intel CPUs only:
 on AMD CPUs with AVX-512 (Zen 4 and 5) it takes AVX2 kernels. oneDNN, which torch also ships (its convolutions
-run there already), picks its kernels by instruction set. On this project's 2-core AMD EPYC (AVX-512) a
-256x400 by 400x300 float32 product takes 0.70 ms through MKL and 0.36 ms through oneDNN on one thread (0.35
-against 0.17 ms on two), and the Nature CNN's 3136-to-512 layer at batch 256 4.9 against 1.9 ms on two; oneDNN
+run there already), picks its kernels by instruction set. On this project's 2-core AMD EPYC Zen 5 a 256x400 by
+400x300 float32 product takes 0.70 ms through MKL and 0.36 ms through oneDNN on one thread (0.35 against 0.17 ms
+on two), and the Nature CNN's 3136-to-512 layer at batch 256 4.9 against 1.9 ms on two; on a Zen 4, whose
+AVX-512 units are 256 bits wide, 0.66 against 0.60 ms and 4.6 against 4.4 ms (see :func:`onednn_by_default`). oneDNN
 pays a fixed 10-15 us a call, so the small products of 64-unit networks, of single observations and of DQN's
 batches of 64 stay with MKL. Both are IEEE float32 arithmetic; the results differ only in the order of the sums (as between two MKL
 kernels).
@@ -19,7 +20,7 @@ tensor losses of DQN, PPO, SAC, TD3 and DDPG, and the members of :class:`agents.
 which runs twin critics one by one where the largest layer's product goes to oneDNN) and the Nature CNN's linear
 layer call it.
 
-The default (``"auto"``) is oneDNN on x86 CPUs with AVX-512 that are not Intel's, with torch built with oneDNN;
+The default (``"auto"``) is oneDNN on AMD CPUs from Zen 5 on (AVX-512 at full width), with torch built with oneDNN;
 ``RunConfig.linear_kernels`` (``--linear-kernels torch|onednn|auto``) sets it per run.
 """
 
@@ -45,6 +46,10 @@ batch of 64 (4.2 million) ran slower through oneDNN (CartPole-v1, 50k frames: 29
 24.8 s), while the off-policy recipes' 256-unit layers at batch 256 (16.8 million) and the Nature CNN's linear
 layer ran faster."""
 
+ZEN5_FAMILY = 26
+"""AMD's CPU family number of Zen 5 (0x1A); Zen 3 and Zen 4 are family 25 (0x19)."""
+
+
 _use_onednn = False
 
 
@@ -60,25 +65,39 @@ def onednn_available() -> bool:
 
 @functools.cache
 def onednn_by_default() -> bool:
-    """What ``"auto"`` chooses: oneDNN on an x86 CPU with AVX-512 whose vendor is not Intel (MKL's AVX-512
-    kernels are Intel's alone), where this torch has oneDNN."""
+    """What ``"auto"`` chooses: oneDNN on an AMD x86 CPU of family 26 (Zen 5) or later with AVX-512, where this
+    torch has oneDNN.
+
+    MKL's AVX-512 kernels are Intel's alone, so on AMD CPUs torch's products take MKL's AVX2 ones. Zen 5's
+    512-bit units run oneDNN's AVX-512 kernels at twice that speed. Zen 4 (family 25) runs each AVX-512
+    instruction as two 256-bit halves: there oneDNN's products were only 5-10% faster than MKL's, and the twin
+    critics, which oneDNN's path runs one by one instead of as one batched product, made a whole TD3 or SAC
+    gradient step 20-40% slower (256-unit networks, batch 256, two threads). Other CPUs keep torch's kernels."""
     if platform.machine().lower() not in ("x86_64", "amd64") or not onednn_available():
         return False
     if torch.backends.cpu.get_cpu_capability() != "AVX512":
         return False
-    return _cpu_vendor() not in ("GenuineIntel", "")
+    vendor, family = _cpu_identity()
+    return vendor == "AuthenticAMD" and family >= ZEN5_FAMILY
 
 
-def _cpu_vendor() -> str:
-    """The CPU's vendor string (``GenuineIntel``, ``AuthenticAMD``), or "" where it cannot be read."""
+def _cpu_identity() -> tuple[str, int]:
+    """The CPU's vendor string (``GenuineIntel``, ``AuthenticAMD``) and family number, from the first processor
+    in /proc/cpuinfo; ``("", -1)`` for what cannot be read."""
+    vendor, family = "", -1
     try:
         with open("/proc/cpuinfo", encoding="ascii", errors="replace") as cpuinfo:
             for line in cpuinfo:
-                if line.startswith("vendor_id"):
-                    return line.partition(":")[2].strip()
+                name, _, value = line.partition(":")
+                if name.strip() == "vendor_id":
+                    vendor = value.strip()
+                elif name.strip() == "cpu family" and value.strip().isdigit():
+                    family = int(value)
+                if not line.strip() or (vendor and family >= 0):  # the first processor's entries end
+                    break
     except OSError:
         pass
-    return ""
+    return vendor, family
 
 
 def set_linear_kernels(kernels: LinearKernels) -> bool:

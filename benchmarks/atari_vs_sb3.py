@@ -14,7 +14,8 @@ Agent steps per second of training (no evaluation) on ``ALE/Pong-v5``, each side
   in bfloat16 on CPUs that have it, TF32 on CUDA GPUs).
 * ``ours-ieee`` (likewise): ``ours`` with ``--no-flush-denormal`` (denormal floats computed as such).
 * ``ours-mkl`` (likewise): ``ours`` with ``--linear-kernels torch`` (the Nature CNN's linear layer through torch's
-  default float32 product, MKL's on x86, where ``auto`` takes oneDNN's on AMD CPUs with AVX-512).
+  default float32 product, MKL's on x86, where ``auto`` takes oneDNN's on AMD CPUs from Zen 5 on).
+* ``ours-onednn`` (likewise): ``ours`` with ``--linear-kernels onednn`` (oneDNN's product on any CPU).
 * ``ours-async`` and ``sb3-subproc`` (likewise): each env in a process of its own (``--vectorization async``;
   SB3's ``SubprocVecEnv``), the lever where cores are spare, as on a GPU machine.
 
@@ -50,7 +51,17 @@ import warnings
 from benchmarks.common import whole_number
 
 ENV_ID = "ALE/Pong-v5"
-SIDES = ["sb3", "ours", "ours-compiled", "ours-bf16", "ours-ieee", "ours-mkl", "sb3-subproc", "ours-async"]
+SIDES = [
+    "sb3",
+    "ours",
+    "ours-compiled",
+    "ours-bf16",
+    "ours-ieee",
+    "ours-mkl",
+    "ours-onednn",
+    "sb3-subproc",
+    "ours-async",
+]
 OURS_SIDES = [side for side in SIDES if side.startswith("ours")]
 
 
@@ -209,7 +220,7 @@ def main() -> None:
                 compile=args.child == "ours-compiled",
                 matmul_precision="medium" if args.child == "ours-bf16" else "highest",
                 flush_denormal=args.child != "ours-ieee",
-                linear_kernels="torch" if args.child == "ours-mkl" else "auto",
+                linear_kernels={"ours-mkl": "torch", "ours-onednn": "onednn"}.get(args.child, "auto"),
                 device=args.device,
                 vectorization="async" if args.child == "ours-async" else "sync",
             )

@@ -13,10 +13,19 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
-SIDES = ["sb3", "ours-zoo", "ours", "ours-zoo-compiled", "ours-zoo-bf16", "ours-zoo-ieee", "ours-zoo-mkl"]
+SIDES = [
+    "sb3",
+    "ours-zoo",
+    "ours",
+    "ours-zoo-compiled",
+    "ours-zoo-bf16",
+    "ours-zoo-ieee",
+    "ours-zoo-mkl",
+    "ours-zoo-onednn",
+]
 # ours-zoo-compiled: ours-zoo with --compile; ours-zoo-bf16: with --matmul-precision medium; ours-zoo-ieee: with
-# --no-flush-denormal; ours-zoo-mkl: with --linear-kernels torch (torch's default float32 products, MKL's on x86;
-# the last three only when asked for)
+# --no-flush-denormal; ours-zoo-mkl: with --linear-kernels torch (torch's default float32 products, MKL's on x86);
+# ours-zoo-onednn: with --linear-kernels onednn (the last four only when asked for)
 DEFAULT_SIDES = SIDES[:4]
 EVAL_SEED_OFFSET = (
     1_000_000  # training.evaluation.EVAL_SEED_OFFSET (not imported: the SB3 side runs without torchrl)
@@ -95,7 +104,7 @@ def side_options(side: str) -> dict[str, Any]:
         "compile": side == "ours-zoo-compiled",
         "matmul_precision": "medium" if side == "ours-zoo-bf16" else "highest",
         "flush_denormal": side != "ours-zoo-ieee",
-        "linear_kernels": "torch" if side == "ours-zoo-mkl" else "auto",
+        "linear_kernels": {"ours-zoo-mkl": "torch", "ours-zoo-onednn": "onednn"}.get(side, "auto"),
     }
 
 
@@ -212,6 +221,7 @@ def compare(module: str, sides: list[str], seeds: list[int], target: str = "475"
         ("ours-zoo-bf16", ", --matmul-precision medium"),
         ("ours-zoo-ieee", ", --no-flush-denormal"),
         ("ours-zoo-mkl", ", --linear-kernels torch"),
+        ("ours-zoo-onednn", ", --linear-kernels onednn"),
     ):
         if "sb3" in results and side in results:
             ratio = statistics.mean(r["fps"] for r in results[side]) / statistics.mean(

@@ -189,18 +189,22 @@ def test_the_run_option_sets_the_kernels_and_auto_follows_the_cpu(monkeypatch):
         assert uses_onednn()
         prepare_process(RunConfig(linear_kernels="torch"))
         assert not uses_onednn()
-        for vendor, capability, expected in [
-            ("AuthenticAMD", "AVX512", True),
-            ("GenuineIntel", "AVX512", False),
-            ("AuthenticAMD", "AVX2", False),
-            ("", "AVX512", False),
+        for vendor, family, capability, expected in [
+            ("AuthenticAMD", 26, "AVX512", True),  # Zen 5
+            ("AuthenticAMD", 25, "AVX512", False),  # Zen 4: AVX-512 in 256-bit halves
+            ("GenuineIntel", 6, "AVX512", False),
+            ("AuthenticAMD", 26, "AVX2", False),
+            ("AuthenticAMD", 25, "AVX2", False),  # Zen 3
+            ("", -1, "AVX512", False),
         ]:
-            monkeypatch.setattr(linear_kernels, "_cpu_vendor", lambda vendor=vendor: vendor)
+            monkeypatch.setattr(
+                linear_kernels, "_cpu_identity", lambda identity=(vendor, family): identity
+            )
             monkeypatch.setattr(
                 torch.backends.cpu, "get_cpu_capability", lambda capability=capability: capability
             )
             linear_kernels.onednn_by_default.cache_clear()
-            assert set_linear_kernels("auto") is expected, (vendor, capability)
+            assert set_linear_kernels("auto") is expected, (vendor, family, capability)
     finally:
         linear_kernels.onednn_by_default.cache_clear()
         linear_kernels._use_onednn = before
@@ -214,3 +218,21 @@ def test_bad_choices_are_refused(monkeypatch):
     with pytest.raises(InputError, match="built with oneDNN"):
         set_linear_kernels("onednn")
     assert uses_onednn() == before
+
+
+def test_the_cpu_identity_is_read_from_the_first_processor(tmp_path, monkeypatch):
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text(
+        "processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 26\nmodel\t\t: 2\n\n"
+        "processor\t: 1\nvendor_id\t: GenuineIntel\ncpu family\t: 6\n\n"
+    )
+    real_open = open
+    monkeypatch.setattr(
+        "builtins.open",
+        lambda path, *args, **kwargs: real_open(cpuinfo if path == "/proc/cpuinfo" else path, *args, **kwargs),
+    )
+    assert linear_kernels._cpu_identity() == ("AuthenticAMD", 26)
+    cpuinfo.write_text("processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: ?\n")
+    assert linear_kernels._cpu_identity() == ("AuthenticAMD", -1)
+    cpuinfo.unlink()
+    assert linear_kernels._cpu_identity() == ("", -1)
