@@ -4,11 +4,11 @@ Torch computes a float32 ``F.linear`` on the CPU with MKL's GEMM, whose AVX-512 
 on AMD CPUs with AVX-512 (Zen 4 and 5) it takes AVX2 kernels. oneDNN, which torch also ships (its convolutions
 run there already), picks its kernels by instruction set. On this project's 2-core AMD EPYC Zen 5 a 256x400 by
 400x300 float32 product takes 0.70 ms through MKL and 0.36 ms through oneDNN on one thread (0.35 against 0.17 ms
-on two), and the Nature CNN's 3136-to-512 layer at batch 256 4.9 against 1.9 ms on two; on a Zen 4, whose
-AVX-512 units are 256 bits wide, 0.66 against 0.60 ms and 4.6 against 4.4 ms (see :func:`onednn_by_default`). oneDNN
-pays a fixed 10-15 us a call, so the small products of 64-unit networks, of single observations and of DQN's
-batches of 64 stay with MKL. Both are IEEE float32 arithmetic; the results differ only in the order of the sums (as between two MKL
-kernels).
+on two), and the Nature CNN's 3136-to-512 layer at batch 256 4.9 against 1.9 ms on two; on a Zen 4, which runs
+AVX-512 in 256-bit halves, 0.66 against 0.60 ms on one thread and 4.6 against 4.4 ms on two (see
+:func:`onednn_by_default`). oneDNN pays a fixed 10-15 us a call, so the small products of 64-unit networks, of
+single observations and of DQN's batches of 64 stay with MKL. Both are IEEE float32 arithmetic; the results
+differ only in the order of the sums (as between two MKL kernels).
 
 :func:`linear` is ``F.linear`` that sends a float32 CPU product of at least :data:`MIN_MULTIPLY_ADDS`
 multiply-adds to oneDNN (forward and both gradient products) while :func:`set_linear_kernels` says so, and

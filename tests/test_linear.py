@@ -197,9 +197,7 @@ def test_the_run_option_sets_the_kernels_and_auto_follows_the_cpu(monkeypatch):
             ("AuthenticAMD", 25, "AVX2", False),  # Zen 3
             ("", -1, "AVX512", False),
         ]:
-            monkeypatch.setattr(
-                linear_kernels, "_cpu_identity", lambda identity=(vendor, family): identity
-            )
+            monkeypatch.setattr(linear_kernels, "_cpu_identity", lambda identity=(vendor, family): identity)
             monkeypatch.setattr(
                 torch.backends.cpu, "get_cpu_capability", lambda capability=capability: capability
             )
@@ -229,7 +227,9 @@ def test_the_cpu_identity_is_read_from_the_first_processor(tmp_path, monkeypatch
     real_open = open
     monkeypatch.setattr(
         "builtins.open",
-        lambda path, *args, **kwargs: real_open(cpuinfo if path == "/proc/cpuinfo" else path, *args, **kwargs),
+        lambda path, *args, **kwargs: real_open(
+            cpuinfo if path == "/proc/cpuinfo" else path, *args, **kwargs
+        ),
     )
     assert linear_kernels._cpu_identity() == ("AuthenticAMD", 26)
     cpuinfo.write_text("processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: ?\n")
