@@ -48,7 +48,7 @@ import tempfile
 import time
 import warnings
 
-from benchmarks.common import whole_number
+from benchmarks.common import side_kernels, whole_number
 
 ENV_ID = "ALE/Pong-v5"
 SIDES = [
@@ -220,7 +220,7 @@ def main() -> None:
                 compile=args.child == "ours-compiled",
                 matmul_precision="medium" if args.child == "ours-bf16" else "highest",
                 flush_denormal=args.child != "ours-ieee",
-                linear_kernels={"ours-mkl": "torch", "ours-onednn": "onednn"}.get(args.child, "auto"),
+                linear_kernels=side_kernels(args.child),
                 device=args.device,
                 vectorization="async" if args.child == "ours-async" else "sync",
             )

@@ -98,13 +98,21 @@ def summary_row(summary: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def side_kernels(side: str) -> str:
+    """The ``--linear-kernels`` of one of our sides: its name's ``-mkl`` or ``-onednn`` ending, else ``auto``."""
+    for ending, kernels in (("-mkl", "torch"), ("-onednn", "onednn")):
+        if side.endswith(ending):
+            return kernels
+    return "auto"
+
+
 def side_options(side: str) -> dict[str, Any]:
     """The run options that set one of our sides apart (``run_ours(seed, zoo, **side_options(side))``)."""
     return {
         "compile": side == "ours-zoo-compiled",
         "matmul_precision": "medium" if side == "ours-zoo-bf16" else "highest",
         "flush_denormal": side != "ours-zoo-ieee",
-        "linear_kernels": {"ours-zoo-mkl": "torch", "ours-zoo-onednn": "onednn"}.get(side, "auto"),
+        "linear_kernels": side_kernels(side),
     }
 
 
