@@ -9,13 +9,16 @@ step, so termination and truncation stay separate and value estimators can boots
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib
 import inspect
 import json
+import signal
 import sys
+import threading
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Literal, NamedTuple
 
 import gymnasium as gym
@@ -590,23 +593,41 @@ def make_env(
             make_sub_env = functools.partial(
                 _wrapped_atari_env, env, tuple(wrappers), training=True, **(env_kwargs or {})
             )
-            vector_env = vector_class([make_sub_env] * num_envs, autoreset_mode=AutoresetMode.SAME_STEP)
+            with sigint_ignored_by_children():
+                vector_env = vector_class([make_sub_env] * num_envs, autoreset_mode=AutoresetMode.SAME_STEP)
         elif isinstance(env, str):
             check_env_id(env)
-            vector_env = gym.make_vec(
-                env,
-                num_envs=num_envs,
-                vectorization_mode=vectorization,
-                vector_kwargs={"autoreset_mode": AutoresetMode.SAME_STEP},
-                wrappers=list(wrappers),
-                **(env_kwargs or {}),
-            )
+            with sigint_ignored_by_children():
+                vector_env = gym.make_vec(
+                    env,
+                    num_envs=num_envs,
+                    vectorization_mode=vectorization,
+                    vector_kwargs={"autoreset_mode": AutoresetMode.SAME_STEP},
+                    wrappers=list(wrappers),
+                    **(env_kwargs or {}),
+                )
         else:
             raise InputError(f"make_env takes a Gymnasium id, env or vector env, got {type(env).__name__}.")
     torchrl_env = GymnasiumVectorEnv(vector_env, device=device)
     if seed is not None:
         torchrl_env.set_seed(seed)
     return torchrl_env
+
+
+@contextlib.contextmanager
+def sigint_ignored_by_children() -> Iterator[None]:
+    """Ignore SIGINT while processes are started inside: they inherit it (through fork and exec alike), so Ctrl-C
+    in a terminal (sent to the whole process group) reaches only the training loop, which finishes its batch,
+    saves and closes them itself. SIGTERM keeps its default. Only the main thread can change handlers: elsewhere
+    nothing changes."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def _wrapped_atari_env(env_id: str, wrappers: tuple, **options: Any) -> gym.Env:

@@ -87,10 +87,16 @@ def test_signal_saves_a_checkpoint_and_exits_cleanly(number, tmp_path):
     assert not (output_dir / "video.mp4").exists()  # skipped when interrupted
 
 
-def test_ctrl_c_in_a_terminal_with_worker_processes_saves_and_exits_cleanly(tmp_path):
-    """Ctrl-C reaches the whole process group: the workers ignore it and the training loop saves and stops."""
+@pytest.mark.parametrize(
+    "options",
+    [("--collector-backend", "multiprocess"), ("--vectorization", "async")],
+    ids=["worker-collectors", "async-envs"],
+)
+def test_ctrl_c_in_a_terminal_with_worker_processes_saves_and_exits_cleanly(options, tmp_path):
+    """Ctrl-C reaches the whole process group: the workers (collectors, or the envs' subprocesses) ignore it and
+    the training loop saves and stops."""
     output_dir = tmp_path / "run"
-    process = start_long_ppo(output_dir, "--collector-backend", "multiprocess", new_session=True)
+    process = start_long_ppo(output_dir, *options, new_session=True)
     try:
         os.killpg(process.pid, signal.SIGINT)
         stdout, stderr = process.communicate(timeout=60)

@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import os
 import random
-import signal
-import threading
 import time
 import warnings
 from collections.abc import Callable, Iterator
@@ -25,7 +23,7 @@ from torchrl.envs import EnvBase
 from agents.es import PopulationEvaluator, make_es_policy
 from agents.gsde import clip_env_actions
 from envs.specs import EPISODE_LENGTH_KEY, EPISODE_RETURN_KEY
-from envs.vector import make_env
+from envs.vector import make_env, sigint_ignored_by_children
 from errors import InputError
 
 RAY_CPU_WAIT_S = 15.0  # how long to wait for enough free CPUs on the Ray cluster before giving up
@@ -196,13 +194,8 @@ def make_worker_collector(
         "sync": True,
     }
     if backend == "multiprocess":
-        # the workers inherit an ignored SIGINT: Ctrl-C in a terminal (sent to the whole process group) reaches
-        # only the training loop, which finishes its batch, saves and stops the workers itself. SIGTERM keeps its
-        # default: TorchRL stops the remaining workers of a failed run with it.
-        ignored = {}
-        if threading.current_thread() is threading.main_thread():
-            ignored = {signal.SIGINT: signal.signal(signal.SIGINT, signal.SIG_IGN)}
-        try:
+        # SIGTERM keeps its default: TorchRL stops the remaining workers of a failed run with it
+        with sigint_ignored_by_children():
             collector = Collector(
                 env_factories,
                 policy,
@@ -211,9 +204,6 @@ def make_worker_collector(
                 **common,
                 **options,
             )
-        finally:
-            for number, handler in ignored.items():
-                signal.signal(number, handler)
     else:
         if "trajs_per_batch" in options:
             raise InputError(
