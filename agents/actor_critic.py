@@ -31,7 +31,7 @@ from torchrl.objectives.value.functional import td0_return_estimate
 
 from agents.continuous import StateActionNet
 from agents.fast_paths import tanh_normal_arguments, tanh_normal_sample
-from agents.linear import MIN_MULTIPLY_ADDS, linear, uses_onednn
+from agents.linear import linear, onednn_min_multiply_adds
 from errors import InputError
 
 
@@ -96,10 +96,9 @@ class StackedNetwork:
         """Whether agents.linear takes oneDNN for the largest layer on ``x``'s rows (float32 CPU inputs only: on
         other devices and dtypes the batched product stays)."""
         return (
-            uses_onednn()
-            and x.device.type == "cpu"
+            x.device.type == "cpu"
             and x.dtype is torch.float32
-            and x.shape[:-1].numel() * self._largest_layer >= MIN_MULTIPLY_ADDS
+            and x.shape[:-1].numel() * self._largest_layer >= onednn_min_multiply_adds()
         )
 
     def member(self, parameters: TensorDictBase, index: int, *inputs: torch.Tensor) -> torch.Tensor:

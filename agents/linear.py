@@ -5,12 +5,12 @@ on AMD CPUs with AVX-512 (Zen 4 and 5) it takes AVX2 kernels. oneDNN, which torc
 run there already), picks its kernels by instruction set. On this project's 2-core AMD EPYC Zen 5 a 256x400 by
 400x300 float32 product takes 0.70 ms through MKL and 0.36 ms through oneDNN on one thread (0.35 against 0.17 ms
 on two), and the Nature CNN's 3136-to-512 layer at batch 256 4.9 against 1.9 ms on two; on a Zen 4, which runs
-AVX-512 in 256-bit halves, 0.66 against 0.60 ms on one thread and 4.6 against 4.4 ms on two (see
-:func:`onednn_by_default`). oneDNN pays a fixed 10-15 us a call, so the small products of 64-unit networks, of
-single observations and of DQN's batches of 64 stay with MKL. Both are IEEE float32 arithmetic; the results
-differ only in the order of the sums (as between two MKL kernels).
+AVX-512 in 256-bit halves, oneDNN wins only on larger products (see :data:`ZEN4_MIN_MULTIPLY_ADDS`). oneDNN pays a
+fixed 10-15 us a call, so the small products of 64-unit networks, of single observations and of DQN's batches of
+64 stay with MKL. Both are IEEE float32 arithmetic; the results differ only in the order of the sums (as between
+two MKL kernels).
 
-:func:`linear` is ``F.linear`` that sends a float32 CPU product of at least :data:`MIN_MULTIPLY_ADDS`
+:func:`linear` is ``F.linear`` that sends a float32 CPU product of at least :func:`onednn_min_multiply_adds`
 multiply-adds to oneDNN (forward and both gradient products) while :func:`set_linear_kernels` says so, and
 everything else (other dtypes and devices, small products, ``torch.compile``, ``torch.vmap``, tracing and ONNX
 export, ``--matmul-precision`` other than ``highest``) to ``F.linear``. The gradient it defines is a first
@@ -20,13 +20,16 @@ tensor losses of DQN, PPO, SAC, TD3 and DDPG, and the members of :class:`agents.
 which runs twin critics one by one where the largest layer's product goes to oneDNN) and the Nature CNN's linear
 layer call it.
 
-The default (``"auto"``) is oneDNN on AMD CPUs from Zen 5 on (AVX-512 at full width), with torch built with oneDNN;
-``RunConfig.linear_kernels`` (``--linear-kernels torch|onednn|auto``) sets it per run.
+The default (``"auto"``) is oneDNN on AMD CPUs from Zen 5 on (AVX-512 at full width) from
+:data:`MIN_MULTIPLY_ADDS`, and on Zen 4 from :data:`ZEN4_MIN_MULTIPLY_ADDS`, with torch built with oneDNN; torch's
+kernels elsewhere. ``RunConfig.linear_kernels`` (``--linear-kernels torch|onednn|auto``) sets it per run;
+``onednn`` takes oneDNN from :data:`MIN_MULTIPLY_ADDS` on any CPU.
 """
 
 from __future__ import annotations
 
 import functools
+import math
 import platform
 from typing import Literal
 
@@ -46,11 +49,21 @@ batch of 64 (4.2 million) ran slower through oneDNN (CartPole-v1, 50k frames: 29
 24.8 s), while the off-policy recipes' 256-unit layers at batch 256 (16.8 million) and the Nature CNN's linear
 layer ran faster."""
 
+ZEN4_MIN_MULTIPLY_ADDS = 1 << 25
+"""Where ``"auto"`` takes oneDNN on a Zen 4 (about 33.5 million multiply-adds). There oneDNN's AVX-512 kernels,
+run in 256-bit halves, gain on large products and lose on 256-unit layers (on the 2-core EPYC, two threads,
+forward and both gradients): 1.30x MKL's speed on the Nature CNN's 3136-to-512 layer at batch 256 (411 million),
+1.12x at DQN's batch of 32 (51 million), 1.17-1.24x on 1024x1024 layers at batch 64-256, 1.05x on 512x512 at 256
+(67 million), even (1.01x) on RL Zoo's 400x300 at 256 (31 million) and 0.75x on 256x256 at 256 (17 million), where
+the twin critics' batched product also stays."""
+
 ZEN5_FAMILY = 26
 """AMD's CPU family number of Zen 5 (0x1A); Zen 3 and Zen 4 are family 25 (0x19)."""
+ZEN4_FAMILY = 25
 
 
-_use_onednn = False
+_onednn_from: float = math.inf
+"""The fewest multiply-adds of a product that :func:`linear` sends to oneDNN; infinite: none."""
 
 
 def onednn_available() -> bool:
@@ -64,21 +77,24 @@ def onednn_available() -> bool:
 
 
 @functools.cache
-def onednn_by_default() -> bool:
-    """What ``"auto"`` chooses: oneDNN on an AMD x86 CPU of family 26 (Zen 5) or later with AVX-512, where this
-    torch has oneDNN.
+def onednn_by_default() -> float:
+    """What ``"auto"`` chooses, as the fewest multiply-adds a product needs to go to oneDNN: on an AMD x86 CPU
+    with AVX-512 where this torch has oneDNN, :data:`MIN_MULTIPLY_ADDS` from family 26 (Zen 5) on and
+    :data:`ZEN4_MIN_MULTIPLY_ADDS` on family 25 (Zen 4); elsewhere infinite (torch's kernels throughout).
 
     MKL's AVX-512 kernels are Intel's alone, so on AMD CPUs torch's products take MKL's AVX2 ones. Zen 5's
-    512-bit units run oneDNN's AVX-512 kernels at twice that speed. Zen 4 (family 25) runs each AVX-512
-    instruction as two 256-bit halves: there oneDNN's products were only 5-10% faster than MKL's, and the twin
-    critics, which oneDNN's path runs one by one instead of as one batched product, made a whole TD3 or SAC
-    gradient step 20-40% slower (256-unit networks, batch 256, two threads). Other CPUs keep torch's kernels."""
+    512-bit units run oneDNN's AVX-512 kernels at twice that speed. Zen 4 runs each AVX-512 instruction as two
+    256-bit halves: there oneDNN's products lose to MKL's on 256-unit layers, and the twin critics, which oneDNN's
+    path runs one by one instead of as one batched product, made a whole TD3 or SAC gradient step 20-40% slower
+    (256-unit networks, batch 256, two threads), while the Nature CNN's linear layer and wider layers gain."""
     if platform.machine().lower() not in ("x86_64", "amd64") or not onednn_available():
-        return False
+        return math.inf
     if torch.backends.cpu.get_cpu_capability() != "AVX512":
-        return False
+        return math.inf
     vendor, family = _cpu_identity()
-    return vendor == "AuthenticAMD" and family >= ZEN5_FAMILY
+    if vendor != "AuthenticAMD" or family < ZEN4_FAMILY:
+        return math.inf
+    return MIN_MULTIPLY_ADDS if family >= ZEN5_FAMILY else ZEN4_MIN_MULTIPLY_ADDS
 
 
 def _cpu_identity() -> tuple[str, int]:
@@ -101,40 +117,47 @@ def _cpu_identity() -> tuple[str, int]:
 
 
 def set_linear_kernels(kernels: LinearKernels) -> bool:
-    """Route :func:`linear`'s large float32 CPU products to oneDNN (``"onednn"``), to ``F.linear`` (``"torch"``),
-    or as :func:`onednn_by_default` says (``"auto"``), for this process. Returns whether oneDNN is now used;
-    ``"onednn"`` on a torch without it is an :class:`InputError`."""
-    global _use_onednn
+    """Route :func:`linear`'s float32 CPU products of at least :data:`MIN_MULTIPLY_ADDS` to oneDNN
+    (``"onednn"``), all to ``F.linear`` (``"torch"``), or as :func:`onednn_by_default` says (``"auto"``), for
+    this process. Returns whether oneDNN is now used; ``"onednn"`` on a torch without it is an
+    :class:`InputError`."""
+    global _onednn_from
     if kernels == "auto":
-        _use_onednn = onednn_by_default()
+        _onednn_from = onednn_by_default()
     elif kernels == "onednn":
         if not onednn_available():
             raise InputError(
                 "--linear-kernels onednn needs a torch built with oneDNN (torch.backends.mkldnn), which this one "
                 "is not; use --linear-kernels torch or auto."
             )
-        _use_onednn = True
+        _onednn_from = MIN_MULTIPLY_ADDS
     elif kernels == "torch":
-        _use_onednn = False
+        _onednn_from = math.inf
     else:
         raise InputError(f"linear kernels {kernels!r}: use 'auto', 'torch' or 'onednn'.")
-    return _use_onednn
+    return uses_onednn()
 
 
 def uses_onednn() -> bool:
     """Whether :func:`linear` sends large float32 CPU products to oneDNN in this process."""
-    return _use_onednn
+    return _onednn_from < math.inf
+
+
+def onednn_min_multiply_adds() -> float:
+    """The fewest multiply-adds (rows x inputs x outputs) of a float32 CPU product that :func:`linear` sends to
+    oneDNN in this process; infinite while it sends none."""
+    return _onednn_from
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """``F.linear(x, weight, bias)``, through oneDNN where :func:`set_linear_kernels` chose it and the product is
-    a float32 CPU one of at least :data:`MIN_MULTIPLY_ADDS` multiply-adds (see the module docstring)."""
+    a float32 CPU one of at least :func:`onednn_min_multiply_adds` multiply-adds (see the module docstring)."""
     # the size first: most calls (small layers, single observations) leave here for F.linear
     if (
-        not _use_onednn
+        _onednn_from == math.inf
         or weight.dim() != 2
         or x.dim() == 0
-        or x.numel() * weight.shape[0] < MIN_MULTIPLY_ADDS
+        or x.numel() * weight.shape[0] < _onednn_from
         or not _onednn_applies(x, weight, bias)
     ):
         return F.linear(x, weight, bias)

@@ -14,7 +14,8 @@ Agent steps per second of training (no evaluation) on ``ALE/Pong-v5``, each side
   in bfloat16 on CPUs that have it, TF32 on CUDA GPUs).
 * ``ours-ieee`` (likewise): ``ours`` with ``--no-flush-denormal`` (denormal floats computed as such).
 * ``ours-mkl`` (likewise): ``ours`` with ``--linear-kernels torch`` (the Nature CNN's linear layer through torch's
-  default float32 product, MKL's on x86, where ``auto`` takes oneDNN's on AMD CPUs from Zen 5 on).
+  default float32 product, MKL's on x86, where ``auto`` takes oneDNN's on AMD CPUs from Zen 5 on, and on Zen 4
+  for the large products of the updates).
 * ``ours-onednn`` (likewise): ``ours`` with ``--linear-kernels onednn`` (oneDNN's product on any CPU).
 * ``ours-async`` and ``sb3-subproc`` (likewise): each env in a process of its own (``--vectorization async``;
   SB3's ``SubprocVecEnv``), the lever where cores are spare, as on a GPU machine.

@@ -19,9 +19,9 @@ def _restore_linear_kernels():
     recipe's run sets them for the whole process."""
     import agents.linear
 
-    before = agents.linear.uses_onednn()
+    before = agents.linear.onednn_min_multiply_adds()
     yield
-    agents.linear._use_onednn = before
+    agents.linear._onednn_from = before
 
 
 @pytest.fixture

@@ -11,7 +11,14 @@ from torchrl.modules import ValueOperator
 import agents.linear as linear_kernels
 from agents.actor_critic import StackedNetwork
 from agents.fast_paths import unrolled
-from agents.linear import MIN_MULTIPLY_ADDS, linear, set_linear_kernels, uses_onednn
+from agents.linear import (
+    MIN_MULTIPLY_ADDS,
+    ZEN4_MIN_MULTIPLY_ADDS,
+    linear,
+    onednn_min_multiply_adds,
+    set_linear_kernels,
+    uses_onednn,
+)
 from agents.networks import NatureCNN
 from errors import InputError
 from training import RunConfig, prepare_process
@@ -111,6 +118,28 @@ def test_what_onednn_does_not_cover_is_f_linear_to_the_bit(onednn, products):
     assert products == []
 
 
+def test_auto_on_a_zen_4_takes_onednn_for_large_products_only(products, monkeypatch):
+    monkeypatch.setattr(linear_kernels, "_cpu_identity", lambda: ("AuthenticAMD", 25))
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX512")
+    linear_kernels.onednn_by_default.cache_clear()
+    try:
+        assert set_linear_kernels("auto")
+    finally:
+        linear_kernels.onednn_by_default.cache_clear()
+    x, weight, bias = _operands(rows=256, inputs=256, outputs=256)  # a 256-unit layer: 16.8 million
+    assert torch.equal(linear(x, weight, bias), F.linear(x, weight, bias))
+    assert products == []
+    x, weight, bias = _operands(
+        rows=32, inputs=3136, outputs=512
+    )  # the Nature CNN's layer at 32 rows: 51 million
+    output, grads = _gradients(linear, x, weight, bias)
+    expected, expected_grads = _gradients(F.linear, x, weight, bias)
+    assert len(products) == 3
+    torch.testing.assert_close(output, expected, rtol=1e-5, atol=1e-5)
+    for grad, expected_grad in zip(grads, expected_grads, strict=True):
+        torch.testing.assert_close(grad, expected_grad, rtol=1e-5, atol=1e-4)
+
+
 def test_vmap_and_tracing_take_f_linear(onednn, products):
     x, weight, bias = _operands()
     stacked = torch.stack([weight.detach(), 2 * weight.detach()])
@@ -145,7 +174,7 @@ def test_stacked_members_through_onednn_equal_the_batched_product(products):
         output = critic(stacked, x)
         return output.detach(), torch.autograd.grad(output.sum(), leaves)
 
-    before = uses_onednn()
+    before = onednn_min_multiply_adds()
     try:
         set_linear_kernels("torch")
         expected, expected_grads = run()
@@ -160,8 +189,11 @@ def test_stacked_members_through_onednn_equal_the_batched_product(products):
         assert critic._members_through_onednn(x) and not critic._members_through_onednn(x.double())
         torch.testing.assert_close(critic(doubles, x.double()).float(), expected, rtol=1e-5, atol=1e-5)
         assert not products  # float64 (as any input agents.linear leaves to F.linear): the batched product
+        linear_kernels._onednn_from = ZEN4_MIN_MULTIPLY_ADDS  # "auto" on a Zen 4: 256x256 at 256 rows stays
+        critic(stacked, x)
+        assert not products and not critic._members_through_onednn(x)
     finally:
-        linear_kernels._use_onednn = before
+        linear_kernels._onednn_from = before
     assert output.shape == expected.shape == (2, 256, 1)
     torch.testing.assert_close(output, expected, rtol=1e-5, atol=1e-5)
     for a, b in zip(grads, expected_grads, strict=True):
@@ -183,29 +215,31 @@ def test_unrolled_networks_and_the_nature_cnn_take_it(onednn, products):
 
 
 def test_the_run_option_sets_the_kernels_and_auto_follows_the_cpu(monkeypatch):
-    before = uses_onednn()
+    before = onednn_min_multiply_adds()
     try:
         prepare_process(RunConfig(linear_kernels="onednn"))
-        assert uses_onednn()
+        assert uses_onednn() and onednn_min_multiply_adds() == MIN_MULTIPLY_ADDS
         prepare_process(RunConfig(linear_kernels="torch"))
-        assert not uses_onednn()
+        assert not uses_onednn() and onednn_min_multiply_adds() == float("inf")
         for vendor, family, capability, expected in [
-            ("AuthenticAMD", 26, "AVX512", True),  # Zen 5
-            ("AuthenticAMD", 25, "AVX512", False),  # Zen 4: AVX-512 in 256-bit halves
-            ("GenuineIntel", 6, "AVX512", False),
-            ("AuthenticAMD", 26, "AVX2", False),
-            ("AuthenticAMD", 25, "AVX2", False),  # Zen 3
-            ("", -1, "AVX512", False),
+            ("AuthenticAMD", 26, "AVX512", MIN_MULTIPLY_ADDS),  # Zen 5
+            ("AuthenticAMD", 25, "AVX512", ZEN4_MIN_MULTIPLY_ADDS),  # Zen 4: AVX-512 in 256-bit halves
+            ("AuthenticAMD", 23, "AVX512", float("inf")),
+            ("GenuineIntel", 6, "AVX512", float("inf")),
+            ("AuthenticAMD", 26, "AVX2", float("inf")),
+            ("AuthenticAMD", 25, "AVX2", float("inf")),  # Zen 3
+            ("", -1, "AVX512", float("inf")),
         ]:
             monkeypatch.setattr(linear_kernels, "_cpu_identity", lambda identity=(vendor, family): identity)
             monkeypatch.setattr(
                 torch.backends.cpu, "get_cpu_capability", lambda capability=capability: capability
             )
             linear_kernels.onednn_by_default.cache_clear()
-            assert set_linear_kernels("auto") is expected, (vendor, family, capability)
+            assert set_linear_kernels("auto") is (expected < float("inf")), (vendor, family, capability)
+            assert onednn_min_multiply_adds() == expected, (vendor, family, capability)
     finally:
         linear_kernels.onednn_by_default.cache_clear()
-        linear_kernels._use_onednn = before
+        linear_kernels._onednn_from = before
 
 
 def test_bad_choices_are_refused(monkeypatch):

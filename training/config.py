@@ -103,9 +103,10 @@ class RunConfig(Options):
     linear_kernels: Literal["auto", "torch", "onednn"] = "auto"
     """Kernels of large float32 linear layers on the CPU (agents.linear): 'onednn' runs products of 8.4 million
     multiply-adds or more (256-unit layers at batch 128 and up) through oneDNN, 'torch' through torch's default
-    (MKL), 'auto' oneDNN on AMD CPUs from Zen 5 on, where MKL takes AVX2 kernels at about half oneDNN's speed
-    (on a Zen 4, which runs AVX-512 in 256-bit halves, oneDNN's path made TD3 and SAC updates slower). Both are
-    float32 arithmetic, summed in another order."""
+    (MKL), 'auto' oneDNN on AMD CPUs from Zen 5 on, where MKL takes AVX2 kernels at about half oneDNN's speed,
+    and on Zen 4, which runs AVX-512 in 256-bit halves, for products of 33.5 million multiply-adds or more only
+    (the Nature CNN's linear layer in updates; 256-unit layers stay with MKL there). Both are float32
+    arithmetic, summed in another order."""
     flush_denormal: bool = True
     """Flush denormal floats (below 1.2e-38) to zero in CPU arithmetic (torch.set_flush_denormal; torch's
     worker threads started after the run sets it inherit it). Adam's moments of a dead ReLU unit's weights decay
