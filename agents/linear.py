@@ -58,8 +58,9 @@ forward and both gradients): 1.30x MKL's speed on the Nature CNN's 3136-to-512 l
 the twin critics' batched product also stays."""
 
 ZEN5_FAMILY = 26
-"""AMD's CPU family number of Zen 5 (0x1A); Zen 3 and Zen 4 are family 25 (0x19)."""
+"""AMD's CPU family number of Zen 5 (0x1A)."""
 ZEN4_FAMILY = 25
+"""AMD's CPU family number of Zen 3 and Zen 4 (0x19); of the two, only Zen 4 has AVX-512."""
 
 
 _onednn_from: float = math.inf
