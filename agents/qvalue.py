@@ -307,7 +307,8 @@ def make_q_actor(
     if type(action_spec) is not Categorical:  # not its subclasses MultiCategorical and Binary
         raise InputError(
             f"DQN needs a Discrete action space, got a {type(action_spec).__name__} action spec; "
-            "for Box (continuous), MultiDiscrete or MultiBinary actions use recipes.ppo or recipes.a2c."
+            "for Box (continuous) actions use recipes.sac, recipes.td3, recipes.ddpg or recipes.ppo, for MultiDiscrete "
+            "or MultiBinary actions recipes.ppo or recipes.a2c."
         )
     num_actions = action_spec.space.n
     if distributional:

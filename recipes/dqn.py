@@ -260,7 +260,8 @@ def main(config: DQNConfig, *, callbacks: Sequence[Callback] = ()) -> dict:
         env.close()
         raise InputError(
             f"DQN needs a Discrete action space; {run_config.env_id} has {env.single_action_space}. "
-            "For Box (continuous), MultiDiscrete or MultiBinary actions use recipes.ppo or recipes.a2c."
+            "For Box (continuous) actions use recipes.sac, recipes.td3, recipes.ddpg or recipes.ppo, for MultiDiscrete "
+            "or MultiBinary actions recipes.ppo or recipes.a2c."
         )
 
     # modules: the agent owns the epsilon-greedy Q policy; the loss trains its Q-value actor

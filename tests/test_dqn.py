@@ -528,7 +528,7 @@ def test_cli_refuses_a_box_action_space_in_one_line(tmp_path):
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: DQN needs a Discrete action space")
-    assert "recipes.ppo" in lines[0]
+    assert "recipes.sac" in lines[0] and "recipes.ppo" in lines[0]
 
 
 def test_dqn_run_gives_no_conflicting_batch_size_warning(output_dir):
