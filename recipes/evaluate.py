@@ -1,8 +1,11 @@
 """Evaluate a saved agent: per-episode returns and lengths, optionally a video.
 
-python -m recipes.evaluate runs/demo --episodes 20 --video
-python -m recipes.evaluate runs/demo/best_agent.ckpt --env-id CartPole-v1 --stochastic
-python -m recipes.evaluate runs/demo --episodes 3 --render      # in a window, where a display exists
+    python -m recipes.evaluate runs/demo --episodes 20 --video
+    python -m recipes.evaluate runs/demo/best_agent.ckpt --env-id CartPole-v1 --stochastic
+    python -m recipes.evaluate runs/demo --episodes 3 --render      # in a window, where a display exists
+
+The agent runs in the env it was trained on, with its env kwargs, wrappers and observation statistics from the
+checkpoint; prints JSON: the mean and standard deviation of the returns, and each episode's return and length.
 """
 
 from __future__ import annotations

@@ -219,6 +219,25 @@ def test_cli_help_documents_the_common_options():
         assert flag in result.stdout, flag
 
 
+COMMAND_MODULES = sorted(
+    path.stem for path in (Path(__file__).parents[1] / "recipes").glob("*.py") if path.stem != "__init__"
+)
+
+
+@pytest.mark.parametrize("name", COMMAND_MODULES)
+def test_help_shows_each_example_command_on_its_own_line(name):
+    """tyro joins unindented docstring lines into one paragraph: example commands must be indented."""
+    import importlib
+
+    doc = importlib.import_module(f"recipes.{name}").__doc__
+    examples = [line for line in doc.splitlines() if line.strip().startswith("python -m ")]
+    assert examples, f"recipes.{name} shows no example command"
+    for line in examples:
+        assert line.startswith("    "), (
+            f"recipes.{name}: {line!r} would be joined with its neighbours in --help"
+        )
+
+
 @pytest.mark.parametrize(
     "args, message",
     [
