@@ -121,14 +121,20 @@ def check_spaces(
         )
     if isinstance(observation_space, gym.spaces.Box):
         check_finite_bounds(observation_space.low, observation_space.high)
-        dims = int(np.prod(observation_space.shape))
-        most_dims = math.log2(MAX_TABLE_ENTRIES / action_space.n)  # a grid of two bins has 2 ** dims rows
-        if np.issubdtype(observation_space.dtype, np.floating) and dims > most_dims:
+        floating = np.issubdtype(observation_space.dtype, np.floating)
+        # a grid of two bins has 2 ** dims rows; integers at least as many, counting the dims that take 2+ values
+        dims = int(
+            np.prod(observation_space.shape)
+            if floating
+            else np.count_nonzero(observation_space.high > observation_space.low)
+        )
+        most_dims = math.log2(MAX_TABLE_ENTRIES / action_space.n)
+        if dims > most_dims:
             raise InputError(
                 f"{env_id} has Box observations of {dims} values: even two bins each make 2 ** {dims} table rows, "
                 "more than a Q-table holds; use recipes.dqn or recipes.ppo, whose networks read them."
             )
-        if grid_size is None and np.issubdtype(observation_space.dtype, np.floating):
+        if grid_size is None and floating:
             raise InputError(
                 f"{env_id} has Box observations {observation_space}: pass --grid-size N to cut each dimension "
                 "into N bins (the table gets N ** dims rows)."

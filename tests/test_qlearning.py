@@ -172,6 +172,9 @@ def test_observation_spaces_without_a_table_are_refused_with_a_way_out():
         InputError, match=r"12288 values: even two bins each make 2 \*\* 12288 table rows.*recipes.dqn"
     ):
         qlearning.check_spaces("Image-v0", image, gym.spaces.Discrete(2), 4)
+    frames = gym.spaces.Box(0, 255, (4, 84, 84), np.uint8)  # Atari's: no grid of bins helps either
+    with pytest.raises(InputError, match=r"28224 values: even two bins each make 2 \*\* 28224 table rows"):
+        qlearning.check_spaces("ALE/Breakout-v5", frames, gym.spaces.Discrete(4), None)
     qlearning.check_spaces(
         "Wide-v0", gym.spaces.Box(0.0, 1.0, (24,)), gym.spaces.Discrete(2), 2
     )  # 2 ** 25 entries
