@@ -22,6 +22,7 @@ from typing import Any
 import torch
 from tensordict import TensorDict
 
+from agents.files import require_regular_file
 from errors import InputError
 
 # An archive holds JSON and raw tensor files only. TensorDict's loader would unpickle an "other.pickle" sidecar and
@@ -60,6 +61,7 @@ def check_archive(path: Path, kind: str = "agent") -> dict[str, TensorShapes]:
         InputError: for anything else, naming what is wrong.
     """
     article = "an" if kind[0] in "aeiou" else "a"
+    require_regular_file(path, f"{kind} checkpoint")
     if not zipfile.is_zipfile(path):
         raise InputError(f"{path} is not {article} {kind} checkpoint (not a checkpoint archive).")
     try:

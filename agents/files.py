@@ -4,7 +4,8 @@ Every file the toolkit writes is first written to a hidden temporary file in the
 final path in one step (``os.replace``). At every moment the path holds the previous complete file or the new one;
 a link planted at the path is replaced, not followed, so nothing outside the folder is written. A temporary file
 carries the id of the process writing it: one whose process is gone (a run killed mid-write) is removed at the next
-write into the same folder; another live process's never is.
+write into the same folder; another live process's never is. Files the toolkit reads must be regular files
+(:func:`require_regular_file`): a device or a pipe named in their place is refused before anything is read.
 """
 
 from __future__ import annotations
@@ -15,12 +16,13 @@ import os
 import re
 import shutil
 import socket
+import stat
 import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
 
-from errors import WriteError
+from errors import InputError, WriteError
 
 # ".NAME.writing-HOST-PID-HEX.SUFFIX", and TorchRL's staging folder for it, "..NAME.writing-...SUFFIX.stage-HEX"
 _TEMPORARY = re.compile(
@@ -32,6 +34,19 @@ DEAD_STALE_AFTER_S = (
     60.0  # a dead process's temporary must also be this long untouched (another PID namespace)
 )
 UNKNOWN_STALE_AFTER_S = 600.0  # another machine's, or one named without a process, once untouched this long
+
+
+def require_regular_file(path: str | Path, what: str) -> None:
+    """Raise :class:`InputError` unless ``path`` is a regular file (or a link to one): reading a device such as
+    ``/dev/zero`` would never end, and a pipe or socket would wait for a writer. ``what`` names the file for the
+    message ("agent checkpoint", "preset file")."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError as error:
+        raise InputError(f"Could not read the {what} {path}: {error.strerror}.") from None
+    if not stat.S_ISREG(mode):
+        kind = "a folder" if stat.S_ISDIR(mode) else "not a regular file (a device, pipe or socket)"
+        raise InputError(f"The {what} {path} is {kind}; name a file.")
 
 
 def temporary_path(path: Path) -> Path:

@@ -338,3 +338,50 @@ def test_a_manifest_listing_files_twice_or_absent_ones_is_refused_before_extract
         Agent.load(path)
     with pytest.raises(InputError, match=message):  # a resume checkpoint is read through the same check
         read_resume_metadata(path)
+
+
+def finishes_within(seconds, call, fifo):
+    """Run ``call`` in a thread; the exception it raised, or an AssertionError if it still waits on ``fifo``
+    after ``seconds`` (then a writer opens and closes the pipe, so that the reader sees its end)."""
+    import os
+    import threading
+
+    outcome = {}
+
+    def target():
+        try:
+            call()
+        except BaseException as error:  # noqa: BLE001 - handed to the test
+            outcome["error"] = error
+
+    thread = threading.Thread(target=target, daemon=True)
+    thread.start()
+    thread.join(seconds)
+    if thread.is_alive():
+        os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+        raise AssertionError(f"reading {fifo} did not return within {seconds} s")
+    return outcome.get("error")
+
+
+def test_a_device_or_pipe_in_place_of_a_file_is_refused_without_reading_it(tmp_path):
+    import os
+
+    from training.presets import read_presets
+    from training.tuning import read_search_space
+
+    fifo = tmp_path / "agent.ckpt"
+    os.mkfifo(fifo)
+    calls = {
+        "agent checkpoint": lambda: Agent.load(fifo),
+        "resume checkpoint": lambda: read_resume_metadata(fifo),
+        "preset file": lambda: read_presets(fifo),
+        "search space": lambda: read_search_space("ppo", fifo),
+    }
+    for what, call in calls.items():
+        error = finishes_within(30, call, fifo)
+        assert isinstance(error, InputError), (what, error)
+        assert (
+            str(error) == f"The {what} {fifo} is not a regular file (a device, pipe or socket); name a file."
+        )
+    with pytest.raises(InputError, match=f"The preset file {tmp_path} is a folder; name a file."):
+        read_presets(tmp_path)

@@ -37,6 +37,7 @@ from collections.abc import Collection
 from pathlib import Path
 from typing import Any, Literal
 
+from agents.files import require_regular_file
 from errors import InputError
 
 try:
@@ -69,6 +70,7 @@ class Preset:
 def read_tables(path: Path, what: str) -> dict[str, Any]:
     """The top-level table of a TOML file, or of a JSON file when it is named ``*.json``; :class:`InputError`
     naming ``what`` the file should hold for one that cannot be read or is not a table."""
+    require_regular_file(path, what)
     try:
         text = Path(path).read_text()
         tables = json.loads(text) if Path(path).suffix == ".json" else tomllib.loads(text)
