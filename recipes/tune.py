@@ -402,10 +402,12 @@ def claim_folder(config: TuneConfig) -> None:
     """Raise :class:`InputError` when the study folder belongs to another study (its trials and results would
     be replaced by this one's); else mark it as this study's."""
     marker = config.folder / ".study"
-    if marker.exists():
+    if marker.exists() or marker.is_symlink():
         try:
+            if not marker.is_file() or marker.stat().st_size > 2**16:  # a device, pipe or planted file
+                raise ValueError
             owner = json.loads(marker.read_text())["study"]
-        except (OSError, ValueError, TypeError, KeyError):
+        except (OSError, ValueError, TypeError, KeyError, RecursionError):
             raise InputError(
                 f"{marker} is damaged; move it away if {config.folder} holds no other study."
             ) from None

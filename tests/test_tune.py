@@ -2,6 +2,7 @@
 trial marked failed, and writes a preset file that a recipe then trains with."""
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -409,6 +410,10 @@ def test_a_folder_of_another_study_or_with_links_or_a_foreign_database_is_refuse
     (tmp_path / "locked" / ".trials.lock").mkdir(parents=True)
     with pytest.raises(InputError, match="is not a file; the study keeps its lock there"):
         tune.main(tiny(tmp_path, trials=1, output_dir=tmp_path / "locked"))
+    (tmp_path / "piped").mkdir()
+    os.mkfifo(tmp_path / "piped" / ".study")  # read, it would wait for a writer
+    with pytest.raises(InputError, match=r"\.study is damaged; move it away"):
+        tune.main(tiny(tmp_path, trials=1, output_dir=tmp_path / "piped"))
 
 
 def test_a_trial_folder_that_is_a_link_fails_that_trial_only(tmp_path):
