@@ -143,7 +143,7 @@ def budget_conflicts(jobs: list[Job], results: Path, frames: int | None) -> list
             had, where = record_budget(record, results), job.record(results)
         elif (job.folder(results) / "resume.ckpt").exists() and saved.exists():
             try:
-                had = json.loads(saved.read_text())["run"]["total_frames"]
+                had = json.loads(read_regular(saved))["run"]["total_frames"]
             except (OSError, ValueError, TypeError, KeyError):
                 continue  # the recipe's --resume names what is wrong with the run folder
             where = job.folder(results)
@@ -248,6 +248,14 @@ def command(
     return [*base, *options, *reporting]
 
 
+def read_regular(path: Path) -> str:
+    """The text of the regular file at ``path``; OSError for a device, pipe or folder in its place (a pipe would
+    wait for a writer for ever, ``/dev/zero`` never end)."""
+    if not path.is_file():
+        raise OSError(f"{path} is not a regular file")
+    return path.read_text()
+
+
 def completed(job: Job, results: Path) -> bool:
     """Whether the run in ``job``'s folder spent its budget (a run stopped by a signal also writes summary.json);
     an unreadable summary.json is not a finished run (the run is continued or redone), with a warning."""
@@ -255,7 +263,7 @@ def completed(job: Job, results: Path) -> bool:
     if not path.exists():
         return False
     try:
-        summary = json.loads(path.read_text())
+        summary = json.loads(read_regular(path))
         return isinstance(summary, dict) and summary.get("interrupted_by") is None
     except (OSError, ValueError, RecursionError) as error:
         print(f"warning: {path} cannot be read ({type(error).__name__}); the run is not counted as finished")
@@ -514,7 +522,7 @@ def read_record(path: Path, quiet: bool = False) -> dict[str, Any] | None:
     if quiet and not path.exists():
         return None
     try:
-        record = json.loads(path.read_text())
+        record = json.loads(read_regular(path))
         _check_record(record)
         job = Job(record["algorithm"], record["env"], record["seed"])
         if (
@@ -613,7 +621,7 @@ def read_random_scores(cache: Path) -> dict[str, float]:
     if not cache.exists():
         return {}
     try:
-        scores = json.loads(cache.read_text())
+        scores = json.loads(read_regular(cache))
     except (OSError, ValueError, RecursionError) as error:
         print(
             f"warning: {cache} cannot be read ({type(error).__name__}); the random scores are measured again"

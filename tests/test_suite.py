@@ -3,6 +3,7 @@ reference scores."""
 
 import csv
 import json
+import os
 import shutil
 import signal
 import subprocess
@@ -373,9 +374,15 @@ def test_damaged_records_are_left_out_of_the_report_with_a_warning(tmp_path, cap
     (folder / "seed2.json").write_text(
         json.dumps({"algorithm": "ppo", "env": "CartPole-v1", "seed": 2, "summary": {}, "curve": "up"})
     )
+    os.mkfifo(folder / "seed3.json")  # read, it would wait for a writer for ever
     suite.main(["--report-only", "--results", str(tmp_path)])
     output = capsys.readouterr().out
-    for seed, reason in ((0, "RecursionError"), (1, "KeyError: 'summary'"), (2, "KeyError: 'frames'")):
+    for seed, reason in (
+        (0, "RecursionError"),
+        (1, "KeyError: 'summary'"),
+        (2, "KeyError: 'frames'"),
+        (3, "OSError: " + str(folder / "seed3.json") + " is not a regular file"),
+    ):
         assert (
             f"warning: {folder / f'seed{seed}.json'} is not a run record the suite can read ({reason}"
             in output
