@@ -219,6 +219,17 @@ def test_cli_help_documents_the_common_options():
         assert flag in result.stdout, flag
 
 
+def test_a_run_prints_no_torchrl_info_lines(tmp_path):
+    """TorchRL logs "Initialized LazyTensorStorage ..." at INFO on stdout when a replay buffer first fills."""
+    result = run_module(
+        "recipes.td3", "--env-id", "Pendulum-v1", "--total-frames", "400", "--learning-starts", "200",
+        "--output-dir", str(tmp_path / "run"), "--no-progress", "--no-video",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "[torchrl][INFO]" not in result.stdout + result.stderr
+    assert result.stdout.strip().splitlines()[-1].startswith("results in ")
+
+
 COMMAND_MODULES = sorted(
     path.stem for path in (Path(__file__).parents[1] / "recipes").glob("*.py") if path.stem != "__init__"
 )

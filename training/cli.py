@@ -4,6 +4,8 @@ failed run, 2 bad input, 128 + N stopped by signal N)."""
 from __future__ import annotations
 
 import gc
+import logging
+import os
 import re
 import signal
 import sys
@@ -31,6 +33,14 @@ def integral_notation(token: str) -> str:
     if not SCIENTIFIC.fullmatch(value) or not float(value).is_integer() or float(value) >= 2**63:
         return token
     return f"{option}{equals}{int(float(value))}"
+
+
+def quiet_torchrl_info() -> None:
+    """Keep TorchRL's INFO lines (on stdout, such as "Initialized LazyTensorStorage with ... shape" at every
+    off-policy run's start) out of a command's output; its warnings stay, and ``RL_LOGGING_LEVEL``, TorchRL's own
+    setting, wins where the user gives it."""
+    if "RL_LOGGING_LEVEL" not in os.environ:
+        logging.getLogger("torchrl").setLevel(logging.WARNING)
 
 
 def run_cli(
@@ -63,6 +73,7 @@ def run_cli(
     if adjust is not None and config.run.resume is None:
         config = adjust(config, given)
     warnings.filterwarnings("ignore", module="pygame")
+    quiet_torchrl_info()
     status = 0
     try:
         if config.run.resume is not None:
@@ -133,6 +144,7 @@ def run_command(main: Callable[[ConfigT], dict[str, Any]], config_type: type[Con
 
     argv = [integral_notation(token) for token in sys.argv[1:]]
     config = tyro.cli(config_type, args=argv, description=description)
+    quiet_torchrl_info()  # the summary on stdout stays JSON
     try:
         summary = main(config)
     except InputError as error:
