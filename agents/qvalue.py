@@ -257,6 +257,13 @@ class NoiseResampler(TensorDictModuleBase):
         return tensordict
 
 
+# what DQN's refusal of a non-Discrete action space recommends instead
+OTHER_RECIPES = (
+    "For Box (continuous) actions use recipes.sac, recipes.td3, recipes.ddpg or recipes.ppo, for MultiDiscrete or "
+    "MultiBinary actions recipes.ppo or recipes.a2c."
+)
+
+
 def make_q_actor(
     observation_spec: TensorSpec,
     action_spec: TensorSpec,
@@ -306,9 +313,7 @@ def make_q_actor(
     """
     if type(action_spec) is not Categorical:  # not its subclasses MultiCategorical and Binary
         raise InputError(
-            f"DQN needs a Discrete action space, got a {type(action_spec).__name__} action spec; "
-            "for Box (continuous) actions use recipes.sac, recipes.td3, recipes.ddpg or recipes.ppo, for MultiDiscrete "
-            "or MultiBinary actions recipes.ppo or recipes.a2c."
+            f"DQN needs a Discrete action space, got a {type(action_spec).__name__} action spec. {OTHER_RECIPES}"
         )
     num_actions = action_spec.space.n
     if distributional:

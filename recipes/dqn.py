@@ -55,7 +55,7 @@ from agents import (
 )
 from agents.networks import action_mask_kwargs
 from agents.options import Options, defaults
-from agents.qvalue import NStepDistributionalDQNLoss, check_support
+from agents.qvalue import OTHER_RECIPES, NStepDistributionalDQNLoss, check_support
 from errors import InputError
 from training import (
     Callback,
@@ -259,9 +259,7 @@ def main(config: DQNConfig, *, callbacks: Sequence[Callback] = ()) -> dict:
     if not isinstance(env.single_action_space, gym.spaces.Discrete):
         env.close()
         raise InputError(
-            f"DQN needs a Discrete action space; {run_config.env_id} has {env.single_action_space}. "
-            "For Box (continuous) actions use recipes.sac, recipes.td3, recipes.ddpg or recipes.ppo, for MultiDiscrete "
-            "or MultiBinary actions recipes.ppo or recipes.a2c."
+            f"DQN needs a Discrete action space; {run_config.env_id} has {env.single_action_space}. {OTHER_RECIPES}"
         )
 
     # modules: the agent owns the epsilon-greedy Q policy; the loss trains its Q-value actor

@@ -37,7 +37,7 @@ from typing import Annotated, Any, Literal
 
 import tyro
 
-from agents.files import write_atomically, write_text
+from agents.files import require_regular_file, write_atomically, write_text
 from errors import InputError, NonFiniteError, require_positive
 from training.cli import run_command
 from training.config import parse_env_kwargs
@@ -404,7 +404,8 @@ def claim_folder(config: TuneConfig) -> None:
     marker = config.folder / ".study"
     if marker.exists() or marker.is_symlink():
         try:
-            if not marker.is_file() or marker.stat().st_size > 2**16:  # a device, pipe or planted file
+            require_regular_file(marker, "study marker")  # an InputError, a ValueError: "damaged" below
+            if marker.stat().st_size > 2**16:  # a marker is a line of JSON
                 raise ValueError
             owner = json.loads(marker.read_text())["study"]
         except (OSError, ValueError, TypeError, KeyError, RecursionError):
