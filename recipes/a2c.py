@@ -185,7 +185,7 @@ class A2CConfig(Options):
             max_grad_norm=(optim.max_grad_norm, "> 0"),
             gamma=(loss.gamma, "(0, 1]"),
             gae_lambda=(loss.gae_lambda, "[0, 1]"),  # None: n-step returns
-            entropy_coef=(loss.entropy_coef, ">= 0"),
+            entropy_coef=(loss.entropy_coef, "[0, inf)"),
             critic_coef=(loss.critic_coef, "(0, inf)"),
             reward_scale=(loss.reward_scale, "(0, inf)"),
             critic_lr=(optim.critic_lr, "(0, inf)"),

@@ -227,7 +227,7 @@ class DQNConfig(Options):
             max_grad_norm=(optim.max_grad_norm, "> 0"),
             gamma=(loss.gamma, "(0, 1]"),
             tau=(loss.tau, "(0, 1]"),
-            alpha=(buffer.alpha, ">= 0"),
+            alpha=(buffer.alpha, "[0, inf)"),
             beta=(buffer.beta, "[0, 1]"),
             learning_starts=(collector.learning_starts, ">= 0"),
         )

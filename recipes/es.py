@@ -126,7 +126,7 @@ class ESConfig(Options):
         check_ranges(
             sigma=(search.sigma, "(0, inf)"),
             lr=(optim.lr, "(0, inf)"),
-            weight_decay=(optim.weight_decay, ">= 0"),
+            weight_decay=(optim.weight_decay, "[0, inf)"),
         )
         if self.run.collector_backend == "multiprocess":
             raise InputError(

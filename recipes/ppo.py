@@ -103,7 +103,7 @@ class LossConfig(Options):
     gae_lambda: float = 0.95
     """GAE lambda (1: Monte-Carlo advantages, 0: one-step TD)."""
     clip_epsilon: float = 0.2
-    """Clipping range of the probability ratio."""
+    """Clipping range of the probability ratio: it is kept within [1 - eps, 1 + eps], so eps is in (0, 1]."""
     anneal_clip: bool = False
     """Anneal the clip range linearly to 0 over the budget."""
     clip_value: float | None = None
@@ -208,9 +208,9 @@ def check_ppo_options(
         max_grad_norm=(optim.max_grad_norm, "> 0"),
         gamma=(loss.gamma, "(0, 1]"),
         gae_lambda=(loss.gae_lambda, "[0, 1]"),
-        clip_epsilon=(loss.clip_epsilon, "> 0"),
-        entropy_coef=(loss.entropy_coef, ">= 0"),
-        critic_coef=(loss.critic_coef, ">= 0"),
+        clip_epsilon=(loss.clip_epsilon, "(0, 1]"),
+        entropy_coef=(loss.entropy_coef, "[0, inf)"),
+        critic_coef=(loss.critic_coef, "[0, inf)"),
         critic_lr=(optim.critic_lr, "(0, inf)"),
         adam_eps=(optim.adam_eps, "(0, inf)"),
         clip_value=(loss.clip_value, "> 0"),

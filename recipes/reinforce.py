@@ -134,7 +134,7 @@ class ReinforceConfig(Options):
         check_ranges(
             lr=(self.optim.lr, "(0, inf)"),
             gamma=(self.loss.gamma, "(0, 1]"),
-            entropy_coef=(self.loss.entropy_coef, ">= 0"),
+            entropy_coef=(self.loss.entropy_coef, "[0, inf)"),
         )
         check_gradient_workers(self)
 

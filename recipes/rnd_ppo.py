@@ -163,8 +163,8 @@ class RNDPPOConfig(Options):
         check_mlp_options(intrinsic.rnd_hidden_sizes, self.network.activation, "--rnd-hidden-sizes")
         check_ranges(
             gamma_int=(intrinsic.gamma_int, "(0, 1]"),
-            ext_coef=(intrinsic.ext_coef, ">= 0"),
-            int_coef=(intrinsic.int_coef, ">= 0"),
+            ext_coef=(intrinsic.ext_coef, "[0, inf)"),
+            int_coef=(intrinsic.int_coef, "[0, inf)"),
             rnd_update_fraction=(intrinsic.rnd_update_fraction, "(0, 1]"),
         )
 

@@ -159,7 +159,9 @@ class SACConfig(Options):
         optim.validate()
         self.collector.validate()
         check_batch_fits_buffer(buffer.batch_size, buffer.buffer_size)
-        check_ranges(alpha_init=(loss.alpha_init, "(0, inf)"))
+        check_ranges(
+            alpha_init=(loss.alpha_init, "(0, inf)"), target_entropy=(loss.target_entropy, "(-inf, inf)")
+        )
         check_sde_options(self.network.use_sde, self.network.sde_sample_freq)
         if self.network.use_sde:
             single_collector_only(self.run, "--use-sde")

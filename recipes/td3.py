@@ -141,7 +141,7 @@ class TD3Config(Options):
         self.collector.validate()
         check_batch_fits_buffer(buffer.batch_size, buffer.buffer_size)
         check_ranges(
-            target_noise=(loss.target_noise, ">= 0"), target_noise_clip=(loss.target_noise_clip, ">= 0")
+            target_noise=(loss.target_noise, "[0, inf)"), target_noise_clip=(loss.target_noise_clip, ">= 0")
         )
         if self.network.noise == "ou":
             single_collector_only(self.run, "--noise ou")

@@ -149,7 +149,7 @@ class VPGConfig(Options):
             critic_lr=(optim.critic_lr, "(0, inf)"),
             gamma=(loss.gamma, "(0, 1]"),
             baseline_rate=(loss.baseline_rate, "(0, 1]"),
-            entropy_coef=(loss.entropy_coef, ">= 0"),
+            entropy_coef=(loss.entropy_coef, "[0, inf)"),
         )
         check_gradient_workers(self)
 

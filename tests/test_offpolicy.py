@@ -1,6 +1,8 @@
 """SAC, DDPG and TD3: losses against TorchRL's, gradient routing, target networks, entropy target, squashing,
 exploration noise, recipes end to end and bad input."""
 
+import math
+
 import gymnasium as gym
 import numpy as np
 import pytest
@@ -664,6 +666,10 @@ def test_deterministic_recipes_refuse_discrete_actions(recipe, config_class, env
             lambda c: setattr(c.run, "env_id", "CartPole-v1") or setattr(c.loss, "target_entropy", -1.0),
             r"--target-entropy -1.0 is outside .*would shrink without end",
         ),
+        (
+            lambda c: setattr(c.loss, "target_entropy", math.nan),
+            r"--target-entropy must be in \(-inf, inf\), got nan",
+        ),
     ],
 )
 def test_sac_bad_input(change, message, tmp_path):
@@ -678,10 +684,11 @@ def test_deterministic_actor_bad_input():
         make_deterministic_actor(OBSERVATION_SPEC, Categorical(3, shape=(1,)))
     with pytest.raises(InputError, match="Unknown exploration noise"):
         make_deterministic_actor(OBSERVATION_SPEC, ACTION_SPEC, noise="pink")
-    with pytest.raises(InputError, match="--target-noise must be >= 0"):
-        config = td3.TD3Config(run=RunConfig(env_id="Pendulum-v1"))
-        config.loss.target_noise = -0.1
-        td3.main(config)
+    for value in (-0.1, math.inf):
+        with pytest.raises(InputError, match=r"--target-noise must be in \[0, inf\)"):
+            config = td3.TD3Config(run=RunConfig(env_id="Pendulum-v1"))
+            config.loss.target_noise = value
+            td3.main(config)
 
 
 @pytest.mark.parametrize("recipe", [td3, ddpg])

@@ -1,6 +1,7 @@
 """REINFORCE, VPG and A2C: complete-episode returns, baselines, gradient routing, n-step targets, smoke runs,
 bad input."""
 
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -460,7 +461,16 @@ def test_log_std_init_sets_the_first_scale_of_box_policies(output_dir):
         (reinforce, tiny_reinforce, "collector", "episodes_per_update", 0, "--episodes-per-update must be"),
         (vpg, tiny_vpg, "loss", "baseline_rate", 1.5, "--baseline-rate must be in (0, 1]"),
         (vpg, tiny_vpg, "optim", "critic_lr", -1.0, "--critic-lr must be in (0, inf)"),
-        (vpg, tiny_vpg, "loss", "entropy_coef", -0.1, "--entropy-coef must be >= 0"),
+        (vpg, tiny_vpg, "loss", "entropy_coef", -0.1, "--entropy-coef must be in [0, inf)"),
+        (
+            reinforce,
+            tiny_reinforce,
+            "loss",
+            "entropy_coef",
+            math.inf,
+            "--entropy-coef must be in [0, inf), got inf",
+        ),
+        (a2c, tiny_a2c, "loss", "entropy_coef", math.inf, "--entropy-coef must be in [0, inf), got inf"),
         (a2c, tiny_a2c, "loss", "gae_lambda", 1.5, "--gae-lambda must be in [0, 1]"),
         (a2c, tiny_a2c, "optim", "max_grad_norm", 0.0, "--max-grad-norm must be > 0"),
         (a2c, tiny_a2c, "loss", "reward_scale", 0.0, "--reward-scale must be in (0, inf)"),

@@ -263,6 +263,8 @@ def test_help_shows_each_example_command_on_its_own_line(name):
         (["--hidden-sizes", "64", "1e12"], "--hidden-sizes must be positive integers up to 1,048,576"),
         (["--hidden-sizes", "1048576", "1048576"], "of memory allows: use narrower layers"),
         (["--gamma", "1.5"], "--gamma must be in (0, 1]"),
+        (["--clip-epsilon", "1.5"], "--clip-epsilon must be in (0, 1], got 1.5"),  # 1 - eps < 0: NaN bounds
+        (["--entropy-coef", "inf"], "--entropy-coef must be in [0, inf), got inf"),
         (
             ["--device", "cuda:3"],
             "no CUDA device is available" if not torch.cuda.is_available() else "does not exist",

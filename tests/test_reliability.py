@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from tensordict import TensorDict
 
 from agents import Agent
 from envs.classic import CartPoleEnv
@@ -154,6 +155,53 @@ def test_nan_loss_is_named(output_dir, monkeypatch):
     monkeypatch.setattr(TensorClipPPOLoss, "forward", forward)
     with pytest.raises(NonFiniteError, match=r"NaN or Inf in .*train/loss_critic \(nan\)"):
         ppo.main(tiny_ppo(output_dir))
+
+
+def test_a_loss_failing_on_diverged_parameters_stops_the_run_with_the_nan_error(output_dir, monkeypatch):
+    """A step that leaves NaN in the weights makes the next minibatch's loss fail inside the distribution
+    (Categorical refuses NaN probabilities) before the batch's metrics are checked: the run still stops with the
+    NaN error and releases its folder, not with the distribution's traceback."""
+    from training import learner as learner_module
+
+    original = learner_module.clip_and_step
+
+    def poisoning_step(optimizer, max_norm):
+        norm = original(optimizer, max_norm)
+        with torch.no_grad():
+            optimizer.param_groups[0]["params"][0].fill_(float("nan"))
+        return norm
+
+    monkeypatch.setattr(learner_module, "clip_and_step", poisoning_step)
+    config = tiny_ppo(output_dir)
+    config.loss.entropy_coef = 0.01  # the entropy of the next minibatch's distribution samples from it
+    with pytest.raises(
+        NonFiniteError,
+        match=r"NaN or Inf in the trained parameters after gradient step 1 \(the next loss failed: ",
+    ):
+        ppo.main(config)
+    monkeypatch.undo()
+    ppo.main(tiny_ppo(output_dir, overwrite=True))  # the folder was released
+
+
+def test_a_loss_error_on_finite_parameters_is_not_called_divergence():
+    from training import Learner
+
+    network = torch.nn.Linear(2, 1)
+
+    def loss(minibatch):
+        raise RuntimeError("shape mismatch")
+
+    learner = Learner(loss, torch.optim.SGD(network.parameters(), lr=0.1), {"network": network})
+    with pytest.raises(RuntimeError, match="shape mismatch") as error:
+        learner.step(TensorDict(batch_size=[]))
+    assert not isinstance(error.value, NonFiniteError)
+    with torch.no_grad():
+        network.weight.fill_(float("inf"))
+    with pytest.raises(
+        NonFiniteError,
+        match=r"trained parameters after gradient step 0 \(the next loss failed: shape mismatch",
+    ):
+        learner.step(TensorDict(batch_size=[]))
 
 
 def test_wandb_failing_to_start_falls_back_to_csv_logging(output_dir, monkeypatch):

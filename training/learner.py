@@ -18,13 +18,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 from tensordict import TensorDict, TensorDictBase
 from torch import nn
 
-from errors import InputError
+from errors import InputError, NonFiniteError
 from training.optim import clip_and_step
 from training.replay import gather_rows, plain_entries
 
@@ -90,16 +90,37 @@ class Learner:
         self.frames = 0
         """Frames collected so far, for schedules that follow the budget (epsilon, learning starts): set by the
         loop with :meth:`set_frames`; on a gradient worker, those of all workers as the learner last counted."""
+        self.on_non_finite: Callable[[str], NoReturn] | None = None
+        """Called with where NaN or Inf appeared when the loss fails on diverged parameters (a :class:`training.Run`
+        sets its own, which stops the run as its other NaN checks do); None: raise :class:`NonFiniteError`."""
         self._apply_schedule()
 
     # ------------------------------------------------------------------ one process
     def step(self, minibatch: TensorDictBase) -> tuple[TensorDictBase, torch.Tensor]:
         """One gradient step on ``minibatch``: loss, backward pass, clipping, optimizer step; returns the loss's
         metrics and the gradient norm before clipping."""
-        total, metrics = self.loss(minibatch)
+        total, metrics = self._loss(minibatch)
         self.optimizer.zero_grad(set_to_none=True)
         total.backward()
         return metrics, self._finish_step()
+
+    def _loss(self, minibatch: TensorDictBase) -> tuple[torch.Tensor, TensorDictBase]:
+        """The loss of ``minibatch``; when it fails on parameters that an earlier step of the same batch made NaN or
+        Inf (a distribution refusing NaN probabilities, before the batch's metrics are checked), that is reported
+        as the divergence it is, not as the distribution's error."""
+        try:
+            return self.loss(minibatch)
+        except (RuntimeError, ValueError) as error:
+            if all(torch.isfinite(parameter).all() for parameter in self.parameters):
+                raise
+            cause = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+            where = (
+                f"the trained parameters after gradient step {self.steps} (the next loss failed: {cause}; a "
+                "learning rate or a loss weight too large for this task makes them diverge)"
+            )
+            if self.on_non_finite is not None:
+                self.on_non_finite(where)
+            raise NonFiniteError(f"NaN or Inf in {where}.") from error
 
     def set_frames(self, frames: int) -> None:
         """Record that ``frames`` frames have been collected in all (the schedule sees the new count)."""
@@ -112,7 +133,7 @@ class Learner:
     ) -> tuple[list[torch.Tensor | None], TensorDictBase]:
         """The gradients of the loss on ``minibatch``, one per trained parameter (in the optimizer's order; None
         where the loss does not reach it), on the CPU, with the loss's metrics; nothing is applied."""
-        total, metrics = self.loss(minibatch)
+        total, metrics = self._loss(minibatch)
         self.optimizer.zero_grad(set_to_none=True)
         total.backward()
         gradients = [

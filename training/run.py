@@ -24,7 +24,7 @@ import json
 import time
 import warnings
 import weakref
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -160,6 +160,11 @@ class Run:
                 "--collector-backend single.",
                 stacklevel=2,
             )
+        learner = training.extras.get("learner") if training is not None else None
+        if (
+            learner is not None
+        ):  # a loss failing on diverged parameters stops the run as the other NaN checks do
+            learner.on_non_finite = _stop_when_non_finite(weakref.ref(self))
         for callback in self.callbacks:
             callback.on_start(self)
         if resumed is not None:  # last, so that nothing above draws from the restored generators
@@ -384,3 +389,15 @@ class Run:
         if is_wandb(logger) and logger.offline:
             summary["wandb_offline_run"] = str(Path(logger.experiment.dir).parent)
         return summary
+
+
+def _stop_when_non_finite(run: weakref.ref[Run]) -> Callable[[str], None]:
+    """``Run._non_finite`` of the run behind ``run``, held weakly: the learner never keeps its run (and the run's
+    folder lock) alive."""
+
+    def stop(where: str) -> None:
+        alive = run()
+        if alive is not None:
+            alive._non_finite(where)
+
+    return stop
