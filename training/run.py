@@ -24,7 +24,7 @@ import json
 import time
 import warnings
 import weakref
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -164,7 +164,8 @@ class Run:
         if (
             learner is not None
         ):  # a loss failing on diverged parameters stops the run as the other NaN checks do
-            learner.on_non_finite = _stop_when_non_finite(weakref.ref(self))
+            stop = weakref.WeakMethod(self._non_finite)  # held weakly: the learner never keeps the run alive
+            learner.on_non_finite = lambda where: stop() is not None and stop()(where)
         for callback in self.callbacks:
             callback.on_start(self)
         if resumed is not None:  # last, so that nothing above draws from the restored generators
@@ -389,15 +390,3 @@ class Run:
         if is_wandb(logger) and logger.offline:
             summary["wandb_offline_run"] = str(Path(logger.experiment.dir).parent)
         return summary
-
-
-def _stop_when_non_finite(run: weakref.ref[Run]) -> Callable[[str], None]:
-    """``Run._non_finite`` of the run behind ``run``, held weakly: the learner never keeps its run (and the run's
-    folder lock) alive."""
-
-    def stop(where: str) -> None:
-        alive = run()
-        if alive is not None:
-            alive._non_finite(where)
-
-    return stop
