@@ -3,8 +3,10 @@ range checks every config declares its options with."""
 
 from __future__ import annotations
 
+import json
 import math
 import re
+from typing import Any
 
 FLOAT32_MAX = 3.4028234663852886e38  # hyperparameters end up in float32 tensors
 INT64_MAX = 2**63 - 1  # counts end up in int64 tensors and NumPy indices
@@ -89,3 +91,22 @@ def _within(value: float, valid_range: str) -> bool:
     above = value >= float(low) if opening == "[" else value > float(low)
     below = value <= float(high) if closing == "]" else value < float(high)
     return above and below
+
+
+def loads_finite(text: str, where: str) -> Any:
+    """``text`` read as JSON, refusing NaN and infinities (``NaN``, ``Infinity``, ``1e400``): no env or wrapper
+    argument means them, and the run's config files, which are JSON, could not hold them.
+
+    Raises:
+        InputError: a non-finite number, the message naming ``where`` (the option and key it was given as).
+        json.JSONDecodeError: ``text`` is not JSON (callers may read it as text instead; catch InputError, a
+            ValueError too, first).
+    """
+
+    def finite(word: str) -> float:
+        value = float(word)
+        if not math.isfinite(value):
+            raise InputError(f"{where}: {word} is not a finite number; give a finite one.")
+        return value
+
+    return json.loads(text, parse_float=finite, parse_constant=finite)

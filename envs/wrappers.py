@@ -17,7 +17,6 @@ from __future__ import annotations
 import functools
 import importlib
 import inspect
-import json
 import re
 import warnings
 from collections.abc import Callable, Iterable, Sequence
@@ -26,7 +25,7 @@ from typing import Any, SupportsFloat
 import gymnasium as gym
 import numpy as np
 
-from errors import InputError
+from errors import InputError, loads_finite
 
 TRUSTED_PACKAGES = ("gymnasium", "envs")  # importing these runs no code a file could bring
 _PATH = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)+")
@@ -113,7 +112,8 @@ def parse_env_wrappers(items: Iterable[str]) -> list[dict[str, Any]]:
     "kwargs": {"max_reward": 1}}]``.
 
     Raises:
-        InputError: a path that is not a dotted import path, or keyword arguments that are not a JSON object.
+        InputError: a path that is not a dotted import path, keyword arguments that are not a JSON object, or a
+            number in them that is not finite.
     """
     specs = []
     for item in items:
@@ -121,7 +121,9 @@ def parse_env_wrappers(items: Iterable[str]) -> list[dict[str, Any]]:
         kwargs: Any = {}
         if separator:
             try:
-                kwargs = json.loads(text)
+                kwargs = loads_finite(text, f"--env-wrappers {path.strip()}")
+            except InputError:
+                raise
             except ValueError:
                 kwargs = None
         if not isinstance(kwargs, dict):

@@ -50,6 +50,9 @@ def test_wrapper_items_parse_and_bad_ones_say_how():
     for item in ["TimeAwareObservation", "gymnasium.wrappers.ClipReward=[1]", "a.b={oops", "os.system; rm=1"]:
         with pytest.raises(InputError, match="import path|IMPORT.PATH"):
             parse_env_wrappers([item])
+    for number in ("NaN", "-Infinity", "1e999"):
+        with pytest.raises(InputError, match=f"--env-wrappers {SCALE}: {number} is not a finite number"):
+            parse_env_wrappers([f'{SCALE}={{"scale": {number}}}'])
 
 
 def test_json_arrays_reach_wrappers_as_the_tuples_and_arrays_their_annotations_name():

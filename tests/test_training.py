@@ -163,6 +163,10 @@ def test_env_kwargs_are_parsed_as_json_where_they_parse():
         items = tuple(bad.split()) if message is None else (bad,)
         with pytest.raises(InputError, match=message or "gives a twice"):
             parse_env_kwargs(items)
+    for number in ("-1e400", "NaN", "Infinity", "[1, -Infinity]", '{"g": NaN}'):
+        with pytest.raises(InputError, match=r"--env-kwargs g=.*is not a finite number"):
+            parse_env_kwargs((f"g={number}",))
+    assert parse_env_kwargs(('g="NaN"', "h=1e308")) == {"g": "NaN", "h": 1e308}
 
 
 def test_env_kwargs_reach_the_training_envs_the_workers_and_the_saved_agent(tmp_path):

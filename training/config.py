@@ -19,7 +19,7 @@ from agents.options import Options
 from envs.classic import torch_env_class
 from envs.vector import check_device, check_env_id, check_env_kwargs, env_spec
 from envs.wrappers import MAX_TOTAL_REWARD, parse_env_wrappers, wrapper_functions
-from errors import InputError, require_positive
+from errors import InputError, loads_finite, require_positive
 
 LoggerName = Literal["wandb", "csv", "tensorboard", "none"]
 ConfigT = TypeVar("ConfigT")
@@ -337,7 +337,8 @@ def parse_env_kwargs(items: tuple[str, ...] | list[str], option: str = "--env-kw
     "map_name": "8x8"}``: each value read as JSON where it parses, as text otherwise.
 
     Raises:
-        InputError: an item without ``=``, a key that is not a Python identifier, or a key given twice.
+        InputError: an item without ``=``, a key that is not a Python identifier, a key given twice, or a number
+            that is not finite (``NaN``, ``Infinity``, ``1e400``).
     """
     options: dict[str, Any] = {}
     for item in items:
@@ -347,7 +348,9 @@ def parse_env_kwargs(items: tuple[str, ...] | list[str], option: str = "--env-kw
         if key in options:
             raise InputError(f"{option} gives {key} twice.")
         try:
-            options[key] = json.loads(text)
+            options[key] = loads_finite(text, f"{option} {key}={text}")
+        except InputError:
+            raise
         except ValueError:
             options[key] = text
     return options
