@@ -41,6 +41,7 @@ from __future__ import annotations
 import argparse
 import csv
 import functools
+import io
 import json
 import os
 import random
@@ -55,6 +56,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from agents.files import write_text
 from benchmarks.common import whole_number
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -278,19 +280,32 @@ def finished(job: Job, results: Path) -> bool:
 
 
 def write_record(job: Job, results: Path) -> None:
-    """The report's view of a finished run: summary, evaluation curve, preset and options."""
+    """The report's view of a finished run: summary, evaluation curve, preset and options. Run files that are not
+    a finished run's (not regular files, damaged, edited) give no record, with a warning: the run is then redone."""
     folder = job.folder(results)
-    summary = json.loads((folder / "summary.json").read_text())
-    config = json.loads((folder / "config.json").read_text())
-    with open(folder / "evaluations.csv") as file:
-        curve = [[int(row["frames"]), float(row["return_mean"])] for row in csv.DictReader(file)]
-    # the run folder relative to the results folder: a record is kept in the repository, read on other machines
-    summary["output_dir"] = config["run"]["output_dir"] = folder.relative_to(results).as_posix()
-    record = {"algorithm": job.algorithm, "env": job.env, "seed": job.seed, "summary": summary, "curve": curve,
-              "preset": (config["run"].get("preset_applied") or {}).get("name"), "config": config}  # fmt: skip
-    path = job.record(results)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(record, indent=1) + "\n")
+    try:
+        summary = json.loads(read_regular(folder / "summary.json"))
+        config = json.loads(read_regular(folder / "config.json"))
+        rows = csv.DictReader(io.StringIO(read_regular(folder / "evaluations.csv")))
+        curve = [[int(row["frames"]), float(row["return_mean"])] for row in rows]
+        # the run folder relative to the results folder: a record is kept in the repository, read on other machines
+        summary["output_dir"] = config["run"]["output_dir"] = folder.relative_to(results).as_posix()
+        record = {"algorithm": job.algorithm, "env": job.env, "seed": job.seed, "summary": summary, "curve": curve,
+                  "preset": (config["run"].get("preset_applied") or {}).get("name"), "config": config}  # fmt: skip
+        _check_record(record)
+    except (OSError, ValueError, TypeError, KeyError, AttributeError, RecursionError) as error:
+        print(
+            f"warning: {folder} does not hold a finished run's files ({reason(error)}); no record written: delete "
+            "the folder to run it again",
+            flush=True,
+        )
+        return
+    write_text(job.record(results), json.dumps(record, indent=1) + "\n")
+
+
+def reason(error: BaseException) -> str:
+    """``error``'s type and the first line of its message, for a one-line warning."""
+    return f"{type(error).__name__}: {str(error).splitlines()[0][:200] if str(error) else 'no detail'}"
 
 
 def last_error(log: Path) -> str:
@@ -431,7 +446,12 @@ def run_on_worker(arguments: list[str], folder: str, shipped: bool) -> dict[str,
         process.send_signal(signal.SIGINT)
         process.wait()
         raise
-    files = {name: (Path(target) / name).read_text() for name in RUN_FILES if (Path(target) / name).exists()}
+    files = {}
+    for name in RUN_FILES:
+        try:
+            files[name] = read_regular(Path(target) / name)
+        except (OSError, ValueError):  # missing, not a regular file, not text: the head writes no record
+            continue
     return {"status": process.returncode, "output": output, "files": files, "shared": shared}
 
 
@@ -489,8 +509,8 @@ class RayRunner(Runner):
         if not result["shared"]:
             folder.mkdir(parents=True, exist_ok=True)
             for name, text in result["files"].items():
-                if name in RUN_FILES:
-                    (folder / name).write_text(text)
+                if name in RUN_FILES and isinstance(text, str):
+                    write_text(folder / name, text)  # replaces, never writes through, what is there
         self.finish(job, results, result["status"], log_path, resuming)
 
     def stop(self, number: int, frame: Any) -> None:
@@ -537,9 +557,8 @@ def read_record(path: Path, quiet: bool = False) -> dict[str, Any] | None:
     except (OSError, ValueError, TypeError, KeyError, RecursionError) as error:
         if quiet:
             return None
-        reason = f"{type(error).__name__}: {str(error).splitlines()[0][:200] if str(error) else 'no detail'}"
         print(
-            f"warning: {path} is not a run record the suite can read ({reason}); left out of the report. Delete "
+            f"warning: {path} is not a run record the suite can read ({reason(error)}); left out of the report. Delete "
             "it and its run folder to run it again.",
             flush=True,
         )

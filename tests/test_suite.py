@@ -290,6 +290,51 @@ def test_a_worker_that_cannot_see_the_results_folder_sends_the_run_back(tmp_path
     assert (unseen / "logs" / "reinforce-CartPole-v1-seed0.log").read_text() == result["output"]
 
 
+def finished_run_files(seed=0):
+    summary = {"frames": 1000, "seed": seed, "eval_return_mean": 9.0, "wall_time_s": 1.0, "fps": 1000.0}
+    return {
+        "summary.json": json.dumps(summary),
+        "config.json": json.dumps({"run": {"output_dir": "elsewhere", "total_frames": 1000}}),
+        "evaluations.csv": "frames,return_mean\n500,5.0\n1000,9.0\n",
+    }
+
+
+def test_run_files_that_are_not_a_finished_runs_give_no_record_and_a_warning(tmp_path, capsys):
+    job = suite.Job("ppo", "CartPole-v1", 0)
+    folder = job.folder(tmp_path)
+    folder.mkdir(parents=True)
+    for name, text in finished_run_files().items():
+        (folder / name).write_text(text)
+    suite.write_record(job, tmp_path)
+    assert json.loads(job.record(tmp_path).read_text())["curve"] == [[500, 5.0], [1000, 9.0]]
+    job.record(tmp_path).unlink()
+    (folder / "evaluations.csv").unlink()
+    os.mkfifo(folder / "evaluations.csv")  # read, it would wait for a writer for ever
+    suite.write_record(job, tmp_path)
+    assert f"{folder / 'evaluations.csv'} is not a regular file" in capsys.readouterr().out
+    for name, text in (("evaluations.csv", "frames,return_mean\n500,NaN\n"), ("summary.json", "[]")):
+        (folder / "evaluations.csv").unlink()
+        (folder / "evaluations.csv").write_text(finished_run_files()["evaluations.csv"])
+        (folder / name).write_text(text)
+        suite.write_record(job, tmp_path)
+        assert f"warning: {folder} does not hold a finished run's files" in capsys.readouterr().out
+        assert not job.record(tmp_path).exists()
+        (folder / "summary.json").write_text(finished_run_files()["summary.json"])
+
+
+def test_files_sent_back_by_a_worker_replace_links_in_the_run_folder_and_never_write_through_them(tmp_path):
+    job = suite.Job("ppo", "CartPole-v1", 0)
+    folder = job.folder(tmp_path / "results")
+    folder.mkdir(parents=True)
+    outside = tmp_path / "another-runs-summary.json"
+    outside.write_text("kept")
+    (folder / "summary.json").symlink_to(outside)
+    result = {"status": 0, "output": "", "files": finished_run_files(), "shared": False}
+    suite.RayRunner("local").collect(job, tmp_path / "results", result)
+    assert outside.read_text() == "kept" and not (folder / "summary.json").is_symlink()
+    assert json.loads(job.record(tmp_path / "results").read_text())["summary"]["frames"] == 1000
+
+
 @pytest.mark.xdist_group("ray")
 def test_suite_on_a_ray_cluster(tmp_path, capsys, ray_cluster):
     arguments = ["--algos", "reinforce", "--envs", "CartPole-v1", "--seeds", "0", "1", "--frames", "500",
