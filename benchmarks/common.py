@@ -22,10 +22,13 @@ SIDES = [
     "ours-zoo-ieee",
     "ours-zoo-mkl",
     "ours-zoo-onednn",
+    "ours-zoo-1t",
+    "sb3-1t",
 ]
 # ours-zoo-compiled: ours-zoo with --compile; ours-zoo-bf16: with --matmul-precision medium; ours-zoo-ieee: with
 # --no-flush-denormal; ours-zoo-mkl: with --linear-kernels torch (torch's default float32 products, MKL's on x86);
-# ours-zoo-onednn: with --linear-kernels onednn (the last four only when asked for)
+# ours-zoo-onednn: with --linear-kernels onednn; ours-zoo-1t and sb3-1t: ours-zoo and sb3 on one torch thread
+# instead of torch's default (the last six only when asked for)
 DEFAULT_SIDES = SIDES[:4]
 EVAL_SEED_OFFSET = (
     1_000_000  # training.evaluation.EVAL_SEED_OFFSET (not imported: the SB3 side runs without torchrl)
@@ -108,12 +111,13 @@ def side_kernels(side: str) -> str:
 
 def side_options(side: str) -> dict[str, Any]:
     """The run options that set one of our sides apart (``run_ours(seed, zoo, **side_options(side))``)."""
-    return {
+    options = {
         "compile": side == "ours-zoo-compiled",
         "matmul_precision": "medium" if side == "ours-zoo-bf16" else "highest",
         "flush_denormal": side != "ours-zoo-ieee",
         "linear_kernels": side_kernels(side),
     }
+    return options | ({"threads": 1} if side.endswith("-1t") else {})
 
 
 def output_suffix(
@@ -121,11 +125,13 @@ def output_suffix(
     matmul_precision: str = "highest",
     flush_denormal: bool = True,
     linear_kernels: str = "auto",
+    threads: int | None = None,
 ) -> str:
     """What a side's run options add to its output folder's name, so that each side keeps its own run."""
     return (
         f"{'-compiled' if compile else ''}{'-bf16' if matmul_precision == 'medium' else ''}"
         f"{'' if flush_denormal else '-ieee'}{'' if linear_kernels == 'auto' else '-' + linear_kernels}"
+        f"{'' if threads is None else f'-{threads}t'}"
     )
 
 
@@ -230,12 +236,18 @@ def compare(module: str, sides: list[str], seeds: list[int], target: str = "475"
         ("ours-zoo-ieee", ", --no-flush-denormal"),
         ("ours-zoo-mkl", ", --linear-kernels torch"),
         ("ours-zoo-onednn", ", --linear-kernels onednn"),
+        ("ours-zoo-1t", ", ours on one thread, SB3 on torch's default"),
     ):
         if "sb3" in results and side in results:
             ratio = statistics.mean(r["fps"] for r in results[side]) / statistics.mean(
                 r["fps"] for r in results["sb3"]
             )
             print(f"same hyperparameters{label}, frames/s ours / SB3: {ratio:.2f}x")
+    if "sb3-1t" in results and "ours-zoo-1t" in results:
+        ratio = statistics.mean(r["fps"] for r in results["ours-zoo-1t"]) / statistics.mean(
+            r["fps"] for r in results["sb3-1t"]
+        )
+        print(f"same hyperparameters, both on one thread, frames/s ours / SB3: {ratio:.2f}x")
 
 
 def benchmark_cli(
@@ -261,7 +273,11 @@ def benchmark_cli(
         seed = args.seeds[0]
         if args.child in extra_sides:
             result = extra_sides[args.child](seed)
-        elif args.child == "sb3":
+        elif args.child in ("sb3", "sb3-1t"):
+            if args.child == "sb3-1t":
+                import torch
+
+                torch.set_num_threads(1)
             result = run_sb3(seed)
         else:
             result = run_ours(seed, args.child != "ours", **side_options(args.child))

@@ -70,3 +70,19 @@ def test_the_ieee_side_keeps_gradual_underflow_in_a_folder_of_its_own(tmp_path, 
     assert config["run"]["flush_denormal"] is False
     assert not (tmp_path / "runs" / "bench-dqn-zoo-0").exists()
     assert side_options("ours-zoo")["flush_denormal"] and not side_options("ours-zoo")["compile"]
+
+
+def test_the_one_thread_sides_run_on_one_thread_in_a_folder_of_their_own(tmp_path, monkeypatch):
+    from benchmarks.common import side_options
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(ppo_vs_sb3, "TOTAL_FRAMES", 256)
+    threads = torch.get_num_threads()
+    try:
+        ppo_vs_sb3.run_ours(0, zoo=True, **side_options("ours-zoo-1t"))
+    finally:
+        torch.set_num_threads(threads)
+    config = json.loads((tmp_path / "runs" / "bench-ppo-zoo-1t-0" / "config.json").read_text())
+    assert config["run"]["threads"] == 1
+    assert not (tmp_path / "runs" / "bench-ppo-zoo-0").exists()
+    assert "threads" not in side_options("ours-zoo") and "threads" not in side_options("ours-zoo-mkl")
