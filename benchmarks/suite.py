@@ -281,7 +281,8 @@ def finished(job: Job, results: Path) -> bool:
 
 def write_record(job: Job, results: Path) -> None:
     """The report's view of a finished run: summary, evaluation curve, preset and options. Run files that are not
-    a finished run's (not regular files, damaged, edited) give no record, with a warning: the run is then redone."""
+    a finished run's (not regular files, damaged, edited) give no record, with a warning saying to delete the run's
+    folder to run it again."""
     folder = job.folder(results)
     try:
         summary = json.loads(read_regular(folder / "summary.json"))
