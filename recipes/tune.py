@@ -94,7 +94,8 @@ class TuneConfig:
     study_name: str | None = None
     """Study name in the storage; default: ALGORITHM-ENV."""
     jobs: int = 2
-    """Processes running trials side by side."""
+    """Processes running trials side by side; a trial whose recipe keeps torch's default threads (the SAC, TD3
+    and DDPG recipes' 256-unit and larger networks) gets its process's share of the cores."""
     pruner: Literal["median", "hyperband", "threshold", "none"] = "median"
     """Stop trials early: below the median of earlier trials at the same frames, Hyperband's successive halving,
     below --prune-below, or never."""
@@ -243,7 +244,10 @@ def run_worker(config: TuneConfig, index: int, first_trial: int = 0) -> str | No
     options that never combine, or runs that always diverge, would otherwise take trials for ever."""
     import numpy as np
     import optuna
+    import torch
 
+    if config.jobs > 1:  # a trial whose recipe keeps torch's default threads (0) takes this process's share
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // config.jobs))
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     warnings.filterwarnings("ignore")
     # SIGTERM as Ctrl-C: the trial ends as failed (its run saves on its own)

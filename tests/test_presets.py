@@ -143,6 +143,26 @@ def test_an_env_without_preset_gets_the_generic_defaults():
     assert config.buffer.batch_size == 256 and config.collector.learning_starts == 10_000
 
 
+@pytest.mark.parametrize("name", ["sac", "td3", "ddpg"])
+def test_off_policy_recipes_keep_torchs_threads_for_large_networks_and_one_for_small_ones(name):
+    module = importlib.import_module(f"recipes.{name}")
+    threads = {}
+    for env_id in ("InvertedDoublePendulum-v5", "HalfCheetah-v5", "Pendulum-v1"):  # none, 256/400x300, 64x64
+        config = config_type(module)()
+        config.run.env_id = env_id
+        apply_preset(config, module.PRESETS)
+        threads[env_id] = config.run.threads
+    assert threads == {"InvertedDoublePendulum-v5": 0, "HalfCheetah-v5": 0, "Pendulum-v1": 1}
+    config = config_type(module)()
+    config.run.env_id, config.run.threads = "Pendulum-v1", 0  # the user's choice wins over the preset's one
+    mark_given(config, {"env_id", "threads"})
+    apply_preset(config, module.PRESETS)
+    assert config.run.threads == 0
+    if name == "sac":  # discrete SAC's 128-unit networks: one thread, on any discrete env
+        assert sac.apply_discrete_settings(sac.SACConfig()).run.threads == 1
+        assert sac.apply_discrete_settings(sac.SACConfig(), keep={"threads"}).run.threads == 0
+
+
 def test_a_reused_config_takes_the_new_envs_preset():
     config = dqn.DQNConfig()
     apply_preset(config, dqn.PRESETS)  # CartPole-v1

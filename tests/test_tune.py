@@ -4,11 +4,13 @@ trial marked failed, and writes a preset file that a recipe then trains with."""
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import torch
 from run_helpers import interrupt_at
 
 from errors import InputError
@@ -348,6 +350,23 @@ def test_a_continued_study_draws_new_options(tmp_path):
     )
     learning_rates = [trial.params["lr"] for trial in study.get_trials(deepcopy=False)]
     assert len(learning_rates) == 4 and len(set(learning_rates)) == 4  # not trials 0 and 1 over again
+
+
+def test_each_worker_process_gives_its_trials_its_share_of_the_cores(tmp_path, monkeypatch):
+    tune.main(tiny(tmp_path, trials=1, frames_per_trial=512, eval_every=512))  # the study holds its one trial
+    monkeypatch.setattr(tune.os, "cpu_count", lambda: 8)
+    threads, handler = torch.get_num_threads(), signal.getsignal(signal.SIGTERM)
+    try:
+        # a worker of two: a recipe keeping torch's default threads (SAC's, TD3's on large networks) gets 8 / 2
+        assert tune.run_worker(tiny(tmp_path, trials=1, jobs=2), 0) is None
+        assert torch.get_num_threads() == 4
+        torch.set_num_threads(1)
+        # one job: the process's threads are the recipe's
+        tune.run_worker(tiny(tmp_path, trials=1, jobs=1), 0)
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(threads)
+        signal.signal(signal.SIGTERM, handler)
 
 
 def test_sigterm_with_one_job_is_named_as_itself(tmp_path, monkeypatch):
