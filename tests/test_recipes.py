@@ -230,6 +230,19 @@ def test_a_run_prints_no_torchrl_info_lines(tmp_path):
     assert result.stdout.strip().splitlines()[-1].startswith("results in ")
 
 
+def test_the_last_lines_count_the_evaluation_episodes_in_words(tmp_path, capsys):
+    from training.cli import report
+
+    summary = {"algorithm": "sac", "env_id": "Hopper-v5", "eval_return_mean": 26.0, "eval_return_std": 0.0,
+               "frames": 600, "wall_time_s": 2.5, "solved_at_frames": None, "output_dir": str(tmp_path),
+               "interrupted_by": None}  # fmt: skip
+    for episodes, words in ((1, "over 1 episode after"), (10, "over 10 episodes after")):
+        report(summary | {"eval_episodes": episodes})
+        first, second = capsys.readouterr().out.splitlines()
+        assert first == f"sac on Hopper-v5: evaluation return 26.0 ± 0.0 {words} 600 frames in 2.5 s"
+        assert second == f"results in {tmp_path}/ (summary.json, learning_curve.png, agent.ckpt)"
+
+
 COMMAND_MODULES = sorted(
     path.stem for path in (Path(__file__).parents[1] / "recipes").glob("*.py") if path.stem != "__init__"
 )

@@ -100,10 +100,11 @@ def run_cli(
 
 def report(summary: dict[str, Any]) -> None:
     """Print where a finished run's results are; exit 128 + N if signal N stopped it."""
-    solved = summary["solved_at_frames"]
+    solved, episodes = summary["solved_at_frames"], summary["eval_episodes"]
     print(
         f"{summary['algorithm']} on {summary['env_id']}: evaluation return {summary['eval_return_mean']:.1f} "
-        f"± {summary['eval_return_std']:.1f} over {summary['eval_episodes']} episodes after {summary['frames']} frames "
+        f"± {summary['eval_return_std']:.1f} over {episodes} episode{'' if episodes == 1 else 's'} after "
+        f"{summary['frames']} frames "
         f"in {summary['wall_time_s']:.1f} s"
         + (f"; reached the target at {solved} frames ({summary['solved_at_s']:.1f} s)" if solved else "")
     )
