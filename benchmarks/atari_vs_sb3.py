@@ -6,7 +6,7 @@ Agent steps per second of training (no evaluation) on ``ALE/Pong-v5``, each side
   frames per step max-pooled, episodic life, clipped rewards, 84x84 grayscale; ALE v5's sticky actions kept) and
   ``VecFrameStack(4)``, ``CnnPolicy``, torch's default threads.
 * ``ours``: ``recipes.ppo`` / ``recipes.dqn`` with their Atari preset (the same settings), with torch's default
-  threads as well (``--threads``: the recipes' own default is one thread, best for small networks; a CNN gains
+  threads as well (``--threads``: most recipes' own default is one thread, best for small networks; a CNN gains
   from both cores).
 * ``ours-compiled`` (only when asked for in ``--sides``): ``ours`` with ``--compile``, its compilation in the
   wall-clock.
