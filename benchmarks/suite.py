@@ -58,6 +58,7 @@ from typing import Any
 
 from agents.files import write_text
 from benchmarks.common import whole_number
+from training.seeding import core_share
 
 ROOT = Path(__file__).resolve().parents[1]
 REFERENCES = Path(__file__).with_name("references.csv")
@@ -340,7 +341,7 @@ class Runner:
     def threads(self, job: Job) -> int | None:
         """Torch threads for ``job``'s run: one when the runs fill the cores or run beside SB3's (one thread
         each), else the recipe's own, but no more than its share of the cores where its preset says all."""
-        share = max(1, (os.cpu_count() or 1) // self.jobs)
+        share = core_share(self.jobs)
         if share == 1 or self.with_sb3:
             return 1
         if job.algorithm.startswith("sb3-"):

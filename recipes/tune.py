@@ -41,6 +41,7 @@ from agents.files import require_regular_file, write_atomically, write_text
 from errors import InputError, NonFiniteError, require_positive
 from training.cli import run_command
 from training.config import parse_env_kwargs
+from training.seeding import core_share
 from training.tuning import (
     ReportEvaluations,
     best_preset,
@@ -247,7 +248,7 @@ def run_worker(config: TuneConfig, index: int, first_trial: int = 0) -> str | No
     import torch
 
     if config.jobs > 1:  # a trial whose recipe keeps torch's default threads (0) takes this process's share
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // config.jobs))
+        torch.set_num_threads(core_share(config.jobs))
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     warnings.filterwarnings("ignore")
     # SIGTERM as Ctrl-C: the trial ends as failed (its run saves on its own)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import random
 
 import numpy as np
@@ -29,6 +30,12 @@ def prepare_process(run: RunConfig) -> None:
         from training.distributed import init_ray
 
         init_ray(run.ray_address, run.gradient_workers, "--gradient-workers")
+
+
+def core_share(processes: int) -> int:
+    """Torch threads for each of ``processes`` processes side by side: the CPU's cores divided among them, at
+    least one."""
+    return max(1, (os.cpu_count() or 1) // processes)
 
 
 def set_matmul_precision(precision: str) -> None:
