@@ -19,6 +19,7 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 from tensordict.nn import TensorDictModule
 from torchrl.modules.distributions import TanhNormal
+from torchrl.modules.distributions.utils import is_dynamo_compiling
 from torchrl.objectives import ClipPPOLoss
 from torchrl.objectives.utils import _clip_value_loss, distance_loss
 
@@ -110,12 +111,12 @@ class TensorClipPPOLoss(ClipPPOLoss):
         if action.requires_grad:
             raise RuntimeError(f"tensordict stored {keys.action} requires grad.")
 
-        # the policy's log-probability of the collected actions, as _log_weight computes it (the distribution
-        # itself only where the entropy is needed too)
-        distribution = actor.distribution(observation) if self.entropy_bonus else None
-        log_prob = (
-            actor.log_prob(observation, action) if distribution is None else distribution.log_prob(action)
-        )
+        # the policy's log-probability of the collected actions, as _log_weight computes it, and where the entropy
+        # is needed too, the entropy (a categorical policy's) or the distribution to take it from
+        if self.entropy_bonus:
+            log_prob, entropy = actor.log_prob_and_entropy(observation, action)
+        else:
+            log_prob, entropy = actor.log_prob(observation, action), None
         log_weight = (log_prob - prev_log_prob).unsqueeze(-1)
         kl_approx = (prev_log_prob - log_prob).unsqueeze(-1)
         gain1 = log_weight.exp() * advantage
@@ -129,7 +130,7 @@ class TensorClipPPOLoss(ClipPPOLoss):
             "kl_approx": kl_approx.detach().mean(),
         }
         if self.entropy_bonus:
-            entropy = self._get_entropy(distribution, adv_shape=advantage.shape[:-1])
+            entropy = self._entropy(entropy, observation, adv_shape=advantage.shape[:-1])
             outputs["entropy"] = entropy.detach().mean()
             outputs["loss_entropy"] = self._weighted_loss_entropy(entropy)
         if self._has_critic:
@@ -145,6 +146,21 @@ class TensorClipPPOLoss(ClipPPOLoss):
             if name.startswith("loss_"):
                 outputs[name] = self._reduce_loss(value, tensordict).squeeze(-1)
         return TensorDict(outputs)
+
+    def _entropy(
+        self,
+        entropy: torch.Tensor | torch.distributions.Distribution,
+        observation: torch.Tensor,
+        adv_shape: torch.Size,
+    ) -> torch.Tensor:
+        """What the parent's ``_get_entropy`` returns: a closed-form entropy as it is where finite (the parent
+        keeps that too), otherwise the parent's own answer from the distribution (a sampled estimate where the
+        closed form is not finite or, under ``torch.compile``, always)."""
+        if isinstance(entropy, torch.Tensor):
+            if not is_dynamo_compiling() and entropy.isfinite().all():
+                return entropy.unsqueeze(-1)
+            entropy = self._networks.actor.distribution(observation)
+        return self._get_entropy(entropy, adv_shape=adv_shape)
 
     def _critic_outputs(
         self, tensordict: TensorDictBase, state_value: torch.Tensor

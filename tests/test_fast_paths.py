@@ -14,6 +14,10 @@ from agents.fast_paths import (
     LeanActor,
     LeanDeterministicPolicy,
     LeanQPolicy,
+    _categorical_draw,
+    _categorical_entropy,
+    _categorical_log_pmf,
+    _categorical_log_prob,
     _gaussian_log_prob,
     _gaussian_sample,
     flat_select,
@@ -137,6 +141,68 @@ def test_the_direct_tanh_normal_draw_is_tanh_normal_s(loc_shape, event_dims, bou
     ]
     for got, want in zip(*gradients, strict=True):
         torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("shape", [(5, 3), (1, 2), (2, 4, 6)])
+def test_the_direct_categorical_draw_and_scores_are_categorical_s(shape):
+    generator = torch.Generator().manual_seed(4)
+    logits = (torch.randn(shape, generator=generator) * 4).requires_grad_()
+    masked = logits.detach().clone()
+    masked[..., 0] = float("-inf")  # a masked action: the entropy clamps its logit, the draw never takes it
+    for values in (logits, masked):
+        distribution = torch.distributions.Categorical(logits=values)
+        torch.manual_seed(3)
+        expected = sample_and_log_prob(distribution)
+        torch.manual_seed(3)
+        log_pmf = _categorical_log_pmf(values)
+        action = _categorical_draw(log_pmf)
+        assert action.dtype == torch.long and action.shape == shape[:-1]
+        torch.testing.assert_close(action, expected[0], rtol=0, atol=0)
+        torch.testing.assert_close(_categorical_log_prob(log_pmf, action), expected[1], rtol=0, atol=0)
+        torch.testing.assert_close(_categorical_entropy(log_pmf), distribution.entropy(), rtol=0, atol=0)
+        torch.testing.assert_close(  # a float action, as a replay buffer may hold it
+            _categorical_log_prob(log_pmf, action.float()), distribution.log_prob(action), rtol=0, atol=0
+        )
+    assert not (_categorical_draw(_categorical_log_pmf(masked.expand(50, *shape))) == 0).any()
+    # gradients: the log-probability and the entropy together, as a loss takes them
+    action = torch.randint(shape[-1], shape[:-1], generator=generator)
+    log_pmf = _categorical_log_pmf(logits)
+    ours = torch.autograd.grad(
+        (_categorical_log_prob(log_pmf, action) + _categorical_entropy(log_pmf)).sum(), logits
+    )
+    distribution = torch.distributions.Categorical(logits=logits)
+    theirs = torch.autograd.grad((distribution.log_prob(action) + distribution.entropy()).sum(), logits)
+    torch.testing.assert_close(ours, theirs, rtol=0, atol=0)
+
+
+def test_the_lean_categorical_actor_scores_actions_as_its_distribution_does():
+    env = make_env("CartPole-v1", num_envs=4, seed=0)
+    actor = lean_policy(make_actor(env.observation_spec["observation"], env.action_spec))
+    env.close()
+    assert actor._categorical
+    observation = torch.randn(6, 4)
+    distribution = actor.distribution(observation)
+    assert type(distribution) is torch.distributions.Categorical
+    action = torch.tensor([0, 1, 1, 0, 1, 0])
+    log_prob, entropy = actor.log_prob_and_entropy(observation, action)
+    torch.testing.assert_close(log_prob, distribution.log_prob(action), rtol=0, atol=0)
+    torch.testing.assert_close(entropy, distribution.entropy(), rtol=0, atol=0)
+    torch.testing.assert_close(actor.log_prob(observation, action), log_prob, rtol=0, atol=0)
+    # actions of another shape broadcast against the batch, as Categorical.log_prob broadcasts them
+    broadcast = torch.tensor([[0], [1]])
+    torch.testing.assert_close(
+        actor.log_prob(observation, broadcast), distribution.log_prob(broadcast), rtol=0, atol=0
+    )
+    log_prob, returned = actor.log_prob_and_entropy(observation, broadcast)
+    torch.testing.assert_close(log_prob, distribution.log_prob(broadcast), rtol=0, atol=0)
+    assert isinstance(returned, torch.distributions.Categorical)
+    # other policies hand back their distribution, whose entropy the loss takes as the parent takes it
+    env = make_env("Pendulum-v1", num_envs=2, seed=0)
+    gaussian = lean_policy(make_actor(env.observation_spec["observation"], env.action_spec, squash=False))
+    env.close()
+    assert not gaussian._categorical
+    log_prob, returned = gaussian.log_prob_and_entropy(torch.randn(3, 3), torch.randn(3, 1))
+    assert isinstance(returned, IndependentNormal) and log_prob.shape == (3,)
 
 
 def test_the_lean_actor_draws_directly_only_for_the_distributions_it_knows():

@@ -94,6 +94,29 @@ def test_without_diagnostics_the_losses_are_the_same_and_only_the_diagnostics_go
         torch.testing.assert_close(lean[key], full[key], rtol=0, atol=0, msg=key)
 
 
+def test_a_categorical_entropy_that_is_not_finite_takes_the_parents_answer(monkeypatch):
+    actor, critic, batch = minibatch("CartPole-v1", {})
+    options = {"clip_epsilon": 0.2, "entropy_bonus": True, "entropy_coeff": 0.01}
+    loss = TensorClipPPOLoss(actor, critic, functional=False, **options)
+    expected = loss(batch.clone())
+    answers = []
+
+    def parents(distribution, adv_shape):
+        answers.append(distribution)
+        return ClipPPOLoss._get_entropy(loss, distribution, adv_shape)
+
+    monkeypatch.setattr(loss, "_get_entropy", parents)
+    output = loss(batch.clone())
+    assert answers == []  # a finite closed form: the parent is not asked
+    torch.testing.assert_close(output["entropy"], expected["entropy"], rtol=0, atol=0)
+    monkeypatch.setattr(
+        "agents.fast_paths._categorical_entropy", lambda log_pmf: torch.full(log_pmf.shape[:-1], float("nan"))
+    )
+    output = loss(batch.clone())
+    assert len(answers) == 1 and isinstance(answers[0], torch.distributions.Categorical)
+    torch.testing.assert_close(output["entropy"], expected["entropy"], rtol=0, atol=0)
+
+
 def _log_prob_in_the_loss(actor, batch):
     with torch.no_grad():
         return actor.get_dist(batch.copy()).log_prob(batch["action"])
