@@ -196,12 +196,12 @@ class LeanActor(_LeanPolicy):
     context managers of the actor's three TensorDict modules. For an ``IndependentNormal`` policy (PPO's and
     A2C's unsquashed Gaussian) and a ``TanhNormal`` one with TorchRL's defaults (SAC's squashed Gaussian) it runs
     the draw's and the log-probability's arithmetic without building the distribution objects (for the Gaussian,
-    :meth:`log_prob` too), which at batch 1 cost as much as the network (a ``TanhNormal`` draw and its score: about
-    0.3 ms through the distribution, three times the network of 256 units); so it does for a ``Categorical`` policy
-    over logits (Gymnasium ``Discrete`` actions without a mask), for the draw, :meth:`log_prob` and
-    :meth:`log_prob_and_entropy` (about 0.1 ms a call through ``torch.distributions.Categorical``, whose argument
-    and sample checks are most of it). Any other exploration type calls the actor itself. It holds the actor's parameters, not copies, so training the actor
-    trains it.
+    :meth:`log_prob` and :meth:`log_prob_and_entropy` too), which at batch 1 cost as much as the network (a
+    ``TanhNormal`` draw and its score: about 0.3 ms through the distribution, three times the network of 256
+    units); so it does for a ``Categorical`` policy over logits (Gymnasium ``Discrete`` actions without a mask), for
+    the draw, :meth:`log_prob` and :meth:`log_prob_and_entropy` (about 0.1 ms a call through
+    ``torch.distributions.Categorical``, whose argument and sample checks are most of it). Any other exploration
+    type calls the actor itself. It holds the actor's parameters, not copies, so training the actor trains it.
 
     With a ``critic``, every call also writes the critic's value of the observation, under any exploration type:
     what an on-policy recipe whose critic shares the actor's CNN trunk collects, so that its advantage step reads
@@ -321,8 +321,15 @@ class LeanActor(_LeanPolicy):
         self, observation: torch.Tensor, action: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor | torch.distributions.Distribution]:
         """The log-probability of ``action`` and the policy's entropy for ``observation``, from one network call:
-        for a ``Categorical`` policy the entropy itself (``Categorical.entropy``'s arithmetic), for any other the
-        distribution, whose ``entropy`` (or a sampled estimate) the caller takes."""
+        for a ``Categorical`` or ``IndependentNormal`` policy the entropy itself (the distribution's closed form,
+        its arithmetic), for any other the distribution, whose ``entropy`` (or a sampled estimate) the caller
+        takes."""
+        if self._gaussian_event_dims is not None:
+            loc, scale = self._network(observation)
+            return (
+                _gaussian_log_prob(loc, scale, action, self._gaussian_event_dims),
+                _gaussian_entropy(loc, scale, self._gaussian_event_dims),
+            )
         if self._categorical:
             logits = self._network(observation)
             if action.shape == logits.shape[:-1]:
@@ -436,6 +443,14 @@ def _categorical_entropy(log_pmf: torch.Tensor) -> torch.Tensor:
     -inf), times the probabilities, summed and negated."""
     clamped = torch.clamp(log_pmf, min=torch.finfo(log_pmf.dtype).min)
     return -(clamped * F.softmax(log_pmf, dim=-1)).sum(-1)
+
+
+def _gaussian_entropy(loc: torch.Tensor, scale: torch.Tensor, event_dims: int) -> torch.Tensor:
+    """``IndependentNormal(loc, scale, event_dim=event_dims).entropy()``: ``Normal.entropy``'s arithmetic on the
+    scale broadcast against ``loc``, summed over the event dims."""
+    if scale.shape != loc.shape:
+        scale = scale.expand(torch.broadcast_shapes(loc.shape, scale.shape))
+    return _sum_rightmost(0.5 + 0.5 * math.log(2 * math.pi) + torch.log(scale), event_dims)
 
 
 # the torch dtypes NumPy holds as they are, with NumPy's (a tensor of one of these and a NumPy array share memory)

@@ -18,6 +18,7 @@ from agents.fast_paths import (
     _categorical_entropy,
     _categorical_log_pmf,
     _categorical_log_prob,
+    _gaussian_entropy,
     _gaussian_log_prob,
     _gaussian_sample,
     flat_select,
@@ -196,13 +197,38 @@ def test_the_lean_categorical_actor_scores_actions_as_its_distribution_does():
     log_prob, returned = actor.log_prob_and_entropy(observation, broadcast)
     torch.testing.assert_close(log_prob, distribution.log_prob(broadcast), rtol=0, atol=0)
     assert isinstance(returned, torch.distributions.Categorical)
-    # other policies hand back their distribution, whose entropy the loss takes as the parent takes it
+    # a Gaussian's entropy directly too; other policies hand back their distribution, whose entropy the loss takes
+    # as the parent takes it
     env = make_env("Pendulum-v1", num_envs=2, seed=0)
-    gaussian = lean_policy(make_actor(env.observation_spec["observation"], env.action_spec, squash=False))
+    spec = env.observation_spec["observation"]
+    gaussian = lean_policy(make_actor(spec, env.action_spec, squash=False))
+    squashed = lean_policy(make_actor(spec, env.action_spec))
     env.close()
-    assert not gaussian._categorical
-    log_prob, returned = gaussian.log_prob_and_entropy(torch.randn(3, 3), torch.randn(3, 1))
-    assert isinstance(returned, IndependentNormal) and log_prob.shape == (3,)
+    observation, action = torch.randn(3, 3), torch.randn(3, 1)
+    log_prob, entropy = gaussian.log_prob_and_entropy(observation, action)
+    distribution = gaussian.distribution(observation)
+    assert isinstance(distribution, IndependentNormal) and not gaussian._categorical
+    torch.testing.assert_close(log_prob, distribution.log_prob(action), rtol=0, atol=0)
+    torch.testing.assert_close(entropy, distribution.entropy(), rtol=0, atol=0)
+    log_prob, returned = squashed.log_prob_and_entropy(observation, action.tanh())
+    assert isinstance(returned, TanhNormal) and log_prob.shape == (3,)
+
+
+@pytest.mark.parametrize(
+    ("loc_shape", "scale_shape", "event_dims"),
+    [((5, 3), (5, 3), 1), ((4, 3), (3,), 1), ((2, 4, 3), (2, 4, 3), 2)],
+)
+def test_the_direct_gaussian_entropy_is_independent_normal_s(loc_shape, scale_shape, event_dims):
+    generator = torch.Generator().manual_seed(6)
+    loc = torch.randn(loc_shape, generator=generator, requires_grad=True)
+    scale = torch.rand(scale_shape, generator=generator).add(0.1).requires_grad_()
+    distribution = IndependentNormal(loc, scale, event_dim=event_dims)
+    ours, theirs = _gaussian_entropy(loc, scale, event_dims), distribution.entropy()
+    assert ours.shape == theirs.shape
+    torch.testing.assert_close(ours, theirs, rtol=0, atol=0)
+    torch.testing.assert_close(
+        torch.autograd.grad(ours.sum(), scale), torch.autograd.grad(theirs.sum(), scale), rtol=0, atol=0
+    )
 
 
 def test_the_lean_actor_draws_directly_only_for_the_distributions_it_knows():
