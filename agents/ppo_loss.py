@@ -112,7 +112,7 @@ class TensorClipPPOLoss(ClipPPOLoss):
             raise RuntimeError(f"tensordict stored {keys.action} requires grad.")
 
         # the policy's log-probability of the collected actions, as _log_weight computes it, and where the entropy
-        # is needed too, the entropy (a categorical policy's) or the distribution to take it from
+        # is needed too, the entropy (a categorical or Gaussian policy's) or the distribution to take it from
         if self.entropy_bonus:
             log_prob, entropy = actor.log_prob_and_entropy(observation, action)
         else:
