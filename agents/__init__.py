@@ -3,7 +3,7 @@
 import envs  # noqa: F401  (first: it unsets an unusable MUJOCO_GL before TorchRL imports MuJoCo)
 from agents.actor_critic import ForeachSoftUpdate, TensorDDPGLoss, TensorSACLoss, TensorTD3Loss
 from agents.advantages import OneCallGAE, OneCallTD1
-from agents.agent import POLICY_BUILDERS, Agent, EvaluationResult, write_video
+from agents.agent import POLICY_BUILDERS, Agent, EvaluationResult, video_writer, write_video
 from agents.continuous import make_deterministic_actor, make_exploration_env, make_qvalue_critic
 from agents.fast_paths import compiled, flat_select
 from agents.fast_paths import install as install_fast_paths
@@ -95,6 +95,7 @@ __all__ = [
     "prioritized_sampler",
     "reset_target_noise",
     "trainable_parameters",
+    "video_writer",
     "without_log_prob",
     "write_video",
 ]

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import numbers
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,7 +23,7 @@ from torchrl.modules import OrnsteinUhlenbeckProcessModule
 from agents.archive import check_archive, component_of, first_line, read_manifest_metadata, state_shapes
 from agents.continuous import make_deterministic_actor
 from agents.es import make_es_policy
-from agents.files import write_atomically
+from agents.files import atomic_write, write_atomically, write_errors
 from agents.gsde import make_gsde_actor
 from agents.networks import MASKED_RECIPES, find_normalizer, make_actor
 from agents.policy_size import check_description_fits
@@ -697,6 +698,15 @@ class Agent(nn.Module):
         return apply_wrappers(gym.make(env_id, max_episode_steps=max_steps, **options), wrappers)
 
     def _run_episodes(self, envs, episodes, deterministic, seed, video_path) -> EvaluationResult:
+        if video_path is None:
+            returns, lengths = self._play(envs, episodes, deterministic, seed, None)
+        else:  # the first episode's frames are encoded as they are rendered
+            with video_writer(video_path, fps=envs[0].metadata.get("render_fps", 30)) as record:
+                returns, lengths = self._play(envs, episodes, deterministic, seed, record)
+        return EvaluationResult(returns=returns, lengths=lengths, video_path=video_path)
+
+    def _play(self, envs, episodes, deterministic, seed, record) -> tuple[np.ndarray, np.ndarray]:
+        """Run ``episodes`` episodes over ``envs``; ``record`` (if any) takes each frame of the first."""
         returns = np.zeros(episodes)
         lengths = np.zeros(episodes, dtype=np.int64)
         episode_of: dict[int, int] = {}  # env index -> the episode it is running
@@ -704,7 +714,6 @@ class Agent(nn.Module):
         masks: dict[
             int, Any
         ] = {}  # env index -> the allowed actions its env gave (info["action_mask"]), if any
-        frames: list[np.ndarray] = []
         states: dict[int, TensorDict] = {}  # env index -> a recurrent policy's state for its next step
         recurrent = self.recurrent
         next_episode = 0
@@ -717,8 +726,8 @@ class Agent(nn.Module):
             episode_of[index] = next_episode
             if recurrent:
                 states[index] = initial_state(self.policy, 1, self.device)[0]
-            if video_path is not None and next_episode == 0:
-                frames.append(envs[index].render())
+            if record is not None and next_episode == 0:
+                record(envs[index].render())
             next_episode += 1
 
         for index in range(len(envs)):
@@ -742,15 +751,13 @@ class Agent(nn.Module):
                     returns[episode] += float(reward)
                     lengths[episode] += 1
                     observations[index] = observation
-                    if video_path is not None and episode == 0:
-                        frames.append(envs[index].render())
+                    if record is not None and episode == 0:
+                        record(envs[index].render())
                     if terminated or truncated:
                         del episode_of[index]
                         if next_episode < episodes:
                             start(index)
-        if video_path is not None:
-            write_video(frames, video_path, fps=envs[0].metadata.get("render_fps", 30))
-        return EvaluationResult(returns=returns, lengths=lengths, video_path=video_path)
+        return returns, lengths
 
     # ------------------------------------------------------------ persistence
     def metadata(self) -> dict[str, Any]:
@@ -872,17 +879,41 @@ def _exploration(deterministic: bool) -> ExplorationType:
     return ExplorationType.DETERMINISTIC if deterministic else ExplorationType.RANDOM
 
 
-def write_video(frames: list[np.ndarray], path: str | Path, fps: int = 30) -> Path:
-    """Write RGB frames to an MP4 file."""
+def write_video(frames: Iterable[np.ndarray], path: str | Path, fps: int = 30) -> Path:
+    """Write RGB frames (``H x W x 3`` uint8 arrays, a list or any iterable of them) to an MP4 file, complete or
+    not at all (see :func:`video_writer`)."""
+    with video_writer(path, fps) as append:
+        for frame in frames:
+            append(frame)
+    return Path(path)
+
+
+@contextlib.contextmanager
+def video_writer(path: str | Path, fps: int = 30) -> Iterator[Callable[[np.ndarray], None]]:
+    """An MP4 file written frame by frame: yields a function that encodes one RGB frame as it comes, so that no
+    frame is kept in memory (a 1,000-step MuJoCo episode at 480x480 would hold 690 MB). The frames go to a hidden
+    temporary file beside ``path``, renamed over it when the block ends without an exception; an exception (a
+    renderer that fails mid-episode) leaves ``path`` as it was and propagates, a failed write as
+    :class:`errors.WriteError`."""
     import imageio.v2 as imageio
 
-    def write(temporary: Path) -> None:
-        with imageio.get_writer(
-            temporary, format="FFMPEG", fps=fps, codec="libx264", macro_block_size=1
-        ) as writer:
-            for frame in frames:
-                writer.append_data(frame)
+    written = 0
+    with atomic_write(path) as temporary:
+        with write_errors(path):
+            writer = imageio.get_writer(
+                temporary, format="FFMPEG", fps=fps, codec="libx264", macro_block_size=1
+            )
 
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    return write_atomically(path, write)
+        def append(frame: np.ndarray) -> None:
+            nonlocal written
+            with write_errors(path):
+                writer.append_data(frame)
+            written += 1
+
+        try:
+            yield append
+        finally:
+            with write_errors(path):
+                writer.close()
+        if not written:
+            raise InputError(f"No frames to write to {path}: a video needs at least one.")

@@ -10,6 +10,7 @@ write into the same folder; another live process's never is. Files the toolkit r
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
 import os
@@ -19,7 +20,7 @@ import socket
 import stat
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from errors import InputError, WriteError
@@ -63,22 +64,45 @@ def write_atomically(path: str | Path, write: Callable[[Path], object]) -> Path:
         WriteError: the write failed (a full disk, a read-only folder); the message names ``path`` and says that
             the previous file, if any, is intact. The temporary file is removed.
     """
+    with atomic_write(path) as temporary, write_errors(path):
+        write(temporary)
+    return Path(path)
+
+
+@contextlib.contextmanager
+def atomic_write(path: str | Path) -> Iterator[Path]:
+    """:func:`write_atomically` for content written over a block: yields the temporary path to write, renamed over
+    ``path`` when the block ends without an exception and removed in every case, so that an exception in the block
+    leaves ``path`` as it was. The block's own exceptions propagate as they are (wrap its writes in
+    :func:`write_errors` to report them as failed writes); a failure to create the folder or to rename raises
+    :class:`WriteError`."""
     path = Path(path)
     temporary = temporary_path(path)
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        remove_stale_temporaries(path.parent)
-        write(temporary)
-        os.replace(temporary, path)
+        with write_errors(path):
+            path.parent.mkdir(parents=True, exist_ok=True)
+            remove_stale_temporaries(path.parent)
+        yield temporary
+        with write_errors(path):
+            os.replace(temporary, path)
+    finally:
+        _remove(temporary)
+
+
+@contextlib.contextmanager
+def write_errors(path: str | Path) -> Iterator[None]:
+    """Report a failed write to ``path`` in the block (an ``OSError``, or PyTorch's ``RuntimeError`` for one) as
+    :class:`WriteError` naming the path and saying whether a previous file there is intact; any other exception
+    propagates as it is."""
+    try:
+        yield
     except (OSError, RuntimeError) as error:
         code, reason = _failed_write(error)
         if code is None:
             raise
+        path = Path(path)
         kept = f"the previous {path.name} is intact" if path.exists() else f"no {path.name} was written"
         raise WriteError(code, f"Could not write {path} ({reason}); {kept}.") from None
-    finally:
-        _remove(temporary)
-    return path
 
 
 # how PyTorch reports a failed write to a file (``torch.from_file``, memory-mapped storages) in a RuntimeError:

@@ -69,7 +69,11 @@ def make_rnd_networks(
         encoders, in_features = (OneHot(n), OneHot(n)), n
     else:
         if image_layout(observation_spec) is not None:
-            raise InputError("RND's networks are MLPs: uint8 image observations are not supported here.")
+            raise InputError(
+                "RND's networks are MLPs: uint8 image observations are not supported here. Train on images with "
+                "recipes.ppo (no exploration bonus), or give RND vector observations (a Gymnasium wrapper through "
+                "--env-wrappers)."
+            )
         if observation_spec.dtype.is_complex or observation_spec.dtype == torch.bool:
             raise InputError(f"RND reads observations of real numbers, got {observation_spec.dtype}.")
         shape = observation_spec.shape[1:]

@@ -234,9 +234,9 @@ def main(
         raise InputError("--use-sde is for Box actions; drop it for discrete SAC.")
     if discrete and not config.discrete:
         warnings.warn(
-            f"{run_config.env_id} has Discrete actions: discrete SAC runs with the settings tuned for Pendulum-v1's "
-            "Box actions. Add --discrete for the settings tuned for Discrete actions (from Python: "
-            "recipes.sac.apply_discrete_settings(config)).",
+            f"{run_config.env_id} has Discrete actions: discrete SAC runs with the settings meant for Box actions "
+            "(the paper's continuous-control defaults or this env's preset). Add --discrete for the settings tuned "
+            "for Discrete actions (from Python: recipes.sac.apply_discrete_settings(config)).",
             stacklevel=2,
         )
     try:

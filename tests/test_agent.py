@@ -80,6 +80,63 @@ def test_evaluate_returns_per_episode_results_reproducibly(tmp_path):
     assert agent.evaluate(episodes=1).video_path is None
 
 
+class _TrackedFrame(np.ndarray):
+    """A frame that counts how many of its kind are alive."""
+
+    alive = peak = 0
+
+    def __array_finalize__(self, obj):
+        if type(self) is _TrackedFrame:
+            _TrackedFrame.alive += 1
+            _TrackedFrame.peak = max(_TrackedFrame.peak, _TrackedFrame.alive)
+
+    def __del__(self):
+        _TrackedFrame.alive -= 1
+
+
+class _CountedRender(gym.Wrapper):
+    """CartPole whose frames are small :class:`_TrackedFrame`s; ``fail_at``: the render call that raises."""
+
+    def __init__(self, fail_at=None):
+        super().__init__(gym.make("CartPole-v1", render_mode="rgb_array"))
+        self.calls, self.fail_at = 0, fail_at
+
+    def render(self):
+        self.calls += 1
+        if self.calls == self.fail_at:
+            raise KeyError("the renderer broke")
+        return np.full((16, 16, 3), self.calls % 255, np.uint8).view(_TrackedFrame)
+
+
+def test_evaluation_videos_encode_frames_as_they_come_and_a_failure_keeps_the_previous_file(tmp_path):
+    agent = make_agent()
+    video = tmp_path / "episode.mp4"
+    _TrackedFrame.alive = _TrackedFrame.peak = 0
+    env = _CountedRender()
+    result = agent.evaluate(env=env, episodes=1, seed=3, video_path=video)
+    assert env.calls == result.lengths[0] + 1 > 8  # the reset's frame and one a step
+    assert _TrackedFrame.peak <= 2  # each frame encoded, then let go: none kept for the end of the episode
+    import imageio.v2 as imageio
+
+    with imageio.get_reader(video, format="FFMPEG") as reader:
+        assert reader.count_frames() == env.calls
+    before = video.read_bytes()
+    with pytest.raises(KeyError, match="the renderer broke"):  # the renderer's own error, not a write error
+        agent.evaluate(env=_CountedRender(fail_at=5), episodes=1, seed=3, video_path=video)
+    assert video.read_bytes() == before
+    assert [path.name for path in tmp_path.iterdir()] == ["episode.mp4"]  # no temporary file left
+
+
+def test_write_video_takes_any_iterable_of_frames_and_refuses_none(tmp_path):
+    from agents import write_video
+
+    frames = (np.full((8, 8, 3), index, np.uint8) for index in range(5))
+    assert write_video(frames, tmp_path / "five.mp4", fps=10) == tmp_path / "five.mp4"
+    with pytest.raises(InputError, match="No frames to write to .*none.mp4: a video needs at least one"):
+        write_video([], tmp_path / "none.mp4")
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["five.mp4"]
+
+
 def test_evaluate_refuses_seeds_outside_gymnasiums_range_and_wraps_episode_seeds_past_its_end():
     agent = make_agent()
     bad_arguments = (

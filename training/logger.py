@@ -152,9 +152,8 @@ def _gif(path: Path, max_frames: int) -> tuple[int, int, bytes]:
 
     with imageio.get_reader(path, format="FFMPEG") as reader:
         fps = reader.get_meta_data().get("fps", 30) or 30
-        video = [frame for frame in reader]
-    stride = max(1, -(-len(video) // max_frames))
-    video = video[::stride]
+        stride = max(1, -(-reader.count_frames() // max_frames))
+        video = [frame for index, frame in enumerate(reader) if index % stride == 0]  # only the kept ones
     buffer = io.BytesIO()
     imageio.mimwrite(buffer, video, format="GIF", duration=1000 * stride / fps, loop=0)
     height, width = video[0].shape[:2]
