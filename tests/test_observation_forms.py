@@ -2,6 +2,8 @@
 read by the Nature CNN as the env returns them; scalar and integer Boxes, read as float vectors; and the recipes
 learning on each, with the saved agent predicting from the env's own observations."""
 
+import json
+
 import gymnasium as gym
 import numpy as np
 import pytest
@@ -112,6 +114,9 @@ def test_ppo_learns_each_form_and_its_agent_acts_on_the_envs_observations(output
     config = tiny_ppo(output_dir, env_id=env_id, env_kwargs=[kwargs], seed=0)
     quiet(config, output_dir)
     assert ppo.main(config)["eval_return_mean"] >= 9.0
+    # the recipe's one thread, left alone, becomes torch's default for the CNN of image observations
+    threads = json.loads((output_dir / "config.json").read_text())["run"]["threads"]
+    assert threads == (0 if "Look" in env_id else 1)
     agent = Agent.load(f"{output_dir}/agent.ckpt")
     key, value = kwargs.split("=")
     env = gym.make(env_id.split(":")[1], **{key: value})

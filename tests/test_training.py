@@ -301,3 +301,60 @@ def test_metric_means_keep_one_running_total_and_start_afresh_after_each_result(
     means.add({"loss": torch.tensor(3.0), "error": torch.tensor([1.0])})
     assert means.result() == {"train/loss": 3.0, "train/error": 1.0}
     assert means.result() == {}
+
+
+@pytest.fixture
+def torch_threads():
+    """The test may change torch's thread count and the record of the count before any run: both come back."""
+    import training.seeding
+
+    before, recorded = torch.get_num_threads(), training.seeding._threads_before_runs
+    yield
+    torch.set_num_threads(before)
+    training.seeding._threads_before_runs = recorded
+
+
+def test_threads_0_gives_torchs_count_back_after_a_one_thread_run_in_the_same_process(torch_threads):
+    import training.seeding
+    from training.seeding import set_threads
+
+    training.seeding._threads_before_runs = None
+    torch.set_num_threads(2)  # the process's own count
+    set_threads(1)
+    assert torch.get_num_threads() == 1
+    set_threads(0)
+    assert torch.get_num_threads() == 2
+    torch.set_num_threads(2)
+    training.seeding._threads_before_runs = None
+    set_threads(0)  # no run set a count: left alone
+    assert torch.get_num_threads() == 2
+
+
+def test_image_observations_take_torchs_threads_unless_the_count_was_chosen(torch_threads):
+    from torchrl.data import Bounded, Composite
+
+    import training.seeding
+    from training.seeding import set_threads, threads_for_observations
+
+    training.seeding._threads_before_runs = None
+    torch.set_num_threads(2)  # the process's own count
+    image = Bounded(0, 255, (4, 36, 40, 3), dtype=torch.uint8)  # four envs' channels-last frames
+    vector = Bounded(-1.0, 1.0, (4, 3))
+    cases = [  # observation spec, who chose the threads, threads the run ends with
+        (image, None, 0),
+        (Composite(pixels=image, position=vector, shape=(4,)), None, 0),  # a Dict holding an image
+        (vector, None, 1),  # small vector networks: the recipe's one thread
+        (image, "given", 1),  # --threads 1 on the command line or in Python
+        (image, "preset", 1),
+    ]
+    for spec, chosen_by, expected in cases:
+        config = ppo.PPOConfig()
+        if chosen_by == "given":
+            config.run.threads = 1
+        if chosen_by == "preset":
+            config.run.preset_applied = {"name": "x", "source": "y", "set": {"threads": 1}, "for": []}
+        set_threads(config.run.threads)
+        threads_for_observations(config.run, spec)
+        assert config.run.threads == expected, (spec, chosen_by)
+        assert torch.get_num_threads() == (2 if expected == 0 else 1)
+        assert ("threads" in config.run.assigned) == (chosen_by == "given")  # the rule's count is no user's

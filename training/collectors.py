@@ -21,6 +21,7 @@ from envs.wrappers import wrapper_functions
 from errors import InputError, check_ranges, require_positive
 from training.config import RunConfig
 from training.lean_collector import LeanCollector
+from training.seeding import threads_for_observations
 
 
 def make_training_env(run: RunConfig, device: torch.device, num_envs: int | None = None):
@@ -28,7 +29,7 @@ def make_training_env(run: RunConfig, device: torch.device, num_envs: int | None
     run on gradient workers, which reads only its specs): Gymnasium envs on the CPU, or torch envs on ``device``."""
     construction = env_construction(run)
     try:
-        return make_env(
+        env = make_env(
             run.env_id,
             num_envs or (1 if run.learns_on_workers else run.num_envs),
             device=device if run.env_backend == "torch" else "cpu",
@@ -50,6 +51,8 @@ def make_training_env(run: RunConfig, device: torch.device, num_envs: int | None
             f"Building {run.env_id} with {given} failed ({type(error).__name__}: {reason}); check those values "
             "against the env's and the wrappers' own arguments."
         ) from error
+    threads_for_observations(run, env.observation_spec["observation"])  # a CNN: all cores, unless chosen
+    return env
 
 
 def env_construction(run: RunConfig) -> dict[str, Any]:

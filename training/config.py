@@ -94,7 +94,8 @@ class RunConfig(Options):
     progress: bool = True
     """Show a progress bar."""
     threads: int = 1
-    """Torch CPU threads; 1 is fastest and steadiest for small networks on a few cores; 0 keeps torch's default."""
+    """Torch CPU threads; 1 is fastest and steadiest for small networks on a few cores; 0 keeps torch's default.
+    Left at the recipe's 1, a run on image observations takes torch's default (its CNN gains from every core)."""
     matmul_precision: Literal["highest", "high", "medium"] = "highest"
     """Arithmetic of float32 matrix products (torch.set_float32_matmul_precision; on the CPU convolutions too):
     'highest' float32; 'medium' lets them run in bfloat16 with float32 accumulation on CPUs with AVX512-BF16 or
