@@ -1,5 +1,5 @@
-"""Seeding and the process's torch settings in one place: Python, NumPy and torch seeds, threads, matrix-product precision
-and kernels (the envs and their action spaces are seeded by ``make_env``)."""
+"""Seeding and the process's torch settings in one place: Python, NumPy and torch seeds, threads, the precision
+and kernels of matrix products (the envs and their action spaces are seeded by ``make_env``)."""
 
 from __future__ import annotations
 
