@@ -53,7 +53,7 @@ def set_threads(count: int) -> None:
 def threads_for_observations(run: RunConfig, observation_spec: TensorSpec) -> None:
     """Torch's default threads (all cores) instead of one for a run whose observations are images (or hold one),
     where ``run.threads`` is the recipe's default of one, neither given nor set by a preset: the convolutional
-    encoder's products gain from every core (PPO and DQN on Pong ran 1.3-1.6x faster on two threads than on one
+    encoder's products gain from every core (PPO and DQN on Pong ran 1.4-1.6x faster on two threads than on one
     here), where one thread is the fastest for the small vector networks that default is chosen for. Records
     the choice in ``run`` (``threads`` 0), so that the run's config says what it ran with."""
     chosen = run.assigned | set((run.preset_applied or {}).get("set", {}))
