@@ -13,7 +13,7 @@ from agents.networks import make_actor
 from envs import make_env
 from errors import InputError
 from recipes import a2c, ddpg, dqn, ppo, reinforce, sac, td3
-from training import RunConfig, make_collector, quiet
+from training import Callback, RunConfig, make_collector, quiet
 from training.distributed import WORKER_START_TIMEOUT_S, WorkerCollector
 
 
@@ -248,3 +248,28 @@ def test_a_budget_of_whole_batches_runs_without_the_warning(tmp_path):
         warnings.simplefilter("always")
         ppo.main(config)
     assert not [warning for warning in caught if "less than one batch" in str(warning.message)]
+
+
+@pytest.mark.parametrize("recipe", [sac, td3, ddpg], ids=["sac", "td3", "ddpg"])
+def test_learning_starts_between_batches_rounds_up_without_torchrls_warning(recipe, tmp_path):
+    config = {sac: sac.SACConfig, td3: td3.TD3Config, ddpg: ddpg.DDPGConfig}[recipe]()
+    quiet(config, tmp_path, env_id="Pendulum-v1", total_frames=48, eval_episodes=1)
+    config.collector.steps_per_env, config.collector.learning_starts = 8, 33  # random until frame 40
+    config.buffer.batch_size = 8
+    updates = []
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        summary = recipe.main(config, callbacks=[_CountUpdates(updates)])
+    assert not [warning for warning in caught if "init_random_frames" in str(warning.message)]
+    assert summary["frames"] == 48
+    assert updates == [(40, 1), (8, 1)]  # the random frames in one batch: 33 rounded up to whole batches of 8
+
+
+class _CountUpdates(Callback):
+    """Records, per batch, its frames and whether a gradient step followed it (a loss logged)."""
+
+    def __init__(self, record: list[int]):
+        self.record = record
+
+    def on_batch(self, run, batch, metrics):
+        self.record.append((batch.numel(), int(any(name.startswith("train/loss") for name in metrics))))

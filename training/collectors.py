@@ -192,7 +192,7 @@ class OffPolicyCollectorConfig(Options):
     updates_per_frame: float = 1.0
     """Gradient steps (TD3: critic updates) per collected frame, the update-to-data ratio."""
     learning_starts: int = 10_000
-    """Frames of uniformly random actions collected before the first update."""
+    """Frames of uniformly random actions collected before the first update (rounded up to whole batches)."""
 
     def validate(self) -> None:
         """Raise :class:`InputError` for values outside their meaningful range."""
@@ -269,8 +269,9 @@ def make_off_policy_collector(
     learning_starts: int,
     device: torch.device,
 ):
-    """The collector of an off-policy recipe: uniformly random actions for the first ``learning_starts`` frames,
-    then ``policy``; batches of ``frames_per_batch`` on ``device`` until ``run.total_frames`` (rounded up to whole
+    """The collector of an off-policy recipe: uniformly random actions for the first ``learning_starts`` frames
+    (rounded up to whole batches, where TorchRL's collector would round them with a warning in its own terms), then
+    ``policy``; batches of ``frames_per_batch`` on ``device`` until ``run.total_frames`` (rounded up to whole
     batches). The single-process collector gathers the random frames in batches of up to
     :data:`WARMUP_FRAMES_PER_BATCH` (rounded to whole batches): the same frames, in fewer batches, none of which
     an update could fall inside (the recipes' updates wait for ``learning_starts``)."""
@@ -287,6 +288,6 @@ def make_off_policy_collector(
         device,
         frames_per_batch,
         num_batches * frames_per_batch,
-        init_random_frames=learning_starts,
+        init_random_frames=-(-learning_starts // frames_per_batch) * frames_per_batch,
         **options,
     )
