@@ -105,6 +105,8 @@ class NatureCNN(nn.Module):
     Args:
         image_shape: the shape of one observation in ``layout``, e.g. ``(4, 84, 84)`` for stacked Atari frames.
         layout: ``"chw"``, ``"hwc"``, ``"hw"``, ``"shwc"`` or ``"schw"`` (see :func:`image_layout`).
+        divisor: what the inputs are divided by first: 255 for ``uint8`` pixels, 1 for images already
+            normalised to floats (RND's, :mod:`agents.rnd`).
 
     Raises:
         InputError: the image is smaller than the 36x36 the convolutions need.
@@ -118,8 +120,9 @@ class NatureCNN(nn.Module):
     CONVOLUTIONS = ((32, 8, 4), (64, 4, 2), (64, 3, 1))  # (filters, kernel size, stride)
     out_features = 512
 
-    def __init__(self, image_shape: Sequence[int], layout: str = "chw"):
+    def __init__(self, image_shape: Sequence[int], layout: str = "chw", divisor: float = 255.0):
         super().__init__()
+        self.divisor = float(divisor)
         self.reuse_features = False
         self._memo: tuple | None = None  # (key, features) of the last call, with reuse_features
         self.image_shape = tuple(int(size) for size in image_shape)
@@ -167,7 +170,8 @@ class NatureCNN(nn.Module):
         else:  # channels last: oneDNN's convolutions run about a fifth faster on CPU with pixels laid out (H, W, C)
             images = torch.empty(pixels.shape, device=pixels.device, memory_format=torch.channels_last)
             images.copy_(pixels)  # bytes to floats and into that layout in one pass
-        images = images.div_(255.0)
+        if self.divisor != 1.0:
+            images = images.div_(self.divisor)
         features = self._linear(self.convolutions(images)).reshape(*batch_shape, self.out_features)
         if key is not None:
             self._memo = (key, features)

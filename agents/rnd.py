@@ -21,7 +21,14 @@ from torchrl.data import Categorical, TensorSpec
 from torchrl.envs.transforms import RunningMeanStd
 from torchrl.objectives import RNDLoss
 
-from agents.networks import OneHot, as_vector, image_layout, make_mlp, require_observation_values
+from agents.networks import (
+    NatureCNN,
+    OneHot,
+    as_vector,
+    image_layout,
+    make_mlp,
+    require_observation_values,
+)
 from errors import InputError, NonFiniteError
 
 INTRINSIC_REWARD_KEY = "intrinsic_reward"
@@ -35,11 +42,16 @@ def make_rnd_networks(
     activation: str = "relu",
 ) -> tuple[nn.Module, nn.Module]:
     """Build the target and predictor networks of RND for Box observations (integer ones, MultiDiscrete and
-    MultiBinary read as floats) and Discrete ones (one-hot encoded first: a new state is a new input unit, and the
-    bonus fades as a count-based one would).
+    MultiBinary read as floats), Discrete ones (one-hot encoded first: a new state is a new input unit, and the
+    bonus fades as a count-based one would) and ``uint8`` images in any layout :func:`agents.networks.image_layout`
+    reads (stacked Atari frames, channels-last RGB, ...).
 
     As in the paper, the predictor is deeper than the target (one more hidden layer), so that it can fit the
-    target's features on the states it is trained on without being a copy of it.
+    target's features on the states it is trained on without being a copy of it. Images go first through a
+    Nature CNN of each network's own (the paper's three convolutions, here with a 512-unit ReLU layer after
+    them; ReLU where the paper has leaky ReLU), reading the normalised, clipped pixels
+    (:class:`RandomNetworkDistillation` keeps their statistics per pixel, as the paper does), then through the
+    MLP of ``hidden_sizes``. The paper's networks read the newest frame of a stack only; these read every frame.
 
     Args:
         observation_spec: the spec of ``"observation"`` (batched: the leading dim is the number of envs); Box
@@ -53,7 +65,8 @@ def make_rnd_networks(
         ``(target_network, predictor_network)``, plain modules mapping observations to embeddings.
 
     Raises:
-        InputError: for empty and uint8 image observations.
+        InputError: for empty observations, images smaller than the CNN's 36x36 pixels and observations that are
+            not real numbers.
 
     Examples:
         >>> from envs import make_env
@@ -67,13 +80,11 @@ def make_rnd_networks(
     if not normalizes_observations(observation_spec):  # Discrete: each network reads the one-hot vector
         n = observation_spec.space.n
         encoders, in_features = (OneHot(n), OneHot(n)), n
+    elif (layout := image_layout(observation_spec)) is not None:
+        shape = observation_spec.shape[1:]  # normalised pixels, through a Nature CNN of each network's own
+        encoders = tuple(NatureCNN(shape, layout, divisor=1.0) for _ in range(2))
+        in_features = NatureCNN.out_features
     else:
-        if image_layout(observation_spec) is not None:
-            raise InputError(
-                "RND's networks are MLPs: uint8 image observations are not supported here. Train on images with "
-                "recipes.ppo (no exploration bonus), or give RND vector observations (a Gymnasium wrapper through "
-                "--env-wrappers)."
-            )
         if observation_spec.dtype.is_complex or observation_spec.dtype == torch.bool:
             raise InputError(f"RND reads observations of real numbers, got {observation_spec.dtype}.")
         shape = observation_spec.shape[1:]

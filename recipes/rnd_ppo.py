@@ -18,6 +18,7 @@ avoid the move cost and does not find it in 40k frames.
 
     python -m recipes.rnd_ppo                                # rlkit/DeepSea-v0
     python -m recipes.rnd_ppo --env-id rlkit/DeepSea16-v0
+    python -m recipes.rnd_ppo --env-id ALE/MontezumaRevenge-v5   # images; the paper's Atari settings (its preset)
     python -m recipes.rnd_ppo --help                         # every option
 """
 

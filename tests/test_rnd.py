@@ -101,10 +101,35 @@ def test_keys_shapes_and_observation_statistics():
     assert (data["next", "bonus"] >= 0).all()
     assert rnd.obs_rms.count.item() == pytest.approx(48, abs=1e-3)
     assert set(rnd(data).keys()) == {"loss_predictor"}
-    with pytest.raises(InputError, match="uint8 image observations are not supported"):
-        make_rnd_networks(
-            make_env("space_envs:Look-v0", env_kwargs={"layout": "hwc"}).observation_spec["observation"]
-        )
+
+
+@pytest.mark.parametrize("layout", ["hwc", "shwc"])
+def test_images_are_normalised_per_pixel_and_a_repeated_image_stops_paying(layout):
+    env, rnd = make_rnd("space_envs:Look-v0", env_kwargs={"layout": layout}, normalize_reward=False)
+    rnd.update_fraction = 1.0
+    shape = env.observation_spec["observation"].shape[1:]
+    assert rnd.obs_rms.mean.shape == shape  # statistics per pixel, as the paper keeps them
+    generator = torch.Generator().manual_seed(0)
+    noise = torch.randint(0, 256, (1, 64, *shape), dtype=torch.uint8, generator=generator)
+    rnd.obs_rms.update(noise)  # fixed statistics from here on
+
+    def batch(images):
+        return TensorDict({"next": {"observation": images}}, batch_size=images.shape[:2])
+
+    familiar, novel = batch(noise[:, :1].expand(1, 8, *shape)), batch(noise[:, 1:2].expand(1, 8, *shape))
+
+    def reward(data):
+        return rnd.add_intrinsic_reward(data, update_statistics=False)["next", "intrinsic_reward"].mean().item()
+
+    familiar_before, novel_before = reward(familiar), reward(novel)
+    assert familiar_before > 0 and novel_before > 0
+    optimizer = torch.optim.Adam(trainable_parameters(rnd), lr=1e-3)
+    for _ in range(50):
+        optimizer.zero_grad()
+        rnd(familiar)["loss_predictor"].backward()
+        optimizer.step()
+    assert reward(familiar) < 0.05 * familiar_before
+    assert reward(novel) > 10 * reward(familiar)
 
 
 def test_observations_too_large_for_the_running_variance_stop_with_a_message_not_nan_weights():
@@ -236,6 +261,13 @@ def test_rnd_ppo_learns_on_integer_box_observations(output_dir):
     # a random policy scores 5 of 10
     config = tiny_rnd_ppo(output_dir, env_id="space_envs:Sign-v0", env_kwargs=["kind=int"], seed=0)
     config.run.total_frames = 1_024
+    assert rnd_ppo.main(config)["eval_return_mean"] >= 9.0
+
+
+def test_rnd_ppo_learns_on_images(output_dir):
+    # a random policy scores 5 of 10; the policy, both critics and RND's two networks each read the image with a CNN
+    config = tiny_rnd_ppo(output_dir, env_id="space_envs:Look-v0", env_kwargs=["layout=hwc"], seed=0)
+    config.run.total_frames = 2_048
     assert rnd_ppo.main(config)["eval_return_mean"] >= 9.0
 
 
