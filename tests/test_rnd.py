@@ -119,7 +119,9 @@ def test_images_are_normalised_per_pixel_and_a_repeated_image_stops_paying(layou
     familiar, novel = batch(noise[:, :1].expand(1, 8, *shape)), batch(noise[:, 1:2].expand(1, 8, *shape))
 
     def reward(data):
-        return rnd.add_intrinsic_reward(data, update_statistics=False)["next", "intrinsic_reward"].mean().item()
+        return (
+            rnd.add_intrinsic_reward(data, update_statistics=False)["next", "intrinsic_reward"].mean().item()
+        )
 
     familiar_before, novel_before = reward(familiar), reward(novel)
     assert familiar_before > 0 and novel_before > 0
