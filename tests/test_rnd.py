@@ -56,6 +56,20 @@ def test_target_network_is_frozen_and_never_changes_while_the_predictor_learns()
     )
 
 
+def mean_intrinsic_reward(rnd, batch):
+    """The batch's mean intrinsic reward under the current statistics (which stay as they are)."""
+    return rnd.add_intrinsic_reward(batch, update_statistics=False)["next", "intrinsic_reward"].mean().item()
+
+
+def train_predictor(rnd, batch, steps):
+    """``steps`` Adam steps (lr 1e-3) of RND's predictor on ``batch``."""
+    optimizer = torch.optim.Adam(trainable_parameters(rnd), lr=1e-3)
+    for _ in range(steps):
+        optimizer.zero_grad()
+        rnd(batch)["loss_predictor"].backward()
+        optimizer.step()
+
+
 def test_intrinsic_reward_falls_for_a_state_visited_over_and_over():
     _, rnd = make_rnd(normalize_reward=False, update_fraction=1.0)
     familiar, novel = one_hot_batch([7] * 8), one_hot_batch([93] * 8)
@@ -64,16 +78,10 @@ def test_intrinsic_reward_falls_for_a_state_visited_over_and_over():
     )  # fixed statistics from here on
 
     def reward(batch):
-        return (
-            rnd.add_intrinsic_reward(batch, update_statistics=False)["next", "intrinsic_reward"].mean().item()
-        )
+        return mean_intrinsic_reward(rnd, batch)
 
     familiar_before, novel_before = reward(familiar), reward(novel)
-    optimizer = torch.optim.Adam(trainable_parameters(rnd), lr=1e-3)
-    for _ in range(200):
-        optimizer.zero_grad()
-        rnd(familiar)["loss_predictor"].backward()
-        optimizer.step()
+    train_predictor(rnd, familiar, steps=200)
     assert reward(familiar) < 0.01 * familiar_before
     # part of the initial error is shared by every input and is learnt too, but the unseen state still pays
     assert reward(novel) > 0.05 * novel_before and reward(novel) > 100 * reward(familiar)
@@ -119,17 +127,11 @@ def test_images_are_normalised_per_pixel_and_a_repeated_image_stops_paying(layou
     familiar, novel = batch(noise[:, :1].expand(1, 8, *shape)), batch(noise[:, 1:2].expand(1, 8, *shape))
 
     def reward(data):
-        return (
-            rnd.add_intrinsic_reward(data, update_statistics=False)["next", "intrinsic_reward"].mean().item()
-        )
+        return mean_intrinsic_reward(rnd, data)
 
     familiar_before, novel_before = reward(familiar), reward(novel)
     assert familiar_before > 0 and novel_before > 0
-    optimizer = torch.optim.Adam(trainable_parameters(rnd), lr=1e-3)
-    for _ in range(50):
-        optimizer.zero_grad()
-        rnd(familiar)["loss_predictor"].backward()
-        optimizer.step()
+    train_predictor(rnd, familiar, steps=50)
     assert reward(familiar) < 0.05 * familiar_before
     assert reward(novel) > 10 * reward(familiar)
 

@@ -69,7 +69,8 @@ def test_runs_get_one_thread_when_they_fill_the_cores_or_run_beside_sb3(recorded
 
     monkeypatch.setattr(suite.os, "cpu_count", lambda: 2)
     assert threads(2, False) == "1" and threads(1, True) == "1"  # SB3's runs have one thread too
-    assert suite.recipe_config("ppo", "ALE/Pong-v5").run.threads == 0  # the preset: all cores
+    for algorithm in ("ppo", "dqn", "rnd_ppo"):  # every Atari preset: all cores, for the CNN
+        assert suite.recipe_config(algorithm, "ALE/Pong-v5").run.threads == 0
     assert threads(1, False) == "2"  # a run alone: its share is every core
     assert threads(1, False, suite.Job("ppo", "CartPole-v1", 0)) is None  # the preset's own (one)
     monkeypatch.setattr(suite.os, "cpu_count", lambda: 16)
