@@ -77,6 +77,7 @@ from training import (
     single_collector_only,
     warn_if_never_updated,
 )
+from training.presets import set_option
 
 PRESETS = Path(__file__).with_name("presets") / "sac.toml"  # hyperparameters per env
 
@@ -191,12 +192,15 @@ DISCRETE_SETTINGS = {
 
 def apply_discrete_settings(config: SACConfig, keep: Collection[str] = ()) -> SACConfig:
     """Set ``config``'s options to :data:`DISCRETE_SETTINGS` (and ``discrete``), except the option names in
-    ``keep`` (e.g. those given on the command line); returns ``config``."""
+    ``keep`` (e.g. those given on the command line); returns ``config``. They are set as a preset sets options,
+    not counted as chosen by the user: on image observations the one thread meant for the 128-unit networks
+    gives way to torch's default, as the recipe's own one-thread default does
+    (:func:`training.seeding.threads_for_observations`)."""
     config.discrete = True
     for path, value in DISCRETE_SETTINGS.items():
         section, name = path.split(".")
         if name not in keep:
-            setattr(getattr(config, section), name, value)
+            set_option(config, (section, name), value)
     return config
 
 

@@ -145,6 +145,15 @@ def test_dqn_and_sac_train_on_channels_last_images_and_scalar_boxes(output_dir):
     config.discrete = True
     quiet(config, output_dir, overwrite=True)
     assert sac.main(config)["frames"] >= 1_024
+    # discrete SAC's settings pick one thread for its 128-unit networks; the CNN of images takes torch's default
+    for env_id, kwargs, threads in (("Sign-v0", "kind=scalar", 1), ("Look-v0", "layout=hwc", 0)):
+        config = tiny_off_policy(sac.SACConfig)(
+            output_dir, env_id=f"space_envs:{env_id}", env_kwargs=[kwargs], total_frames=512
+        )
+        sac.apply_discrete_settings(config, keep={"learning_starts", "batch_size"})
+        quiet(config, output_dir, overwrite=True)
+        assert sac.main(config)["frames"] == 512
+        assert json.loads((output_dir / "config.json").read_text())["run"]["threads"] == threads, env_id
 
 
 def test_recurrent_sequences_default_to_the_longest_length_both_batch_sizes_divide():
