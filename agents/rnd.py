@@ -112,7 +112,8 @@ class RandomNetworkDistillation(RNDLoss):
     Observations are normalised with running mean and variance (updated by :meth:`add_intrinsic_reward`, before
     the batch's rewards are computed) and clipped to ``[-5, 5]``, unless ``normalize_observations`` is False
     (Discrete observations, which the networks one-hot encode). The paper first runs a random agent for a while
-    to initialise these statistics; here the first collected batch plays that role.
+    to initialise these statistics: fold its observations into ``obs_rms`` (``obs_rms.update``) before the first
+    batch, as ``recipes.rnd_ppo --rnd-obs-warmup`` does; otherwise the first collected batch plays that role.
 
     Keys (change them with ``set_keys``):
         observation: read, ``("next", "observation")``.

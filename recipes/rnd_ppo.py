@@ -92,6 +92,7 @@ from training import (
     set_learning_rates,
     train_on_gradient_workers,
 )
+from training.collectors import warm_up_normalizer
 
 PRESETS = Path(__file__).with_name("presets") / "rnd_ppo.toml"  # hyperparameters per env
 
@@ -118,6 +119,9 @@ class IntrinsicConfig(Options):
     """Width of the random embedding the predictor learns to reproduce."""
     rnd_update_fraction: float = 0.25
     """Fraction of each minibatch that trains the predictor, slowing it down (Burda et al.: 0.25)."""
+    rnd_obs_warmup: int = 0
+    """Frames of uniformly random actions, in separate envs and outside the budget, whose observations start RND's
+    observation statistics before the first batch (Burda et al.: 50 x 128 steps of each env); 0: the first batch does."""
 
 
 @dataclass
@@ -168,6 +172,8 @@ class RNDPPOConfig(Options):
             int_coef=(intrinsic.int_coef, "[0, inf)"),
             rnd_update_fraction=(intrinsic.rnd_update_fraction, "(0, 1]"),
         )
+        if intrinsic.rnd_obs_warmup < 0:
+            raise InputError(f"--rnd-obs-warmup must be 0 or positive, got {intrinsic.rnd_obs_warmup}.")
 
 
 @recipe_main
@@ -257,6 +263,16 @@ def main(
         update_fraction=intrinsic_config.rnd_update_fraction,
         normalize_observations=normalizes_observations(observation_spec),
     ).to(device)
+    # the statistics from random steps first; a resumed run has its own, the learner of gradient workers none
+    if intrinsic_config.rnd_obs_warmup and run_config.resume is None and not run_config.learns_on_workers:
+        if rnd.obs_rms is None:
+            env.close()
+            raise InputError(
+                f"--rnd-obs-warmup starts RND's observation statistics, and {run_config.env_id}'s "
+                f"{type(env.single_observation_space).__name__} observations have none (RND one-hot encodes "
+                "them); drop it."
+            )
+        warm_up_normalizer(run_config, rnd.obs_rms, device, intrinsic_config.rnd_obs_warmup)
 
     # loss + value estimators: the clipped objective reads the combined advantage; one GAE per reward stream
     loss_module = TensorClipPPOLoss(

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 import space_envs  # noqa: F401 - registers Sign-v0, Look-v0 and Bandit-v0
 import torch
+from run_helpers import interrupt_at
 from tensordict import TensorDict
 
 from agents import Agent, RandomNetworkDistillation, make_rnd_networks, trainable_parameters
@@ -15,7 +16,7 @@ from agents.rnd import normalizes_observations
 from envs import make_env
 from errors import InputError, NonFiniteError
 from recipes import ppo, rnd_ppo
-from training import RunConfig, evaluation_seed
+from training import Callback, RunConfig, evaluation_seed
 
 
 def make_rnd(env_id="rlkit/DeepSea-v0", env_kwargs=None, **kwargs):
@@ -261,6 +262,52 @@ def test_rnd_ppo_rejects_bad_options(output_dir):
             rnd_ppo.main(config)
 
 
+class RNDStatistics(Callback):
+    """RND's observation statistics at the start of the run (after any warm-up) and the first batch."""
+
+    def on_start(self, run):
+        rnd = run.checkpoints.training.modules["rnd"]
+        self.count, self.mean = rnd.obs_rms.count.item(), rnd.obs_rms.mean.clone()
+
+    def on_batch(self, run, batch, metrics):
+        if not hasattr(self, "first_batch"):
+            self.first_batch = batch.get("observation").clone()
+
+
+def test_rnd_obs_warmup_starts_the_statistics_from_random_steps_once(tmp_path, monkeypatch):
+    seen = {}
+    for warmup in (0, 1_000):
+        seen[warmup] = RNDStatistics()
+        config = tiny_rnd_ppo(tmp_path / f"warmup-{warmup}", env_id="CartPole-v1")
+        config.intrinsic.rnd_obs_warmup = warmup
+        rnd_ppo.main(config, callbacks=[seen[warmup]])
+    assert seen[0].count == pytest.approx(1e-4) and torch.equal(seen[0].mean, torch.zeros(4))
+    assert seen[1_000].count == pytest.approx(1_000 + 1e-4)  # 250 random steps of each of the 4 envs
+    assert seen[1_000].mean.abs().sum() > 0
+    # the training envs start where they would have: the warm-up stepped copies of them
+    torch.testing.assert_close(seen[0].first_batch[:, 0], seen[1_000].first_batch[:, 0])
+    # a resumed run keeps the statistics it saved: no second warm-up
+    output_dir = tmp_path / "resumed"
+    config = tiny_rnd_ppo(output_dir, env_id="CartPole-v1")
+    config.intrinsic.rnd_obs_warmup = 1_000
+    interrupt_at(monkeypatch, 256)
+    rnd_ppo.main(config)
+    config = tiny_rnd_ppo(output_dir, env_id="CartPole-v1", resume=output_dir)
+    config.intrinsic.rnd_obs_warmup, resumed = 1_000, RNDStatistics()
+    rnd_ppo.main(config, callbacks=[resumed])
+    assert resumed.count == pytest.approx(1_000 + 256 + 1e-4)  # the warm-up and the first batch, once each
+
+
+def test_rnd_obs_warmup_is_refused_where_rnd_keeps_no_statistics(output_dir):
+    config = tiny_rnd_ppo(output_dir, env_id="space_envs:Sign-v0", env_kwargs=["kind=discrete"])
+    config.intrinsic.rnd_obs_warmup = 100
+    with pytest.raises(InputError, match="--rnd-obs-warmup starts RND's observation statistics, and "):
+        rnd_ppo.main(config)
+    config.intrinsic.rnd_obs_warmup = -1
+    with pytest.raises(InputError, match="--rnd-obs-warmup must be 0 or positive, got -1"):
+        rnd_ppo.main(config)
+
+
 def test_rnd_ppo_learns_on_integer_box_observations(output_dir):
     # a random policy scores 5 of 10
     config = tiny_rnd_ppo(output_dir, env_id="space_envs:Sign-v0", env_kwargs=["kind=int"], seed=0)
@@ -298,6 +345,7 @@ def test_rnd_ppo_cli_help_lists_the_intrinsic_options():
         "--ext-coef",
         "--int-coef",
         "--intrinsic-episodic",
+        "--rnd-obs-warmup",
         "--rnd-update-fraction",
         "--gamma",
     ):

@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torchrl.collectors import Collector
 from torchrl.envs import EnvBase
 
 from agents.fast_paths import lean_policy
@@ -65,13 +66,19 @@ def env_construction(run: RunConfig) -> dict[str, Any]:
 
 
 WARMUP_SEED_OFFSET = 2_000_000  # the warm-up envs' seeds, apart from the training and evaluation envs'
-WARMUP_CHUNK_STEPS = 1_000  # steps per env collected at once during the warm-up (bounds its memory)
+# steps per env collected at once during the warm-up, and at most this much of their observations as float32
+# (images: a few dozen steps): bounds its memory
+WARMUP_CHUNK_STEPS = 1_000
+WARMUP_CHUNK_BYTES = 64 * 2**20
 
 
-def warm_up_normalizer(run: RunConfig, normalizer: Any, device: torch.device) -> None:
-    """Fold the observations of ``run.normalize_obs_warmup`` uniformly random steps into ``normalizer``
-    (``--normalize-obs-warmup``): a separate copy of the training envs, seeded apart, steps them (``num_envs`` at
-    once, whole batches), so the training envs, their seeds and the frame budget are untouched."""
+def warm_up_normalizer(
+    run: RunConfig, normalizer: Any, device: torch.device, frames: int | None = None
+) -> None:
+    """Fold the observations of ``frames`` (default ``run.normalize_obs_warmup``, ``--normalize-obs-warmup``)
+    uniformly random steps into ``normalizer`` (anything with ``update(observations)``: the policy's
+    normaliser, RND's statistics): a separate copy of the training envs, seeded apart, steps them (``num_envs``
+    at once, whole batches), so the training envs, their seeds and the frame budget are untouched."""
     env = make_env(
         run.env_id,
         run.num_envs,
@@ -81,14 +88,18 @@ def warm_up_normalizer(run: RunConfig, normalizer: Any, device: torch.device) ->
         backend=run.env_backend,
         **env_construction(run),
     )
+    frames = run.normalize_obs_warmup if frames is None else frames
+    step_bytes = 4 * env.observation_spec["observation"].shape.numel()  # all envs' observations, float32
+    total_steps = -(-frames // run.num_envs)  # of each env
+    batches = -(-total_steps // max(1, min(WARMUP_CHUNK_STEPS, WARMUP_CHUNK_BYTES // step_bytes)))
+    batch_frames = -(-total_steps // batches) * run.num_envs  # whole batches, as even as they come
+    # no policy: uniformly random actions; episodes go on from batch to batch
+    collector = Collector(env, None, frames_per_batch=batch_frames, total_frames=batches * batch_frames)
     try:
-        remaining = -(-run.normalize_obs_warmup // run.num_envs)
-        while remaining > 0:  # chunks of WARMUP_CHUNK_STEPS, each from fresh episodes
-            steps = min(remaining, WARMUP_CHUNK_STEPS)
-            rollout = env.rollout(steps, break_when_any_done=False)  # no policy: uniformly random actions
-            normalizer.update(rollout.get("observation").to(device))
-            remaining -= steps
+        for batch in collector:
+            normalizer.update(batch.get("observation").to(device))
     finally:
+        collector.shutdown()
         env.close()
 
 
