@@ -9,7 +9,7 @@ Each run is ``python -m recipes.ALGO --env-id ENV --seed S`` (plus ``--total-fra
 no early stop), a separate process, ``--jobs`` at a time (default 2: one per core), or with ``--ray-address`` a task
 of one CPU on a Ray cluster, as many at a time as it has free CPUs. Each run gets one torch thread when the runs fill
 the cores and always beside Stable-Baselines3's (which get one too); a run with cores to spare keeps its preset's
-threads, its share of the cores where the preset says all of them.
+threads, its share of the cores where it would take all of them (a preset's ``threads = 0``, or images).
 Everything goes into one results folder (default ``benchmarks/results``):
 
     records/ALGO/ENV/seedS.json   a finished run's summary, evaluation curve and preset: what the report reads
@@ -107,6 +107,25 @@ def recipe_config(algorithm: str, env: str) -> Any:
     config.run.env_id, config.run.env_kwargs = env.split()[0], tuple(env.split()[1:])
     apply_preset(config, module.PRESETS)
     return config
+
+
+@functools.cache
+def takes_all_cores(algorithm: str, env: str) -> bool:
+    """Whether ``algorithm``'s run on ``env`` takes torch's default threads (all cores): its preset says so
+    (``threads = 0``), or the env's observations are images and the recipe's one thread is left to the image rule
+    (``training.seeding.threads_for_observations``), which the env's observation spec decides."""
+    from envs import make_env
+    from training.collectors import env_construction
+    from training.seeding import takes_default_threads
+
+    run = recipe_config(algorithm, env).run
+    if run.threads != 1:
+        return run.threads == 0
+    made = make_env(run.env_id, 1, **env_construction(run))
+    try:
+        return takes_default_threads(run, made.observation_spec["observation"])
+    finally:
+        made.close()
 
 
 @functools.cache
@@ -340,13 +359,14 @@ class Runner:
 
     def threads(self, job: Job) -> int | None:
         """Torch threads for ``job``'s run: one when the runs fill the cores or run beside SB3's (one thread
-        each), else the recipe's own, but no more than its share of the cores where its preset says all."""
+        each), else the recipe's own, but no more than its share of the cores where it would take all of them
+        (its preset's ``threads = 0``, or image observations: :func:`takes_all_cores`)."""
         share = core_share(self.jobs)
         if share == 1 or self.with_sb3:
             return 1
         if job.algorithm.startswith("sb3-"):
             return None  # SB3's runner sets its one thread itself
-        return share if recipe_config(job.algorithm, job.env).run.threads == 0 else None
+        return share if takes_all_cores(job.algorithm, job.env) else None
 
     def run(self, job: Job, results: Path, frames: int | None, checkpoint_every: int) -> int:
         if self.stopping is not None:

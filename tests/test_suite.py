@@ -78,6 +78,9 @@ def test_runs_get_one_thread_when_they_fill_the_cores_or_run_beside_sb3(recorded
     assert suite.recipe_config("sac", "Hopper-v5").run.threads == 0
     assert threads(2, False, sac_hopper) == "8"  # its share, not all 16 for each of two runs
     assert threads(2, False, suite.Job("ppo", "CartPole-v1", 0)) is None  # its preset's one thread
+    # images with no preset: the recipe's one thread would become all 16 for the CNN (training.seeding)
+    assert threads(2, False, suite.Job("ppo", "space_envs:Look-v0 layout=hwc", 0)) == "8"
+    assert threads(2, False, suite.Job("ppo", "space_envs:Sign-v0 kind=scalar", 0)) is None
 
 
 def test_a_stop_reaches_every_run_and_starts_none_after_it(recorded, monkeypatch, tmp_path):

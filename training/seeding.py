@@ -56,11 +56,16 @@ def threads_for_observations(run: RunConfig, observation_spec: TensorSpec) -> No
     encoder's products gain from every core (PPO and DQN on Pong ran 1.4-1.6x faster on two threads than on one
     here), where one thread is the fastest for the small vector networks that default is chosen for. Records
     the choice in ``run`` (``threads`` 0), so that the run's config says what it ran with."""
+    if takes_default_threads(run, observation_spec):
+        run.assign("threads", 0)
+        set_threads(0)
+
+
+def takes_default_threads(run: RunConfig, observation_spec: TensorSpec) -> bool:
+    """Whether :func:`threads_for_observations` gives this run torch's default threads: its observations hold an
+    image and its one thread is the recipe's default, neither given nor set by a preset."""
     chosen = run.assigned | set((run.preset_applied or {}).get("set", {}))
-    if run.threads != 1 or "threads" in chosen or not holds_image(observation_spec):
-        return
-    run.assign("threads", 0)
-    set_threads(0)
+    return run.threads == 1 and "threads" not in chosen and holds_image(observation_spec)
 
 
 def core_share(processes: int) -> int:
