@@ -12,6 +12,7 @@ from typing import Any
 import torch
 from torch import nn
 from torchrl.collectors import Collector
+from torchrl.data import Composite
 from torchrl.envs import EnvBase
 
 from agents.fast_paths import lean_policy
@@ -88,18 +89,22 @@ def warm_up_normalizer(
         backend=run.env_backend,
         **env_construction(run),
     )
-    frames = run.normalize_obs_warmup if frames is None else frames
-    step_bytes = 4 * env.observation_spec["observation"].shape.numel()  # all envs' observations, float32
-    total_steps = -(-frames // run.num_envs)  # of each env
-    batches = -(-total_steps // max(1, min(WARMUP_CHUNK_STEPS, WARMUP_CHUNK_BYTES // step_bytes)))
-    batch_frames = -(-total_steps // batches) * run.num_envs  # whole batches, as even as they come
-    # no policy: uniformly random actions; episodes go on from batch to batch
-    collector = Collector(env, None, frames_per_batch=batch_frames, total_frames=batches * batch_frames)
+    collector = None
     try:
+        frames = run.normalize_obs_warmup if frames is None else frames
+        spec = env.observation_spec["observation"]
+        leaves = spec.values(True, True) if isinstance(spec, Composite) else [spec]
+        step_bytes = 4 * sum(leaf.shape.numel() for leaf in leaves)  # all envs' observations, as float32
+        total_steps = -(-frames // run.num_envs)  # of each env
+        batches = -(-total_steps // max(1, min(WARMUP_CHUNK_STEPS, WARMUP_CHUNK_BYTES // max(1, step_bytes))))
+        batch_frames = -(-total_steps // batches) * run.num_envs  # whole batches, as even as they come
+        # no policy: uniformly random actions; episodes go on from batch to batch
+        collector = Collector(env, None, frames_per_batch=batch_frames, total_frames=batches * batch_frames)
         for batch in collector:
             normalizer.update(batch.get("observation").to(device))
     finally:
-        collector.shutdown()
+        if collector is not None:
+            collector.shutdown()
         env.close()
 
 
