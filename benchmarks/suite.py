@@ -121,7 +121,10 @@ def takes_all_cores(algorithm: str, env: str) -> bool:
     run = recipe_config(algorithm, env).run
     if run.threads != 1:
         return run.threads == 0
-    made = make_env(run.env_id, 1, **env_construction(run))
+    try:
+        made = make_env(run.env_id, 1, **env_construction(run))
+    except Exception:  # noqa: BLE001 - the run itself fails in its own process, and its log says why
+        return False
     try:
         return takes_default_threads(run, made.observation_spec["observation"])
     finally:
