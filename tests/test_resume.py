@@ -435,6 +435,34 @@ def test_the_command_line_refuses_saved_options_of_the_wrong_type(
         resumed_config(dqn.DQNConfig, tiny_dqn(None, resume=tmp_path / "run"), ["--resume", "run"])
 
 
+def test_a_resumed_run_never_takes_its_allowed_wrappers_from_the_file(tmp_path, monkeypatch):
+    from training.resume import resumed_config
+
+    with monkeypatch.context() as patch:
+        interrupt_at(patch, 1_024)
+        dqn.main(tiny_dqn(tmp_path / "run"))
+    forged = "this.Wrapper"  # importing the standard library's `this` prints a poem: code run from the file
+    forge_resume(
+        tmp_path / "run" / RESUME_FILE,
+        lambda manifest, state: manifest["metadata"]["config"]["run"].update(
+            env_wrappers=[forged], allow_wrappers=[forged]
+        ),
+    )
+    monkeypatch.delitem(sys.modules, "this", raising=False)
+    config = resumed_config(dqn.DQNConfig, tiny_dqn(None, resume=tmp_path / "run"), ["--resume", "run"])
+    assert config.run.allow_wrappers == () and config.run.env_wrappers == (forged,)
+    with pytest.raises(InputError, match=rf"allow_wrappers=\['{forged}'\]"):
+        dqn.main(config)
+    assert "this" not in sys.modules
+    # allowed on the command line, the wrapper is the user's to trust: the resumed config takes it
+    config = resumed_config(
+        dqn.DQNConfig,
+        tiny_dqn(None, resume=tmp_path / "run", allow_wrappers=(forged,)),
+        ["--resume", "run", "--allow-wrappers", forged],
+    )
+    assert config.run.allow_wrappers == (forged,)
+
+
 def test_saved_options_describing_networks_larger_than_the_file_are_refused_before_building_them(
     tmp_path, monkeypatch
 ):

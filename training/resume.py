@@ -215,7 +215,9 @@ def explicit_options(argv: list[str]) -> set[str]:
 
 def resumed_config(config_type: type, config: Any, argv: list[str] | None = None) -> Any:
     """The configuration of the run that ``config.run.resume`` continues, with the reporting options given on
-    this command line; :class:`InputError` when other options are given (the saved ones apply)."""
+    this command line; :class:`InputError` when other options are given (the saved ones apply). The saved
+    ``allow_wrappers`` is never read: which wrapper modules may be imported is ``config``'s own (the command
+    line's) to say, whatever the file claims."""
     argv = sys.argv[1:] if argv is None else argv
     path = resume_path(config.run.resume)
     metadata, held = _checked_metadata(path)
@@ -241,6 +243,8 @@ def resumed_config(config_type: type, config: Any, argv: list[str] | None = None
             "or forged."
         )
     resumed.run.output_dir = None  # the checkpoint's directory, wherever the run was moved (unless given)
+    # the wrappers a resumed run may import are this command line's to allow, never the file's
+    resumed.run.allow_wrappers = config.run.allow_wrappers
     for name in explicit_options(argv) & REPORTING_OPTIONS:
         setattr(resumed.run, name, getattr(config.run, name))
     resumed.run.resume = config.run.resume
