@@ -273,3 +273,27 @@ class _CountUpdates(Callback):
 
     def on_batch(self, run, batch, metrics):
         self.record.append((batch.numel(), int(any(name.startswith("train/loss") for name in metrics))))
+
+
+def test_a_batch_larger_than_the_memory_is_refused_before_the_collector_reserves_it(tmp_path, monkeypatch):
+    from training.collectors import batch_memory
+
+    monkeypatch.setattr("training.collectors.physical_memory", lambda: 2**30)  # 1 GiB
+    config = quiet(ppo.PPOConfig(), tmp_path / "run", num_envs=4, total_frames=2**25)
+    # 33.6 million CartPole frames of at least 64 bytes each: two observations and an action
+    config.collector.steps_per_env = 2**23
+    with pytest.raises(
+        InputError,
+        match=r"Batches of 33,554,432 frames \(--num-envs 4 x --steps-per-env 8,388,608\) need at least 2.0 "
+        r"GiB, more than this machine's 1.0 GiB of memory: lower --steps-per-env or --num-envs",
+    ):
+        ppo.main(config)
+    assert not (tmp_path / "run").exists()
+    # the figure is a lower bound on what a batch really holds (observations, Box and Discrete actions)
+    for env_id in ("CartPole-v1", "Pendulum-v1"):
+        env = make_env(env_id, 2)
+        collector = make_collector(RunConfig(env_id=env_id, num_envs=2), env, None, "cpu", 64, 64)
+        batch = next(iter(collector))
+        assert 64 * 4 * 2 <= batch_memory(env, 64) <= batch.bytes()
+        collector.shutdown()
+        env.close()

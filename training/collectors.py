@@ -17,6 +17,7 @@ from torchrl.envs import EnvBase
 
 from agents.fast_paths import lean_policy
 from agents.gsde import clips_actions
+from agents.networks import physical_memory
 from agents.options import Options
 from envs.vector import make_env
 from envs.wrappers import wrapper_functions
@@ -108,6 +109,37 @@ def warm_up_normalizer(
         env.close()
 
 
+def spec_bytes(spec: Any) -> int:
+    """Bytes of one value of ``spec`` (every leaf of a ``Composite``), counted from its shape and dtype."""
+    leaves = spec.values(True, True) if isinstance(spec, Composite) else [spec]
+    return sum(leaf.shape.numel() * leaf.dtype.itemsize for leaf in leaves)
+
+
+def batch_memory(env: EnvBase, frames_per_batch: int) -> int:
+    """A lower bound on the bytes of one collected batch of ``frames_per_batch`` frames from ``env``: each frame
+    holds at least its observation twice (the step's and the next one) and its action."""
+    steps = -(-frames_per_batch // max(1, env.batch_size.numel()))  # of every env at once
+    return steps * (2 * spec_bytes(env.full_observation_spec) + spec_bytes(env.full_action_spec))
+
+
+def check_batch_memory(run: RunConfig, env: EnvBase, frames_per_batch: int, device: torch.device) -> None:
+    """Raise :class:`InputError` when one collected batch of ``frames_per_batch`` frames from ``env`` cannot fit
+    in the memory of ``device`` (a GPU's own, else this machine's physical memory, where the system says how
+    much; :func:`batch_memory`), before the collector reserves it."""
+    needed = batch_memory(env, frames_per_batch)
+    device = torch.device(device)
+    if device.type == "cuda":
+        memory, where = torch.cuda.get_device_properties(device).total_memory, f"{device}'s"
+    else:
+        memory, where = physical_memory(), "this machine's"
+    if memory and needed > memory:
+        raise InputError(
+            f"Batches of {frames_per_batch:,} frames (--num-envs {run.num_envs} x --steps-per-env "
+            f"{frames_per_batch // max(1, run.num_envs):,}) need at least {needed / 2**30:,.1f} GiB, more than "
+            f"{where} {memory / 2**30:,.1f} GiB of memory: lower --steps-per-env or --num-envs."
+        )
+
+
 def make_collector(
     run: RunConfig,
     env: EnvBase,
@@ -137,6 +169,7 @@ def make_collector(
             write none.
         options: further collector arguments (``init_random_frames``, ``trajs_per_batch``, ``traj_format``).
     """
+    check_batch_memory(run, env, frames_per_batch, device)
     if run.gradient_worker is not None:
         total_frames = -1  # a gradient worker collects until the learner has had enough
     elif run.total_frames < frames_per_batch:
