@@ -26,6 +26,7 @@ from agents.es import make_es_policy
 from agents.files import atomic_write, write_atomically, write_errors
 from agents.gsde import make_gsde_actor
 from agents.networks import MASKED_RECIPES, find_normalizer, make_actor
+from agents.normalization import invalid_statistics
 from agents.policy_size import check_description_fits
 from agents.qvalue import make_q_actor
 from agents.recurrent import IS_INIT_KEY, initial_state, is_recurrent
@@ -871,6 +872,11 @@ class Agent(nn.Module):
             raise InputError(
                 f"{path} holds NaN or Inf in {', '.join(non_finite[:3])}{' ...' if len(non_finite) > 3 else ''}; "
                 "a healthy run never saves such weights. Refusing to load it."
+            )
+        if (statistics := invalid_statistics(agent.policy)) is not None:
+            raise InputError(
+                f"{path} holds observation statistics no run could have gathered (a negative variance or count "
+                f"in {statistics}); the file is damaged or forged. Refusing to load it."
             )
         return agent.to(device)
 

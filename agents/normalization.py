@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 from torch import nn
+from torchrl.envs.transforms import RunningMeanStd
 
 
 class ObservationNormalizer(nn.Module):
@@ -115,3 +116,18 @@ class RewardNormalizer(nn.Module):
     def normalize(self, batch) -> None:
         """Scale a collected batch's ``("next", "reward")`` in place."""
         batch.set(("next", "reward"), self(batch.get(("next", "reward")), batch.get(("next", "done"))))
+
+
+def invalid_statistics(module: nn.Module) -> str | None:
+    """The name of the first running-statistics buffer in ``module`` (an :class:`ObservationNormalizer`'s or a
+    TorchRL ``RunningMeanStd``'s variance, count or mean) that no run could have produced: NaN, Inf or, for a
+    variance or a count, a negative value; None when all are sound. For statistics read from a file, whose
+    negative variance would turn every normalised observation into NaN."""
+    for name, child in module.named_modules():
+        if not isinstance(child, (ObservationNormalizer, RunningMeanStd)):
+            continue
+        for buffer in ("mean", "var", "count"):
+            value = getattr(child, buffer)
+            if not torch.isfinite(value).all() or (buffer != "mean" and (value < 0).any()):
+                return f"{name}.{buffer}" if name else buffer
+    return None

@@ -178,6 +178,22 @@ def test_nan_weights_are_refused(tmp_path):
         Agent.load(path)
 
 
+def test_negative_observation_statistics_are_refused(tmp_path):
+    path = saved_agent(tmp_path, normalize_obs=True)
+    agent = Agent.load(path)
+    normalizer = next(module for module in agent.policy.modules() if hasattr(module, "var"))
+    for name, value in (("var", -1.0), ("count", -5.0)):
+        original = getattr(normalizer, name).clone()
+        getattr(normalizer, name).fill_(value)
+        agent.save(tmp_path / "forged.ckpt")
+        getattr(normalizer, name).copy_(original)
+        with pytest.raises(
+            InputError, match=rf"a negative variance or count in \S*{name}\); the file is damaged"
+        ):
+            Agent.load(tmp_path / "forged.ckpt")
+    Agent.load(path)
+
+
 def test_a_forged_resume_checkpoint_is_refused_before_loading(tmp_path):
     path = tmp_path / "resume.ckpt"
     save_resume_checkpoint(

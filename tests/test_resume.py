@@ -28,7 +28,7 @@ from run_helpers import (
 from agents import Agent, NStepReturns
 from errors import InputError
 from recipes import a2c, ddpg, dqn, es, ppo, qlearning, reinforce, rnd_ppo, sac, td3, vpg
-from training import Run
+from training import Run, TrainingState
 from training.resume import RESUME_FILE, config_from_dict, explicit_options
 
 
@@ -368,6 +368,12 @@ FORGERIES = {
         lambda manifest, state: schema_items(state, "training", "optimizers", "adam", "state", 0).pop(),
         r"does not fit this run: the adam optimizer's state lacks \['exp_avg",
     ),
+    "optimizer-learning-rate": (
+        lambda manifest, state: set_item(
+            schema_items(state, "training", "optimizers", "adam", "param_groups")[0]["items"], "lr", -1.0
+        ),
+        r"the adam optimizer's learning rate is -1.0, not a finite number >= 0",
+    ),
     "vector-env-size": (
         lambda manifest, state: set_item(
             schema_items(state, "training", "env", "vector", "values"), "num_envs", 2**27
@@ -404,6 +410,128 @@ def test_a_forged_resume_checkpoint_is_refused_in_one_line_before_the_run_folder
     with pytest.raises(InputError, match=message):
         dqn.main(tiny_dqn(None, resume=tmp_path / "run"))
     assert {path: path.read_bytes() for path in (tmp_path / "run").rglob("*") if path.is_file()} == before
+
+
+def forged_state(monkeypatch, change):
+    """Resume with ``change(state)`` applied to the training state as read from the file (tensors included)."""
+    load = TrainingState.load_state_dict
+
+    def forged_load(self, state):
+        change(state)
+        return load(self, state)
+
+    monkeypatch.setattr(TrainingState, "load_state_dict", forged_load)
+
+
+def set_action(state):
+    state["replay_buffer"]["storage"]["_storage"]["action"][3] = -1
+
+
+def nan_priority(state):
+    state["replay_buffer"]["sampler"]["sum_tree"][5] = float("nan")
+
+
+@pytest.mark.parametrize(
+    "options, change, message",
+    [
+        ({}, set_action, "the replay buffer holds actions outside the env's action space"),
+        (
+            {"prioritized": True},
+            nan_priority,
+            "the replay buffer's priorities hold NaN, Inf or negative values",
+        ),
+        (
+            {"prioritized": True},
+            lambda state: state["replay_buffer"]["sampler"].update(alpha=0.9),
+            r"priority exponent and offset \(0.9, 1e-08\) are not this run's \(0.6, 1e-08\)",
+        ),
+        (
+            {"prioritized": True},
+            lambda state: state["replay_buffer"]["sampler"].update(beta=float("nan")),
+            r"importance exponent nan is not in \[0, 1\]",
+        ),
+        (
+            {"prioritized": True},
+            lambda state: state["replay_buffer"]["sampler"].update(max_priority=(-1.0, 3)),
+            r"largest priority \(-1.0, 3\) is not a finite priority of a stored transition",
+        ),
+        ({}, lambda state: state["modules"]["loss"].update(), None),  # unchanged: resumes
+    ],
+    ids=["action", "priority", "alpha", "beta", "max-priority", "unchanged"],
+)
+def test_a_forged_replay_state_is_refused_before_the_first_update(
+    tmp_path, monkeypatch, options, change, message
+):
+    def config(output_dir, **run):
+        made = tiny_dqn(output_dir, **run)
+        for name, value in options.items():
+            setattr(made.buffer, name, value)
+        return made
+
+    with monkeypatch.context() as patch:
+        interrupt_at(patch, 1_024)
+        dqn.main(config(tmp_path / "run"))
+    forged_state(monkeypatch, change)
+    if message is None:
+        assert dqn.main(config(None, resume=tmp_path / "run"))["frames"] == 2_048
+        return
+    before = {path: path.read_bytes() for path in (tmp_path / "run").rglob("*") if path.is_file()}
+    with pytest.raises(InputError, match=message):
+        dqn.main(config(None, resume=tmp_path / "run"))
+    assert {path: path.read_bytes() for path in (tmp_path / "run").rglob("*") if path.is_file()} == before
+
+
+def test_a_resumed_optimizer_keeps_this_runs_options_whatever_the_file_says(tmp_path, monkeypatch):
+    dqn.main(tiny_dqn(tmp_path / "straight"))
+    with monkeypatch.context() as patch:
+        interrupt_at(patch, 1_024)
+        dqn.main(tiny_dqn(tmp_path / "forged"))
+
+    def flags(manifest, state):  # gradient ascent, and options the fused kernel refuses
+        group = schema_items(state, "training", "optimizers", "adam", "param_groups")[0]["items"]
+        for option in ("maximize", "differentiable", "capturable"):
+            set_item(group, option, True)
+
+    forge_resume(tmp_path / "forged" / RESUME_FILE, flags)
+    dqn.main(tiny_dqn(None, resume=tmp_path / "forged"))
+    expected, actual = parameters(tmp_path / "straight"), parameters(tmp_path / "forged")
+    for key in expected:
+        assert torch.equal(expected[key], actual[key]), key
+
+
+def forge_moment(state):
+    moments = state["optimizers"]["adam"]["state"][0]["exp_avg_sq"]
+    moments.view(-1)[0] = -1.0
+
+
+def test_a_negative_second_moment_or_variance_in_the_file_is_refused(tmp_path, monkeypatch):
+    with monkeypatch.context() as patch:
+        interrupt_at(patch, 1_024)
+        dqn.main(tiny_dqn(tmp_path / "run"))
+    with monkeypatch.context() as patch:
+        forged_state(patch, forge_moment)
+        with pytest.raises(
+            InputError, match="the adam optimizer's exp_avg_sq holds NaN, Inf or a negative value"
+        ):
+            dqn.main(tiny_dqn(None, resume=tmp_path / "run"))
+
+    def normalized_ppo(output_dir, **run):
+        config = tiny_ppo(output_dir, **run)
+        config.network.normalize_obs = True
+        return config
+
+    def negative_variance(state):
+        for module in state["modules"].values():
+            for name, value in module.items():
+                if name.endswith("var"):
+                    value.fill_(-1.0)
+
+    with monkeypatch.context() as patch:
+        interrupt_at(patch, 512)
+        ppo.main(normalized_ppo(tmp_path / "ppo"))
+    forged_state(monkeypatch, negative_variance)
+    with pytest.raises(InputError, match=r"module's \S*var holds NaN, Inf or a negative value"):
+        ppo.main(normalized_ppo(None, resume=tmp_path / "ppo"))
 
 
 @pytest.mark.parametrize(

@@ -20,7 +20,8 @@ from training.resume import (
     resume_path,
     save_resume_checkpoint,
 )
-from training.state import TrainingState, check_form
+from training.state import TrainingState
+from training.state_checks import check_form
 
 AGENT_FILE = "agent.ckpt"
 BEST_AGENT_FILE = "best_agent.ckpt"

@@ -54,7 +54,8 @@ from training.plotting import plot_learning_curve
 from training.provenance import run_source
 from training.resume import RESUME_FILE
 from training.signals import SignalWatcher
-from training.state import Count, Maybe, TrainingState
+from training.state import TrainingState
+from training.state_checks import Count, Maybe
 
 # the form of a run's own state in resume.ckpt (:meth:`Run._run_state`), checked before a resumed run starts
 RUN_STATE_FORM = {

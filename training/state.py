@@ -13,11 +13,9 @@ have. :mod:`training.resume` writes and reads it as ``resume.ckpt``.
 from __future__ import annotations
 
 import dataclasses
-import math
 import warnings
 from typing import Any
 
-import numpy as np
 import torch
 from tensordict import TensorDict
 from torch import nn
@@ -26,8 +24,16 @@ from torchrl.collectors import Collector
 from torchrl.data import PrioritizedSampler, ReplayBuffer
 from torchrl.envs import EnvBase
 
+from agents.normalization import invalid_statistics
 from envs.runtime_state import env_runtime_state, load_env_runtime_state
-from errors import INT64_MAX, InputError
+from errors import InputError
+from training.state_checks import (
+    check_optimizer_state,
+    check_priorities,
+    check_storage_rows,
+    check_stored_actions,
+    checked_count,
+)
 
 
 @dataclasses.dataclass
@@ -102,13 +108,29 @@ class TrainingState:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         for name, module in self.modules.items():
             _load_module_state(module, state["modules"][name])
+            if (statistics := invalid_statistics(module)) is not None:
+                raise InputError(
+                    f"the {name} module's {statistics} holds NaN, Inf or a negative value, which no run gathers"
+                )
         for name, optimizer in self.optimizers.items():
+            # the options of each group are this run's (its config's); the file gives the learning rate, which
+            # the run's schedules move, and the per-parameter state
+            own = [
+                {key: value for key, value in group.items() if key != "lr"}
+                for group in optimizer.param_groups
+            ]
             optimizer.load_state_dict(state["optimizers"][name])
-            _check_optimizer_state(optimizer, name)
+            for group, options in zip(optimizer.param_groups, own, strict=True):
+                group.update(options)
+            check_optimizer_state(optimizer, name)
         if self.replay_buffer is not None:
             _load_replay_buffer_state(self.replay_buffer, state["replay_buffer"])
+            if self.env is not None:
+                check_stored_actions(self.replay_buffer, self.env.action_spec)
         if state["target_updater"] is not None:
-            self.target_updater.counter = _count(state["target_updater"], "the target updater's step count")
+            self.target_updater.counter = checked_count(
+                state["target_updater"], "the target updater's step count"
+            )
         for name, extra in self.extras.items():
             extra.load_state_dict(state["extras"][name])
         counters = state["counters"]
@@ -117,15 +139,15 @@ class TrainingState:
                 f"the saved counters {counters!r:.80} are not this recipe's {sorted(self.counters)}"
             )
         self.counters.update(
-            {name: _count(value, f"the counter {name!r}") for name, value in counters.items()}
+            {name: checked_count(value, f"the counter {name!r}") for name, value in counters.items()}
         )
         if self.collector is None:  # the workers' envs start new episodes
             self._end_episodes()
             self.restore_rng(state)
             return
         collector, collector_state = self.collector, state["collector"]
-        collector._frames = _count(collector_state["frames"], "the collector's frame count")
-        collector._iter = _count(collector_state["iter"], "the collector's batch count", minimum=-1)
+        collector._frames = checked_count(collector_state["frames"], "the collector's frame count")
+        collector._iter = checked_count(collector_state["iter"], "the collector's batch count", minimum=-1)
         if "traj_pool" in collector_state:
             collector._traj_pool.load_state_dict(collector_state["traj_pool"])
         if state["env"] is None:
@@ -157,109 +179,6 @@ class TrainingState:
     def restore_rng(state: dict[str, Any]) -> None:
         """Put Python's, NumPy's and torch's global generators back where ``state`` found them."""
         GlobalRNGState().load_state_dict(state["rng"])
-
-
-class Maybe:
-    """In a form for :func:`check_form`: None, or a value of the form ``form``."""
-
-    def __init__(self, form: Any):
-        self.form = form
-
-
-class Count:
-    """In a form for :func:`check_form`: a whole number from 0 to the largest 64-bit integer (a frame count, a
-    frame number to act at)."""
-
-
-def check_form(saved: Any, form: Any, where: str) -> None:
-    """Raise :class:`InputError` unless ``saved`` (read from a checkpoint) has the form of ``form``: a fresh run's
-    own state, or a template. Mappings are checked key by key for the keys both hold, tuples item by item, lists
-    item by item against the form's first item, tensors and arrays by dtype and shape (any shape where the form's
-    is empty: a buffer sized by the first batch), numbers as numbers (a whole number where the form holds one),
-    text and flags by type. None in ``form`` admits anything; :class:`Maybe` admits None or its form,
-    :class:`Count` a whole number from 0 to ``INT64_MAX``."""
-    if isinstance(form, Maybe):
-        if saved is not None:
-            check_form(saved, form.form, where)
-        return
-    if form is None:
-        return
-    if isinstance(form, dict):
-        fits = isinstance(saved, dict)
-        if fits:
-            for key in form.keys() & saved.keys():
-                check_form(saved[key], form[key], f"{where}.{key}")
-    elif isinstance(form, (tuple, list)):
-        fits = isinstance(saved, (tuple, list)) and (isinstance(form, list) or len(saved) == len(form))
-        for index, item in enumerate(saved if fits else ()):
-            check_form(
-                item,
-                form[index] if isinstance(form, tuple) else form[0] if form else None,
-                f"{where}[{index}]",
-            )
-    elif isinstance(form, (torch.Tensor, np.ndarray)):
-        fits = (
-            type(saved) is type(form)
-            and saved.dtype == form.dtype
-            and (saved.shape == form.shape or math.prod(form.shape) == 0)  # empty: sized by the first batch
-        )
-    elif isinstance(form, Count):
-        fits = (
-            isinstance(saved, (int, np.integer)) and not isinstance(saved, bool) and 0 <= saved <= INT64_MAX
-        )
-        if not fits:
-            raise InputError(
-                f"{where} holds {saved!r:.60} where this run keeps a count from 0 to {INT64_MAX:,}"
-            )
-    elif isinstance(form, bool):
-        fits = isinstance(saved, bool)
-    elif isinstance(form, (int, np.integer)):
-        fits = isinstance(saved, (int, np.integer)) and not isinstance(saved, bool)
-    elif isinstance(form, (float, np.floating)):
-        fits = isinstance(saved, (int, float, np.integer, np.floating)) and not isinstance(saved, bool)
-    else:
-        fits = type(saved) is type(form)
-    if not fits:
-        found = (
-            f"{type(saved).__name__} {tuple(saved.shape)}" if hasattr(saved, "shape") else repr(saved)[:60]
-        )
-        expected = (
-            f"{type(form).__name__} {tuple(form.shape)}" if hasattr(form, "shape") else type(form).__name__
-        )
-        raise InputError(f"{where} holds {found} where this run keeps {expected}")
-
-
-def _check_optimizer_state(optimizer: torch.optim.Optimizer, name: str) -> None:
-    """Raise :class:`InputError` unless every loaded per-parameter state holds what ``optimizer``'s step reads
-    (Adam's moments, RMSprop's average, as the group's options ask) with its parameter's shape."""
-    for group in optimizer.param_groups:
-        required = {"step"}
-        if isinstance(optimizer, torch.optim.Adam):
-            required |= {"exp_avg", "exp_avg_sq"} | ({"max_exp_avg_sq"} if group.get("amsgrad") else set())
-        elif isinstance(optimizer, torch.optim.RMSprop):
-            required |= {"square_avg"} | ({"grad_avg"} if group.get("centered") else set())
-            required |= {"momentum_buffer"} if group.get("momentum", 0) > 0 else set()
-        else:
-            required = set()
-        for parameter in group["params"]:
-            state = optimizer.state.get(parameter)
-            if not state:
-                continue  # a parameter the run has not stepped yet
-            if missing := required - state.keys():
-                raise InputError(f"the {name} optimizer's state lacks {sorted(missing)} for a parameter")
-            for key, value in state.items():
-                if isinstance(value, torch.Tensor) and key != "step" and value.shape != parameter.shape:
-                    raise InputError(
-                        f"the {name} optimizer's {key} has shape {tuple(value.shape)} for a parameter of shape "
-                        f"{tuple(parameter.shape)}"
-                    )
-
-
-def _count(value: Any, what: str, minimum: int = 0) -> int:
-    """``value`` if it is a whole number of at least ``minimum``; :class:`InputError` naming ``what`` otherwise."""
-    if not isinstance(value, int) or isinstance(value, bool) or not minimum <= value <= INT64_MAX:
-        raise InputError(f"{what} is {value!r:.40}, not a whole number from {minimum} to {INT64_MAX:,}")
-    return value
 
 
 def _load_module_state(module: nn.Module, state: dict[str, Any]) -> None:
@@ -295,55 +214,29 @@ def _replay_buffer_state(buffer: ReplayBuffer) -> dict[str, Any]:
     }
 
 
-def _check_storage_rows(state: dict[str, Any], capacity: int) -> None:
-    """Raise :class:`InputError` unless every row tensor of a saved storage state (its entries; a frame storage's
-    frame references) has one row per transition of this run's buffer, ``capacity``."""
-    frames = state.get("frames")
-    rows = [
-        *_tensors(state.get("_storage")),
-        *_tensors(frames.get("refs") if isinstance(frames, dict) else None),
-    ]
-    for tensor in rows:
-        if (tensor.shape[0] if tensor.ndim else 0) != capacity:
-            raise InputError(
-                f"the replay buffer holds {tensor.shape[0] if tensor.ndim else 0} rows of storage, not its "
-                f"capacity {capacity}"
-            )
-
-
-def _tensors(value: Any) -> list[torch.Tensor]:
-    """The tensors in ``value``: a tensor, or a (nested) mapping of them."""
-    if isinstance(value, torch.Tensor):
-        return [value]
-    return [tensor for item in value.values() for tensor in _tensors(item)] if isinstance(value, dict) else []
-
-
 def _load_replay_buffer_state(buffer: ReplayBuffer, state: dict[str, Any]) -> None:
     storage = buffer._storage
     capacity = storage.max_size
-    _check_storage_rows(state["storage"], capacity)  # before loading, which copies them
+    check_storage_rows(state["storage"], capacity)  # before loading, which copies them
     storage.load_state_dict(state["storage"])
-    if _count(storage._len, "the replay buffer's length") > capacity:
+    if checked_count(storage._len, "the replay buffer's length") > capacity:
         raise InputError(f"the replay buffer's length {storage._len} is more than its capacity {capacity}")
     device = getattr(storage, "device", None)
     if storage._storage is not None and device not in (None, "auto"):  # loaded onto the CPU
         storage._storage = storage._storage.to(device)
     buffer._writer.load_state_dict(state["writer"])
-    if _count(getattr(buffer._writer, "_cursor", 0), "the replay buffer's cursor") >= capacity:
+    if checked_count(getattr(buffer._writer, "_cursor", 0), "the replay buffer's cursor") >= capacity:
         raise InputError(
             f"the replay buffer's cursor {buffer._writer._cursor} is past its capacity {capacity}"
         )
     sampler, sampler_state = buffer._sampler, state["sampler"]
     if isinstance(sampler, PrioritizedSampler):
+        check_priorities(sampler, sampler_state)
         leaves = torch.arange(sampler._max_capacity)
         sampler._sum_tree[leaves] = sampler_state["sum_tree"]
         sampler._min_tree[leaves] = sampler_state["min_tree"]
         sampler._max_priority = sampler_state["max_priority"]
-        sampler._alpha, sampler._beta, sampler._eps = (
-            sampler_state["alpha"],
-            sampler_state["beta"],
-            sampler_state["eps"],
-        )
+        sampler._beta = sampler_state["beta"]  # alpha and eps: this run's own (its config's), checked equal
     else:
         sampler.load_state_dict(sampler_state)
         sample_list = getattr(
