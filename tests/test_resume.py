@@ -350,6 +350,10 @@ FORGERIES = {
         lambda manifest, state: set_item(schema_items(state, "run"), "frames", -5),
         r"the run's state.frames holds -5 where this run keeps a count from 0 to 9,223,372,036,854,775,807",
     ),
+    "run-best-return-nan": (
+        lambda manifest, state: set_item(schema_items(state, "run"), "best_return", float("nan")),
+        r"the run's state.best_return holds nan where this run keeps float",
+    ),
     "run-state": (
         lambda manifest, state: set_item(schema_items(state, "run"), "best_return", [1]),
         r"the run's state.best_return holds \[1\] where this run keeps float",

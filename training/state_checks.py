@@ -31,7 +31,7 @@ def check_form(saved: Any, form: Any, where: str) -> None:
     """Raise :class:`InputError` unless ``saved`` (read from a checkpoint) has the form of ``form``: a fresh run's
     own state, or a template. Mappings are checked key by key for the keys both hold, tuples item by item, lists
     item by item against the form's first item, tensors and arrays by dtype and shape (any shape where the form's
-    is empty: a buffer sized by the first batch), numbers as numbers (a whole number where the form holds one),
+    is empty: a buffer sized by the first batch), numbers as numbers (a whole number where the form holds one; never NaN),
     text and flags by type. None in ``form`` admits anything; :class:`Maybe` admits None or its form,
     :class:`Count` a whole number from 0 to ``INT64_MAX``."""
     if isinstance(form, Maybe):
@@ -72,7 +72,11 @@ def check_form(saved: Any, form: Any, where: str) -> None:
     elif isinstance(form, (int, np.integer)):
         fits = isinstance(saved, (int, np.integer)) and not isinstance(saved, bool)
     elif isinstance(form, (float, np.floating)):
-        fits = isinstance(saved, (int, float, np.integer, np.floating)) and not isinstance(saved, bool)
+        fits = (
+            isinstance(saved, (int, float, np.integer, np.floating))
+            and not isinstance(saved, bool)
+            and not math.isnan(saved)  # no count, return or option a run keeps is NaN
+        )
     else:
         fits = type(saved) is type(form)
     if not fits:
