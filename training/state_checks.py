@@ -31,8 +31,8 @@ def check_form(saved: Any, form: Any, where: str) -> None:
     """Raise :class:`InputError` unless ``saved`` (read from a checkpoint) has the form of ``form``: a fresh run's
     own state, or a template. Mappings are checked key by key for the keys both hold, tuples item by item, lists
     item by item against the form's first item, tensors and arrays by dtype and shape (any shape where the form's
-    is empty: a buffer sized by the first batch), numbers as numbers (a whole number where the form holds one; never NaN),
-    text and flags by type. None in ``form`` admits anything; :class:`Maybe` admits None or its form,
+    is empty: a buffer sized by the first batch), numbers as numbers (a whole number where the form holds one;
+    never NaN), text and flags by type. None in ``form`` admits anything; :class:`Maybe` admits None or its form,
     :class:`Count` a whole number from 0 to ``INT64_MAX``."""
     if isinstance(form, Maybe):
         if saved is not None:
