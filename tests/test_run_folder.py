@@ -327,6 +327,27 @@ def test_a_link_among_the_csv_logs_of_a_continued_run_is_refused(tmp_path, monke
     assert outside.read_text() == "precious"
 
 
+def test_a_link_in_place_of_the_wandb_folder_is_refused_for_a_wandb_run(tmp_path):
+    output_dir, outside = tmp_path / "run", tmp_path / "outside"
+    output_dir.mkdir()
+    outside.mkdir()
+    (output_dir / "wandb").symlink_to(outside)
+    with pytest.raises(InputError, match=r"wandb is a symbolic link; a run writes its logs"):
+        ppo.main(tiny_ppo(output_dir, logger="wandb"))
+    assert list(outside.iterdir()) == []
+    ppo.main(tiny_ppo(output_dir, logger="csv", total_frames=64))  # another logger never writes there
+
+
+def test_the_write_test_never_follows_a_link_under_its_name(tmp_path):
+    output_dir, target = tmp_path / "run", tmp_path / "outside" / "created-by-the-probe"
+    output_dir.mkdir()
+    target.parent.mkdir()
+    probe = output_dir / f".write-test-{os.getpid()}"  # the run's in this process
+    probe.symlink_to(target)
+    ppo.main(tiny_ppo(output_dir, total_frames=64))
+    assert not target.exists() and not probe.exists()
+
+
 def test_loading_extracts_only_into_a_temporary_folder_it_removes(tmp_path, monkeypatch):
     scratch = tmp_path / "scratch"
     scratch.mkdir()

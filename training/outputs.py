@@ -106,7 +106,7 @@ def _check_run_folder(folder: Path, run: RunConfig, resumed: bool) -> None:
     if existing:
         clear_run(folder)
     _check_writable(folder)
-    _refuse_links_in_log_folders(folder)
+    _refuse_links_in_log_folders(folder, run.logger == "wandb")
     if not continues_here:
         _claim(folder)
 
@@ -134,14 +134,15 @@ def clear_run(folder: Path) -> None:
     remove_stale_temporaries(folder)
 
 
-def _refuse_links_in_log_folders(folder: Path) -> None:
+def _refuse_links_in_log_folders(folder: Path, wandb: bool) -> None:
     """The CSV and TensorBoard loggers append to the files of a continued run, and videos are written into
     videos/: a link among them would be followed out of the folder, so it is refused (the files the run replaces
-    whole are written atomically instead)."""
-    for name in ("csv", "tensorboard", "videos"):
+    whole are written atomically instead). With ``wandb`` (``--logger wandb``) so is a link in place of the
+    wandb/ folder, where W&B writes its run folders and logs (links inside it W&B replaces, not follows)."""
+    for name in ("csv", "tensorboard", "videos", *(["wandb"] if wandb else [])):
         log_folder = folder / name
         links = [log_folder] if log_folder.is_symlink() else []
-        if log_folder.is_dir() and not links:
+        if log_folder.is_dir() and not links and name != "wandb":
             links = [path for path in log_folder.rglob("*") if path.is_symlink()]
         if links:
             raise InputError(
@@ -235,8 +236,13 @@ def _make_folder(folder: Path) -> None:
 
 def _check_writable(folder: Path) -> None:
     probe = folder / f".write-test-{os.getpid()}"
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
     try:
-        probe.touch()
+        try:  # a new file of its own, never through a link left under the probe's name
+            os.close(os.open(probe, flags, 0o600))
+        except FileExistsError:  # a probe left behind (or a link put there): removed, not followed
+            probe.unlink()
+            os.close(os.open(probe, flags, 0o600))
         probe.unlink()
     except OSError as error:
         raise InputError(
