@@ -696,7 +696,14 @@ class Agent(nn.Module):
         )
         if render_mode is not None:  # only when frames are wanted: a user's env need not take it otherwise
             options["render_mode"] = render_mode
-        return apply_wrappers(gym.make(env_id, max_episode_steps=max_steps, **options), wrappers)
+        try:
+            return apply_wrappers(gym.make(env_id, max_episode_steps=max_steps, **options), wrappers)
+        except MemoryError as error:  # sizes in the keyword arguments (which may come from the file)
+            raise InputError(
+                f"Building {env_id} with the keyword arguments {env_kwargs!r:.200} and the wrappers "
+                f"{[spec['path'] for spec in self.env_wrappers]} ran out of memory ({first_line(error)}); "
+                "the env description asks for more than this machine has: pass other env_kwargs."
+            ) from None
 
     def _run_episodes(self, envs, episodes, deterministic, seed, video_path) -> EvaluationResult:
         if video_path is None:

@@ -17,6 +17,7 @@ treasure: a uniformly random policy finds it once every ``2**N`` episodes.
 
 from __future__ import annotations
 
+import numbers
 from typing import Any, ClassVar
 
 import gymnasium as gym
@@ -26,6 +27,9 @@ from envs.classic import NAMESPACE
 from errors import InputError
 
 DEFAULT_SIZE = 10
+# a one-hot observation of a million cells (4 MB) and its action map: far beyond bsuite's sizes (10 to 50), and a
+# bound on what a size read from a file can make the env allocate
+MAX_SIZE = 1_024
 REGISTERED_SIZES = (5, 8, 10, 12, 14, 16, 20, 30)  # rlkit/DeepSea<N>-v0
 UNSCALED_MOVE_COST = 0.01  # bsuite's deep_sea: each right move costs 0.01 / size
 REWARD_THRESHOLD = 0.9  # only the episode that reaches the treasure scores above 0 (it scores 1 - 0.01)
@@ -40,7 +44,7 @@ class DeepSeaEnv(gym.Env):
     exactly ``size`` steps.
 
     Args:
-        size: side of the grid, and the episode length (at least 2).
+        size: side of the grid, and the episode length (2 to :data:`MAX_SIZE`).
         randomize_actions: draw per cell which action moves right; when False, action 1 is always right.
         mapping_seed: seed of that draw. The mapping belongs to the task, not to the episode: every sub-env of a
             vector env and every evaluation episode shares it, whatever ``reset(seed=...)`` is given.
@@ -64,8 +68,8 @@ class DeepSeaEnv(gym.Env):
         move_cost: float = UNSCALED_MOVE_COST,
         render_mode: str | None = None,
     ):
-        if size < 2:
-            raise InputError(f"DeepSea size must be at least 2, got {size}.")
+        if isinstance(size, bool) or not isinstance(size, numbers.Integral) or not 2 <= size <= MAX_SIZE:
+            raise InputError(f"DeepSea size must be a whole number from 2 to {MAX_SIZE}, got {size!r:.40}.")
         if render_mode not in (None, "rgb_array"):
             raise InputError(f"DeepSea renders only with render_mode='rgb_array', got {render_mode!r}.")
         self.size = size

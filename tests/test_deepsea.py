@@ -99,7 +99,7 @@ def test_render_and_bad_arguments():
     env.reset(seed=0)
     frame = env.render()
     assert frame.dtype == np.uint8 and frame.shape == (5 * 51, 5 * 51, 3)
-    with pytest.raises(InputError, match="at least 2"):
+    with pytest.raises(InputError, match="from 2 to 1024"):
         DeepSeaEnv(size=1)
     with pytest.raises(InputError, match="rgb_array"):
         DeepSeaEnv(render_mode="human")
@@ -107,3 +107,10 @@ def test_render_and_bad_arguments():
     for action in (7, -3, 0.9):
         with pytest.raises(InputError, match="0 or 1"):
             env.step(action)
+
+
+@pytest.mark.parametrize("size", [1, 1_025, 2.5, True, 200_000])
+def test_a_size_outside_its_range_is_refused_before_anything_is_allocated(size):
+    with pytest.raises(InputError, match=r"DeepSea size must be a whole number from 2 to 1024"):
+        DeepSeaEnv(size=size)
+    assert DeepSeaEnv(size=1_024).observation_space.shape == (1_024 * 1_024,)

@@ -22,6 +22,16 @@ from training import Callback, RunConfig
 
 TESTS = Path(__file__).resolve().parent
 SCALE = "reward_wrapper.ScaleReward"
+TOO_MANY_CELLS = 2**45  # 256 TiB of float64: refused by the system at once
+
+
+def hungry_cartpole(cells: int = 4) -> gym.Env:
+    """CartPole after reserving ``cells`` float64 values: an env whose memory is one of its keyword arguments."""
+    np.zeros(cells)
+    return gym.envs.classic_control.CartPoleEnv()
+
+
+gym.register("rlkit-test/HungryCartPole-v0", entry_point=hungry_cartpole, max_episode_steps=50)
 
 
 @pytest.fixture
@@ -305,13 +315,32 @@ def test_make_env_applies_wrappers_innermost_first():
             {"env_wrappers": ('gymnasium.wrappers.ResizeObservation={"shape": [2]}',)},
             r"with --env-wrappers gymnasium.wrappers.ResizeObservation=.* failed \(ValueError: ResizeObservation requires",
         ),
+        (
+            {"env_id": "rlkit-test/HungryCartPole-v0", "env_kwargs": (f"cells={TOO_MANY_CELLS}",)},
+            rf"with --env-kwargs cells={TOO_MANY_CELLS} failed \(MemoryError: Unable to allocate",
+        ),
     ],
-    ids=["env-kwargs", "env-wrappers"],
+    ids=["env-kwargs", "env-wrappers", "out-of-memory"],
 )
 def test_an_env_that_its_options_fail_to_build_is_one_line_naming_them(output_dir, options, message):
     with pytest.raises(InputError, match=message):
         ppo.main(tiny_ppo(output_dir, **options))
     assert not output_dir.exists() or not any(output_dir.iterdir())
+
+
+def test_an_agent_whose_env_description_runs_out_of_memory_says_so_in_one_line():
+    agent = Agent.build(
+        "rlkit-test/HungryCartPole-v0",
+        gym.envs.classic_control.CartPoleEnv().observation_space,
+        gym.spaces.Discrete(2),
+        "test",
+        policy_builder="mlp_actor",
+        policy_kwargs={"hidden_sizes": [8]},
+    )
+    assert agent.evaluate(episodes=1).lengths[0] >= 1
+    agent.env_kwargs = {"cells": TOO_MANY_CELLS}  # as a forged checkpoint could say
+    with pytest.raises(InputError, match=r"ran out of memory \(Unable to allocate .*pass other env_kwargs"):
+        agent.evaluate(episodes=1)
 
 
 def test_async_vectorization_is_refused_for_torch_envs():

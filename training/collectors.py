@@ -41,7 +41,7 @@ def make_training_env(run: RunConfig, device: torch.device, num_envs: int | None
             backend=run.env_backend,
             **construction,
         )
-    except (InputError, KeyboardInterrupt, MemoryError):
+    except (InputError, KeyboardInterrupt):
         raise
     except Exception as error:
         given = [f"--env-kwargs {' '.join(run.env_kwargs)}" if run.env_kwargs else "",
