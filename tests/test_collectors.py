@@ -240,6 +240,12 @@ def test_more_envs_than_frames_is_refused_before_any_env_is_built():
     RunConfig(num_envs=8, total_frames=8).validate()
 
 
+def test_more_evaluation_episodes_than_an_evaluation_keeps_is_refused_before_training():
+    with pytest.raises(InputError, match="--eval-episodes must be at most 1,000,000,000, got 1,000,000,001"):
+        RunConfig(eval_episodes=10**9 + 1).validate()
+    RunConfig(eval_episodes=10**9).validate()
+
+
 def test_a_budget_of_whole_batches_runs_without_the_warning(tmp_path):
     config = quiet(ppo.PPOConfig(), tmp_path, total_frames=64, eval_episodes=1)
     config.run.num_envs, config.collector.steps_per_env = 2, 32

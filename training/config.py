@@ -14,6 +14,7 @@ from typing import Any, Literal, TypeVar
 
 import tyro
 
+from agents.agent import MAX_EVALUATION_EPISODES
 from agents.fast_paths import check_compile
 from agents.options import Options
 from envs.classic import torch_env_class
@@ -180,6 +181,10 @@ class RunConfig(Options):
             eval_every=self.eval_every,
             eval_episodes=self.eval_episodes,
         )
+        if self.eval_episodes > MAX_EVALUATION_EPISODES:  # before training, not at the first evaluation
+            raise InputError(
+                f"--eval-episodes must be at most {MAX_EVALUATION_EPISODES:,}, got {self.eval_episodes:,}."
+            )
         if self.num_envs > self.total_frames:  # a typo's hundred million envs would be built before failing
             raise InputError(
                 f"--num-envs {self.num_envs} is more than --total-frames {self.total_frames}: each env takes at "
