@@ -9,7 +9,9 @@ A wrapper is named by its import path, with its keyword arguments as a JSON obje
 Importing a module runs its code, so a path read from a file (a checkpoint, a resumed run) is imported only when it
 is trusted: a class of Gymnasium (``gymnasium.*``) or of this toolkit's env layer (``envs.*``), or one the user
 allows by name (``Agent.load(path, allow_wrappers=[...])``, ``--allow-wrappers``). The wrapper itself must be a
-``gymnasium.Wrapper`` subclass; anything else is refused before it is called.
+``gymnasium.Wrapper`` subclass; anything else is refused before it is called. Gymnasium's wrappers that write files
+where their arguments say (``RecordVideo``, :data:`WRITING_WRAPPERS`) need allowing by name too when a file names
+them.
 """
 
 from __future__ import annotations
@@ -31,6 +33,8 @@ TRUSTED_PACKAGES = ("gymnasium", "envs")  # importing these runs no code a file 
 _PATH = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)+")
 MAX_WRAPPERS = 32  # a checkpoint naming more is forged
 MAX_TOTAL_REWARD = "envs.wrappers.MaxTotalReward"  # --max-total-reward's wrapper
+# trusted wrappers that write files wherever their arguments say: named in a file, they too need allowing by name
+WRITING_WRAPPERS = (gym.wrappers.RecordVideo,)
 
 
 class MaxTotalReward(gym.Wrapper):
@@ -188,6 +192,12 @@ def wrapper_functions(
         if not (isinstance(wrapper, type) and issubclass(wrapper, gym.Wrapper)):
             raise InputError(
                 f"{path} is not a gymnasium.Wrapper subclass; --env-wrappers takes wrapper classes."
+            )
+        if issubclass(wrapper, WRITING_WRAPPERS) and path not in allowed:
+            raise InputError(
+                f"The env is wrapped by {path}, named in the file being read, which writes files where its "
+                f"arguments say ({kwargs!r:.120}). If you trust it, allow it by name: Agent.load(..., "
+                f"allow_wrappers=[{path!r}]), or --allow-wrappers {path} on the command line."
             )
         functions.append(functools.partial(_wrap, wrapper, path, kwargs))
     return functions

@@ -144,6 +144,23 @@ def test_a_resumed_run_imports_its_saved_wrappers_only_when_allowed(output_dir, 
     assert resumed["frames"] == 2_048
 
 
+def test_a_checkpoint_naming_a_wrapper_that_writes_files_runs_it_only_when_allowed(output_dir, tmp_path):
+    ppo.main(tiny_ppo(output_dir, total_frames=256, eval_every=256))
+    agent = Agent.load(output_dir)
+    outside = tmp_path / "outside"
+    record = "gymnasium.wrappers.RecordVideo"
+    agent.env_wrappers = [{"path": record, "kwargs": {"video_folder": str(outside)}}]
+    agent.save(output_dir / "forged.ckpt")
+    forged = Agent.load(output_dir / "forged.ckpt")
+    with pytest.raises(
+        InputError, match=rf"wrapped by {record}, named in the file being read, which writes files"
+    ):
+        forged.evaluate(episodes=1)
+    assert not outside.exists()
+    allowed = Agent.load(output_dir / "forged.ckpt", allow_wrappers=[record])
+    assert wrapper_functions(allowed.env_wrappers, allowed.allowed_wrappers)  # the user's to trust
+
+
 def test_forged_wrapper_descriptions_are_refused_on_load(output_dir):
     ppo.main(tiny_ppo(output_dir, total_frames=256, eval_every=256))
     agent = Agent.load(output_dir)
