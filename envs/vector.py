@@ -419,7 +419,18 @@ def check_env_kwargs(env_id: str, kwargs: dict[str, Any], option: str = "--env-k
 
     A class's ``**kwargs`` are followed to its bases' ``__init__`` (MuJoCo's envs pass theirs to ``MujocoEnv``);
     where no base closes them, any name goes. A constructor whose signature cannot be read is not checked. Atari ids
-    refuse the arguments the toolkit sets itself (:func:`envs.atari.check_atari_kwargs`), ``render_mode`` included."""
+    refuse the arguments the toolkit sets itself (:func:`envs.atari.check_atari_kwargs`), ``render_mode`` included.
+    ``gymnasium.make``'s own arguments are checked whatever the env: ``max_episode_steps`` a whole number of at
+    least 1 (Gymnasium would read -1 as no time limit), the others true or false."""
+    for key in MAKE_KWARGS & kwargs.keys():
+        value = kwargs[key]
+        if key == "max_episode_steps":
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise InputError(
+                    f"{option} max_episode_steps={value!r}: a time limit is a whole number of steps, at least 1."
+                )
+        elif not isinstance(value, bool):
+            raise InputError(f"{option} {key}={value!r}: gymnasium.make's {key} is true or false.")
     entry_point = env_spec(env_id).entry_point
     if is_atari(env_id):
         check_atari_kwargs(kwargs, option)

@@ -169,6 +169,19 @@ def test_env_kwargs_are_parsed_as_json_where_they_parse():
     assert parse_env_kwargs(('g="NaN"', "h=1e308")) == {"g": "NaN", "h": 1e308}
 
 
+@pytest.mark.parametrize("value", ["-1", "0", "true", "2.5", '"100"'])
+def test_a_time_limit_in_env_kwargs_is_a_whole_number_of_steps(value):
+    from training import RunConfig
+
+    with pytest.raises(
+        InputError, match=r"--env-kwargs max_episode_steps=.*a whole number of steps, at least 1"
+    ):
+        RunConfig(env_id="CartPole-v1", env_kwargs=(f"max_episode_steps={value}",)).validate()
+    with pytest.raises(InputError, match="gymnasium.make's disable_env_checker is true or false"):
+        RunConfig(env_id="CartPole-v1", env_kwargs=("disable_env_checker=1",)).validate()
+    RunConfig(env_id="CartPole-v1", env_kwargs=("max_episode_steps=7", "disable_env_checker=true")).validate()
+
+
 def test_env_kwargs_reach_the_training_envs_the_workers_and_the_saved_agent(tmp_path):
     from agents import Agent
     from recipes import qlearning, sac
