@@ -232,7 +232,7 @@ def main(config: ESConfig, *, callbacks: Sequence[Callback] = ()) -> dict:
 
     # loop: one generation per iteration
     try:
-        while True:
+        while not run.ended:  # a resumed run that had ended only finishes
             with torch.no_grad():
                 theta = torch.nn.utils.parameters_to_vector(parameters)
                 noise = torch.randn(pairs, theta.numel(), device=device)

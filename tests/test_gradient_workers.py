@@ -357,12 +357,17 @@ def test_a_distributed_run_resumes_from_the_learners_saved_state(ray_cluster, ou
 
     monkeypatch.setattr(ppo, "train_on_gradient_workers", train)
     monkeypatch.setattr(GradientWorkerPool, "__init__", start)
-    resumed = ppo.main(config(resume=output_dir))
+    resumed = ppo.main(config(resume=output_dir, checkpoint_every=512))  # resume.ckpt at its end too
     assert resumed["frames"] == 1024 and resumed["resumed_from"] == str(output_dir)
     assert seen["steps"] == saved["extras"]["learner"]["steps"]
     assert seen["start_frames"] > 0  # the workers of the resumed run are seeded past its frames: new episodes
     for key, value in saved["modules"]["loss"].items():
         torch.testing.assert_close(seen["loss"][key], value)
+    # resumed again once its budget is spent, the run finishes without starting a worker
+    seen.clear()
+    again = ppo.main(config(resume=output_dir))
+    assert again["frames"] == 1024 and not seen
+    assert again["eval_return_mean"] == resumed["eval_return_mean"]
 
 
 @ray_group

@@ -98,6 +98,36 @@ def test_interrupted_and_resumed_run_ends_with_the_parameters_of_an_uninterrupte
     assert resumed["eval_return_mean"] == straight["eval_return_mean"]
 
 
+@pytest.mark.parametrize("case", ["dqn", "ppo", "td3", "a2c-gru", "qlearning", "es", "reinforce", "vpg"])
+@pytest.mark.parametrize("ending", ["budget", "target"])
+def test_resuming_a_run_that_had_ended_trains_no_further(case, ending, tmp_path):
+    main, make_config, options = CASES[case]
+
+    def config(output_dir, **run):
+        run = {"checkpoint_every": 512, **run}  # resume.ckpt written at the end too
+        if ending == "target":
+            run["stop_at_return"] = -1e9  # reached at the first evaluation
+        return with_options(make_config(output_dir, **run), options)
+
+    ended = main(config(tmp_path / "run"))
+    assert (ending == "target") == (ended["solved_at_frames"] is not None)
+
+    def evaluations():  # a final evaluation after the last resume.ckpt is made again: the same, but its time
+        rows = [line.split(",") for line in (tmp_path / "run" / "evaluations.csv").read_text().splitlines()]
+        timed = rows[0].index("wall_time_s")
+        return [row[:timed] + row[timed + 1 :] for row in rows]
+
+    evaluated = evaluations()
+    before = parameters(tmp_path / "run")
+    for _ in range(2):
+        resumed = main(config(tmp_path / "run", resume=tmp_path / "run"))
+        assert resumed["frames"] == ended["frames"]
+        assert resumed["eval_return_mean"] == ended["eval_return_mean"]
+        assert evaluations() == evaluated
+        after = parameters(tmp_path / "run")
+        assert all(torch.equal(before[key], after[key]) for key in before)
+
+
 def test_resume_refuses_other_options_another_recipe_and_agent_checkpoints(tmp_path, monkeypatch):
     with monkeypatch.context() as patch:
         interrupt_at(patch, 1_024)

@@ -211,6 +211,8 @@ def train_on_gradient_workers(
         after_batch: the learner's work on each batch a worker reports (e.g. updating the observation
             normaliser with its observations); None: nothing.
     """
+    if run.ended:  # resumed after its budget or its target: nothing to train
+        return run.finish()
     run_config = config.run
     pool = GradientWorkerPool(config, start_frames=run.frames)
     max_staleness = run_config.max_staleness

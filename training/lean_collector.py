@@ -84,6 +84,12 @@ class LeanCollector(Collector):
         actions = self.env.full_action_spec
         self._action_spec = actions["action"] if self.lean and list(actions.keys()) == ["action"] else None
 
+    def end(self) -> None:
+        """Collect nothing more: the iterator ends at its next step, without the episodes a resumed run put back
+        (a run that had already ended when it was resumed)."""
+        self.total_frames = self._frames
+        self._restored_episodes.clear()
+
     def _lean_leaves(self) -> list[tuple[NestedKey, torch.Size, np.dtype]] | None:
         """The key, shape and (NumPy) dtype of each entry of a batch, when the direct rollout can produce it; else
         None."""
