@@ -151,13 +151,9 @@ class Run:
         self.checkpoints = Checkpoints(agent, self.output_dir, training, run.checkpoint_every)
         if resumed is not None:
             self._load_run_state(resumed["run"])
-        # a resumed run that had ended (its budget spent, or its target reached) trains no further: its loop
-        # collects nothing and the run finishes, so resuming it again and again changes nothing
-        self.ended = resumed is not None and (
-            self.frames >= run.total_frames
-            or self.schedule.solved_at_frames is not None
-            or (training is not None and training.collection_spent())  # whole episodes: fewer frames counted
-        )
+        # a resumed run that had ended (budget spent, target reached) trains no further: it collects nothing
+        spent = self.frames >= run.total_frames or self.schedule.solved_at_frames is not None
+        self.ended = resumed is not None and (spent or (training is not None and training.collection_spent()))
         if self.ended and training is not None:
             training.end_collection()
         self._video_failed = False
