@@ -112,7 +112,7 @@ class TuneConfig:
     """Seeds each trial trains, one run after another; the trial scores the mean of their last evaluations."""
     seed: int = 0
     """Seed of the sampler (worker i: seed + i) and of the trials (trial n, its k-th run: seed + n * N + k, N the
-    seeds per trial)."""
+    seeds per trial), in [0, 2**32); the seeds derived from it wrap around to 0 past 2**32 - 1."""
 
     @property
     def name(self) -> str:
@@ -132,6 +132,8 @@ class TuneConfig:
         return self.storage or f"sqlite:///{self.folder / 'study.db'}"
 
     def validate(self) -> None:
+        if not 0 <= self.seed < 2**32:
+            raise InputError(f"--seed must be in [0, 2**32), got {self.seed}.")
         if math.isnan(self.stop_at_return):
             raise InputError("--stop-at-return must be a number (inf: never stop a trial early), not nan.")
         require_positive(
@@ -202,7 +204,7 @@ def objective(config: TuneConfig, space: dict[str, Any], trial: Any) -> float:
         run_config = recipe_config(config)
         run = run_config.run
         run.env_id, run.env_kwargs, run.preset = config.env_id, tuple(config.env_kwargs), config.preset
-        run.seed = config.seed + trial.number * config.seeds_per_trial + index
+        run.seed = (config.seed + trial.number * config.seeds_per_trial + index) % 2**32  # Gymnasium's range
         run.total_frames = config.frames_per_trial
         run.eval_every = config.eval_every or max(1, config.frames_per_trial // 10)
         run.eval_episodes, run.stop_at_return = config.eval_episodes, config.stop_at_return
@@ -254,7 +256,7 @@ def run_worker(config: TuneConfig, index: int, first_trial: int = 0) -> str | No
     # SIGTERM as Ctrl-C: the trial ends as failed (its run saves on its own)
     signal.signal(signal.SIGTERM, raise_stop)
     # a continued study draws anew: TPE's first samples are random draws, the same again from the same seed
-    seed = config.seed + index
+    seed = (config.seed + index) % 2**32
     if first_trial:
         seed = int(np.random.SeedSequence([config.seed, index, first_trial]).generate_state(1)[0])
     study = optuna.load_study(

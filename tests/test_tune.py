@@ -170,6 +170,12 @@ def test_the_recipes_search_spaces_fit_their_recipes():
         ),
         ({}, 'lr = { low = 1e-4, high = 1e-3, log = "false" }', "lr's log must be true or false"),
         ({"prune_below": 5.0}, "lr = { low = 1e-4, high = 1e-3 }", "--prune-below is for --pruner threshold"),
+        ({"seed": -1}, "lr = { low = 1e-4, high = 1e-3 }", r"--seed must be in \[0, 2\*\*32\), got -1"),
+        (
+            {"seed": 2**32},
+            "lr = { low = 1e-4, high = 1e-3 }",
+            r"--seed must be in \[0, 2\*\*32\), got 4294967296",
+        ),
         (
             {"pruner": "threshold"},
             "lr = { low = 1e-4, high = 1e-3 }",
@@ -277,6 +283,17 @@ def test_a_trial_over_several_seeds_scores_their_mean_and_its_steps_run_on(tmp_p
     ]
     with pytest.raises(InputError, match="tunes seeds_per_trial=2, not 1"):
         tune.main(tiny(tmp_path, trials=3))
+
+
+def test_trial_seeds_past_the_last_seed_wrap_around_to_zero(tmp_path):
+    tune.main(tiny(tmp_path, seed=2**32 - 1))
+    seeds = [
+        json.loads((tmp_path / "study" / "trials" / f"trial-000{number}" / "config.json").read_text())["run"][
+            "seed"
+        ]
+        for number in (0, 1)
+    ]
+    assert seeds == [2**32 - 1, 0]
 
 
 def test_a_trial_stops_at_a_given_return_and_nan_is_refused(tmp_path):
