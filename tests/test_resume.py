@@ -142,6 +142,13 @@ def test_resume_refuses_other_options_another_recipe_and_agent_checkpoints(tmp_p
         dqn.main(tiny_dqn(tmp_path / "run", resume=tmp_path / "run", env_id="Acrobot-v1"))
     with pytest.raises(InputError, match=r"written by recipes.dqn; resume it with python -m recipes.dqn"):
         ppo.main(tiny_ppo(tmp_path / "run", resume=tmp_path / "run"))
+    # on the command line too, where the saved options are read as this recipe's first (a2c's do not fit ppo's)
+    from training.resume import resumed_config
+
+    for recipe in (ppo, a2c, sac):
+        with pytest.raises(InputError, match=r"written by recipes.dqn; resume it with python -m recipes.dqn"):
+            config_type = {ppo: ppo.PPOConfig, a2c: a2c.A2CConfig, sac: sac.SACConfig}[recipe]
+            resumed_config(config_type, config_type(run=tiny_dqn(None, resume=tmp_path / "run").run), [])
     with pytest.raises(InputError, match="not a resume checkpoint"):
         dqn.main(tiny_dqn(None, resume=tmp_path / "run" / "agent.ckpt"))
     with pytest.raises(InputError, match="No resume checkpoint at"):

@@ -14,6 +14,7 @@ from envs.vector import registration
 from errors import InputError
 from training.resume import (
     RESUME_FILE,
+    check_algorithm,
     config_differences,
     load_resume_checkpoint,
     read_resume_metadata,
@@ -110,11 +111,7 @@ def read_resume(
     training.check_resumable()
     path = resume_path(path)
     metadata = read_resume_metadata(path)
-    if metadata["algorithm"] != algorithm:
-        raise InputError(
-            f"{path} was written by recipes.{metadata['algorithm']}; resume it with "
-            f"python -m recipes.{metadata['algorithm']} --resume {path}."
-        )
+    check_algorithm(path, metadata, algorithm)
     differences = config_differences(metadata["config"], config)
     if differences:
         raise InputError(

@@ -213,6 +213,16 @@ def explicit_options(argv: list[str]) -> set[str]:
     return names
 
 
+def check_algorithm(path: Path, metadata: dict[str, Any], algorithm: str) -> None:
+    """Raise :class:`InputError` naming the recipe to use when the resume checkpoint at ``path`` (its manifest
+    ``metadata``) was written by another recipe than ``algorithm``."""
+    if metadata["algorithm"] != algorithm:
+        raise InputError(
+            f"{path} was written by recipes.{metadata['algorithm']}; resume it with "
+            f"python -m recipes.{metadata['algorithm']} --resume {path}."
+        )
+
+
 def resumed_config(config_type: type, config: Any, argv: list[str] | None = None) -> Any:
     """The configuration of the run that ``config.run.resume`` continues, with the reporting options given on
     this command line; :class:`InputError` when other options are given (the saved ones apply). The saved
@@ -221,6 +231,9 @@ def resumed_config(config_type: type, config: Any, argv: list[str] | None = None
     argv = sys.argv[1:] if argv is None else argv
     path = resume_path(config.run.resume)
     metadata, held = _checked_metadata(path)
+    module, _, algorithm = config_type.__module__.rpartition(".")
+    if module == "recipes":  # before the options are read as this recipe's (another's do not fit)
+        check_algorithm(path, metadata, algorithm)
     saved = metadata["config"]
     changed = sorted(explicit_options(argv) - REPORTING_OPTIONS - {"help"})
     if changed:
@@ -253,6 +266,7 @@ def resumed_config(config_type: type, config: Any, argv: list[str] | None = None
 
 __all__ = [
     "RESUME_FILE",
+    "check_algorithm",
     "config_differences",
     "config_from_dict",
     "load_resume_checkpoint",
