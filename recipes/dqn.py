@@ -456,7 +456,7 @@ def main(config: DQNConfig, *, callbacks: Sequence[Callback] = ()) -> dict:
         if run.record_batch(batch, metrics):
             break
     collector.shutdown()
-    warn_if_never_updated(run.frames, learning_starts, len(replay_buffer), batch_size)
+    warn_if_never_updated(run.frames, learning_starts, len(replay_buffer), batch_size, n_steps)
     env.close()
     return run.finish()
 

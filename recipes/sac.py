@@ -427,7 +427,9 @@ def main(
         if run.record_batch(batch, metrics):
             break
     collector.shutdown()
-    warn_if_never_updated(run.frames, learning_starts, len(replay_buffer), buffer_config.batch_size)
+    warn_if_never_updated(
+        run.frames, learning_starts, len(replay_buffer), buffer_config.batch_size, buffer_config.n_steps
+    )
     env.close()
     return run.finish()
 

@@ -764,6 +764,13 @@ def test_a_run_that_never_updates_says_so(module, tmp_path):
         module.main(config)
 
 
+def test_a_run_whose_n_step_windows_store_too_little_says_so(tmp_path):
+    config = quiet(dqn.DQNConfig(), tmp_path, total_frames=1_000, eval_episodes=1)
+    config.collector.learning_starts, config.buffer.n_steps = 0, 600
+    with pytest.warns(UserWarning, match=r"stored once --n-steps 600 further steps .* or --n-steps\."):
+        dqn.main(config)
+
+
 @pytest.mark.parametrize("recipe", [sac, td3, ddpg])
 def test_max_grad_norm_clips_the_actor_and_the_critics(recipe, tmp_path):
     """A tiny --max-grad-norm leaves the actor's gradients far below Adam's eps: the clipped actor barely moves."""

@@ -314,6 +314,12 @@ def test_an_error_about_options_the_user_never_typed_names_the_preset_that_set_t
     config.optim.minibatch_size = 8192
     with pytest.raises(InputError, match=r"\(--num-envs 2 x --steps-per-env 2048\): lower"):
         ppo.main(config)
+    config = quiet(qlearning.QLearningConfig(), tmp_path, env_id="MountainCar-v0", total_frames=600)
+    with pytest.raises(
+        InputError,
+        match=r"--num-envs 4096 is more than --total-frames 600; the preset MountainCar-v0 set --num-envs:",
+    ):
+        qlearning.main(config)
 
 
 def test_errors_in_a_preset_file_name_that_file(tmp_path):

@@ -280,15 +280,24 @@ def check_batch_fits_buffer(batch_size: int, buffer_size: int) -> None:
         )
 
 
-def warn_if_never_updated(frames: int, learning_starts: int, stored: int, batch_size: int) -> None:
+def warn_if_never_updated(
+    frames: int, learning_starts: int, stored: int, batch_size: int, n_steps: int = 1
+) -> None:
     """Warn when an off-policy run ends without a gradient step: it updates once ``frames >= learning_starts``
     and the buffer holds ``batch_size`` transitions, and both only grow, so if they fail at the end they always
-    did."""
+    did. With ``n_steps`` above 1 (n-step returns) an env's transition is stored only once its window of
+    ``n_steps`` steps has passed (or its episode ended), which the warning names."""
     if frames < learning_starts or stored < batch_size:
+        windows = (
+            f", each stored once --n-steps {n_steps} further steps of its env have passed"
+            if n_steps > 1
+            else ""
+        )
         warnings.warn(
             f"The run ended without a gradient step: it collected {frames} frames (updates start at "
-            f"--learning-starts {learning_starts}) and stored {stored} transitions (a step samples --batch-size "
-            f"{batch_size}); the agent is untrained. Raise --total-frames or lower --learning-starts or --batch-size.",
+            f"--learning-starts {learning_starts}) and stored {stored} transitions{windows} (a step samples "
+            f"--batch-size {batch_size}); the agent is untrained. Raise --total-frames or lower --learning-starts "
+            f"or --batch-size{' or --n-steps' if n_steps > 1 else ''}.",
             stacklevel=2,
         )
 

@@ -21,6 +21,7 @@ from envs.classic import torch_env_class
 from envs.vector import check_device, check_env_id, check_env_kwargs, env_spec
 from envs.wrappers import MAX_TOTAL_REWARD, parse_env_wrappers, wrapper_functions
 from errors import InputError, loads_finite, require_positive
+from training.presets import preset_note
 
 LoggerName = Literal["wandb", "csv", "tensorboard", "none"]
 ConfigT = TypeVar("ConfigT")
@@ -187,8 +188,9 @@ class RunConfig(Options):
             )
         if self.num_envs > self.total_frames:  # a typo's hundred million envs would be built before failing
             raise InputError(
-                f"--num-envs {self.num_envs} is more than --total-frames {self.total_frames}: each env takes at "
-                "least one step, so some would never be used; lower --num-envs or raise --total-frames."
+                f"--num-envs {self.num_envs} is more than --total-frames {self.total_frames}"
+                f"{preset_note(self, 'num_envs', 'total_frames')}: each env takes at least one step, so some "
+                "would never be used; lower --num-envs or raise --total-frames."
             )
         if self.checkpoint_every is not None:
             require_positive(checkpoint_every=self.checkpoint_every)
