@@ -24,6 +24,7 @@ generations and time it takes.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -255,6 +256,14 @@ def main(config: ESConfig, *, callbacks: Sequence[Callback] = ()) -> dict:
                 "train/theta_norm": theta.norm().item(),
             }
             if run.record_batch(steps, metrics):
+                if counters["generation"] == 1 and run.frames > run_config.total_frames:
+                    warnings.warn(
+                        f"--total-frames {run_config.total_frames} is less than one generation: the run collects "
+                        f"whole generations, here {run.frames} frames ({population_size} members x "
+                        f"{episodes_per_member} episodes). Raise --total-frames, or lower --num-envs (the "
+                        "population) or --episodes-per-member for a shorter run.",
+                        stacklevel=2,
+                    )
                 break
     finally:  # workers and envs are released whatever ends the loop
         evaluator.close()

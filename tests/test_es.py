@@ -2,11 +2,13 @@
 and the recipe's outputs and bad input."""
 
 import copy
+import warnings
 
 import gymnasium as gym
 import numpy as np
 import pytest
 import torch
+from run_helpers import tiny_es
 from tensordict import TensorDict
 
 from agents import Agent
@@ -244,3 +246,15 @@ def test_es_bad_input(change, message, output_dir):
         setattr(getattr(config, group), name, value)
     with pytest.raises(InputError, match=message):
         es.main(config)
+
+
+def test_a_budget_below_one_generation_says_how_many_frames_it_collects(tmp_path):
+    with pytest.warns(
+        UserWarning, match=r"--total-frames 10 is less than one generation: .* \(8 members x 1 episodes\)"
+    ):
+        summary = es.main(tiny_es(tmp_path / "short", total_frames=10, eval_every=10))
+    assert summary["frames"] > 10
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        es.main(tiny_es(tmp_path / "long", total_frames=2_000, eval_every=2_000))
+    assert not [warning for warning in caught if "less than one generation" in str(warning.message)]
