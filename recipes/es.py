@@ -262,7 +262,7 @@ def main(config: ESConfig, *, callbacks: Sequence[Callback] = ()) -> dict:
                         f"whole generations, here {run.frames} frames ({population_size} members x "
                         f"{episodes_per_member} episodes). Raise --total-frames, or lower --num-envs (the "
                         "population) or --episodes-per-member for a shorter run.",
-                        stacklevel=2,
+                        stacklevel=1,
                     )
                 break
     finally:  # workers and envs are released whatever ends the loop
