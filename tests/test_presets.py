@@ -133,6 +133,10 @@ def test_env_kwargs_choose_the_preset_exactly():
     assert find_preset(presets, "LunarLander-v3", {"continuous": True, "gravity": -9.0}) is None
     assert find_preset(presets, "ALE/Breakout-v5", {}).name == "atari"  # a pattern
     assert find_preset(presets, "MyEnv-v0", {}) is None
+    # Gymnasium's module:EnvId form: the module registers the env, whose preset it gets
+    assert find_preset(presets, "gymnasium:LunarLander-v3", {}).name == "LunarLander-v3"
+    assert find_preset(presets, "ale_py:ALE/Breakout-v5", {}).name == "atari"
+    assert find_preset(presets, "mypackage:MyEnv-v0", {}) is None
 
 
 def test_an_env_without_preset_gets_the_generic_defaults():

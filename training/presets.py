@@ -104,15 +104,18 @@ def read_presets(path: Path) -> dict[str, Preset]:
 
 
 def find_preset(presets: dict[str, Preset], env_id: str, env_kwargs: dict[str, Any]) -> Preset | None:
-    """The preset ``--preset auto`` picks for a run (see the module docstring), or None."""
-    for patterns in (False, True):
-        candidates = [
-            preset
-            for preset in presets.values()
-            if preset.is_pattern == patterns and preset.matches(env_id, env_kwargs)
-        ]
-        if candidates:
-            return candidates[0]
+    """The preset ``--preset auto`` picks for a run (see the module docstring), or None. An id of Gymnasium's
+    ``module:EnvId`` form gets the preset of ``EnvId`` when none is written for the whole id (the module only
+    registers the env: ``gymnasium:CartPole-v1`` is CartPole-v1)."""
+    for name in dict.fromkeys([env_id, env_id.partition(":")[2] or env_id]):
+        for patterns in (False, True):
+            candidates = [
+                preset
+                for preset in presets.values()
+                if preset.is_pattern == patterns and preset.matches(name, env_kwargs)
+            ]
+            if candidates:
+                return candidates[0]
     return None
 
 
