@@ -421,7 +421,8 @@ def check_env_kwargs(env_id: str, kwargs: dict[str, Any], option: str = "--env-k
     where no base closes them, any name goes. A constructor whose signature cannot be read is not checked. Atari ids
     refuse the arguments the toolkit sets itself (:func:`envs.atari.check_atari_kwargs`), ``render_mode`` included.
     ``gymnasium.make``'s own arguments are checked whatever the env: ``max_episode_steps`` a whole number of at
-    least 1 (Gymnasium would read -1 as no time limit), the others true or false."""
+    least 1 (Gymnasium would read -1 as no time limit), the others true, false or None (Gymnasium's
+    default)."""
     for key in MAKE_KWARGS & kwargs.keys():
         value = kwargs[key]
         if key == "max_episode_steps":
@@ -429,8 +430,8 @@ def check_env_kwargs(env_id: str, kwargs: dict[str, Any], option: str = "--env-k
                 raise InputError(
                     f"{option} max_episode_steps={value!r}: a time limit is a whole number of steps, at least 1."
                 )
-        elif not isinstance(value, bool):
-            raise InputError(f"{option} {key}={value!r}: gymnasium.make's {key} is true or false.")
+        elif value is not None and not isinstance(value, bool):
+            raise InputError(f"{option} {key}={value!r}: gymnasium.make's {key} is true, false or null.")
     entry_point = env_spec(env_id).entry_point
     if is_atari(env_id):
         check_atari_kwargs(kwargs, option)

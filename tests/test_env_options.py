@@ -334,7 +334,7 @@ def test_make_env_applies_wrappers_innermost_first():
         ),
         (
             {"env_id": "rlkit-test/HungryCartPole-v0", "env_kwargs": (f"cells={TOO_MANY_CELLS}",)},
-            rf"with --env-kwargs cells={TOO_MANY_CELLS} failed \(MemoryError: Unable to allocate",
+            rf"with --env-kwargs cells={TOO_MANY_CELLS}, 4 envs \(--num-envs\) failed \(MemoryError: Unable to allocate",
         ),
     ],
     ids=["env-kwargs", "env-wrappers", "out-of-memory"],

@@ -128,6 +128,34 @@ def test_resuming_a_run_that_had_ended_trains_no_further(case, ending, tmp_path)
         assert all(torch.equal(before[key], after[key]) for key in before)
 
 
+def test_a_run_interrupted_among_the_last_batches_of_episodes_resumes_them(tmp_path, monkeypatch):
+    """One poll of an episode collector can complete several batches of episodes: a run stopped after the first
+    of the last poll's batches has spent the collector's budget but not its own, and trains on the rest."""
+
+    def config(output_dir, **run):
+        made = tiny_reinforce(output_dir, total_frames=1_024, **run)
+        made.collector.episodes_per_update = 1
+        return made
+
+    straight = reinforce.main(config(tmp_path / "straight"))
+    original = Run.record_batch
+
+    def stop_once_the_collector_is_spent(self, batch, metrics):
+        collector = self.checkpoints.training.collector
+        if self.run.resume is None and collector._frames >= collector.total_frames:
+            self.signals.interrupted_by = "SIGINT"
+        return original(self, batch, metrics)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(Run, "record_batch", stop_once_the_collector_is_spent)
+        stopped = reinforce.main(config(tmp_path / "stopped"))
+    assert stopped["frames"] < straight["frames"]
+    resumed = reinforce.main(config(tmp_path / "stopped", resume=tmp_path / "stopped"))
+    assert resumed["frames"] == straight["frames"]
+    expected, actual = parameters(tmp_path / "straight"), parameters(tmp_path / "stopped")
+    assert all(torch.equal(expected[key], actual[key]) for key in expected)
+
+
 def test_resume_refuses_other_options_another_recipe_and_agent_checkpoints(tmp_path, monkeypatch):
     with monkeypatch.context() as patch:
         interrupt_at(patch, 1_024)
@@ -149,6 +177,21 @@ def test_resume_refuses_other_options_another_recipe_and_agent_checkpoints(tmp_p
         with pytest.raises(InputError, match=r"written by recipes.dqn; resume it with python -m recipes.dqn"):
             config_type = {ppo: ppo.PPOConfig, a2c: a2c.A2CConfig, sac: sac.SACConfig}[recipe]
             resumed_config(config_type, config_type(run=tiny_dqn(None, resume=tmp_path / "run").run), [])
+    # and as python -m runs it, the recipe's module being __main__ (A2C's saved options do not fit PPO's)
+    with monkeypatch.context() as patch:
+        interrupt_at(patch, 512)
+        a2c.main(tiny_a2c(tmp_path / "a2c"))
+    refused = subprocess.run(
+        [sys.executable, "-m", "recipes.ppo", "--resume", str(tmp_path / "a2c")],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert refused.returncode == 2
+    assert f"written by recipes.a2c; resume it with python -m recipes.a2c --resume {tmp_path / 'a2c'}" in (
+        refused.stderr
+    )
     with pytest.raises(InputError, match="not a resume checkpoint"):
         dqn.main(tiny_dqn(None, resume=tmp_path / "run" / "agent.ckpt"))
     with pytest.raises(InputError, match="No resume checkpoint at"):

@@ -177,9 +177,10 @@ def test_a_time_limit_in_env_kwargs_is_a_whole_number_of_steps(value):
         InputError, match=r"--env-kwargs max_episode_steps=.*a whole number of steps, at least 1"
     ):
         RunConfig(env_id="CartPole-v1", env_kwargs=(f"max_episode_steps={value}",)).validate()
-    with pytest.raises(InputError, match="gymnasium.make's disable_env_checker is true or false"):
+    with pytest.raises(InputError, match="gymnasium.make's disable_env_checker is true, false or null"):
         RunConfig(env_id="CartPole-v1", env_kwargs=("disable_env_checker=1",)).validate()
     RunConfig(env_id="CartPole-v1", env_kwargs=("max_episode_steps=7", "disable_env_checker=true")).validate()
+    RunConfig(env_id="CartPole-v1", env_kwargs=("disable_env_checker=null",)).validate()
 
 
 def test_env_kwargs_reach_the_training_envs_the_workers_and_the_saved_agent(tmp_path):

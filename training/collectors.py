@@ -49,6 +49,8 @@ def make_training_env(run: RunConfig, device: torch.device, num_envs: int | None
         given = " and ".join(option for option in given if option)
         if not given:
             raise  # the env's own failure, with its own traceback
+        if isinstance(error, MemoryError):  # the envs' number counts as much as their arguments
+            given += f", {run.num_envs} envs (--num-envs)"
         reason = str(error).strip().splitlines()[0][:300] if str(error).strip() else "no detail"
         raise InputError(
             f"Building {run.env_id} with {given} failed ({type(error).__name__}: {reason}); check those values "

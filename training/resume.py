@@ -231,8 +231,11 @@ def resumed_config(config_type: type, config: Any, argv: list[str] | None = None
     argv = sys.argv[1:] if argv is None else argv
     path = resume_path(config.run.resume)
     metadata, held = _checked_metadata(path)
-    module, _, algorithm = config_type.__module__.rpartition(".")
-    if module == "recipes":  # before the options are read as this recipe's (another's do not fit)
+    # the recipe's module by its import name (recipes.ppo, also when it runs as __main__ under python -m)
+    module = sys.modules.get(config_type.__module__)
+    name = getattr(getattr(module, "__spec__", None), "name", None) or config_type.__module__
+    package, _, algorithm = name.rpartition(".")
+    if package == "recipes":  # before the options are read as this recipe's (another's do not fit)
         check_algorithm(path, metadata, algorithm)
     saved = metadata["config"]
     changed = sorted(explicit_options(argv) - REPORTING_OPTIONS - {"help"})

@@ -152,8 +152,9 @@ class Run:
         if resumed is not None:
             self._load_run_state(resumed["run"])
         # a resumed run that had ended (budget spent, target reached) trains no further: it collects nothing
-        spent = self.frames >= run.total_frames or self.schedule.solved_at_frames is not None
-        self.ended = resumed is not None and (spent or (training is not None and training.collection_spent()))
+        self.ended = resumed is not None and (
+            self.frames >= run.total_frames or self.schedule.solved_at_frames is not None
+        )
         if self.ended and training is not None:
             training.end_collection()
         self._video_failed = False

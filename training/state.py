@@ -79,12 +79,6 @@ class TrainingState:
                 "LeanCollector, which saves the episodes it holds; build it with training.make_collector."
             )
 
-    def collection_spent(self) -> bool:
-        """Whether the collector has collected its whole budget (the frames of episodes cut short by its end
-        included, which a run that keeps whole episodes never counts)."""
-        collector = self.collector
-        return isinstance(collector, Collector) and 0 <= collector.total_frames <= collector._frames
-
     def end_collection(self) -> None:
         """Make the collector yield no further batch (a resumed run that had already ended only finishes)."""
         end = getattr(self.collector, "end", None)

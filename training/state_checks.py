@@ -191,11 +191,10 @@ def check_priorities(sampler: PrioritizedSampler, state: dict[str, Any]) -> None
 
 
 def check_stored_actions(buffer: ReplayBuffer, action_spec: Any) -> None:
-    """Raise :class:`InputError` when a restored replay buffer holds a discrete action (an index: Discrete or
-    MultiDiscrete spaces) outside the env's action space, which would index out of bounds at the first update."""
-    space = getattr(action_spec, "space", None)
-    bound = getattr(space, "n", None)
-    bound = getattr(space, "nvec", None) if bound is None else bound
+    """Raise :class:`InputError` when a restored replay buffer holds a Discrete action (an index) outside the env's
+    action space, which would index out of bounds at the first update (the replay recipes' discrete actions are
+    Discrete: DQN's and discrete SAC's)."""
+    bound = getattr(getattr(action_spec, "space", None), "n", None)
     stored = buffer._storage._storage
     if bound is None or not isinstance(stored, TensorDictBase) or "action" not in stored.keys():  # noqa: SIM118 - a TensorDict's keys
         return
