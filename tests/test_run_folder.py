@@ -111,10 +111,14 @@ def test_output_dir_that_cannot_be_a_folder_is_one_line(tmp_path, make_path, mes
 
 
 def test_an_unwritable_output_dir_is_one_line(tmp_path, monkeypatch):
-    def read_only(self, *args, **kwargs):
-        raise OSError(errno.EROFS, "Read-only file system")
+    real_open = os.open
 
-    monkeypatch.setattr(Path, "touch", read_only)
+    def read_only(path, *args, **kwargs):  # the folder's write test fails as on a read-only file system
+        if ".write-test-" in str(path):
+            raise OSError(errno.EROFS, "Read-only file system")
+        return real_open(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", read_only)
     with pytest.raises(InputError, match=r"Cannot write in the run folder .*Read-only file system"):
         ppo.main(tiny_ppo(tmp_path / "run"))
 
