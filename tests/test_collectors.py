@@ -284,7 +284,7 @@ class _CountUpdates(Callback):
 def test_a_batch_larger_than_the_memory_is_refused_before_the_collector_reserves_it(tmp_path, monkeypatch):
     from training.collectors import batch_memory
 
-    monkeypatch.setattr("training.collectors.physical_memory", lambda: 2**30)  # 1 GiB
+    monkeypatch.setattr("training.replay.physical_memory", lambda: 2**30)  # 1 GiB
     config = quiet(ppo.PPOConfig(), tmp_path / "run", num_envs=4, total_frames=2**25)
     # 33.6 million CartPole frames of at least 64 bytes each: two observations and an action
     config.collector.steps_per_env = 2**23

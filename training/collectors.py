@@ -17,13 +17,13 @@ from torchrl.envs import EnvBase
 
 from agents.fast_paths import lean_policy
 from agents.gsde import clips_actions
-from agents.networks import physical_memory
 from agents.options import Options
 from envs.vector import make_env
 from envs.wrappers import wrapper_functions
 from errors import InputError, check_ranges, require_positive
 from training.config import RunConfig
 from training.lean_collector import LeanCollector
+from training.replay import device_memory
 from training.seeding import threads_for_observations
 
 
@@ -129,11 +129,7 @@ def check_batch_memory(run: RunConfig, env: EnvBase, frames_per_batch: int, devi
     in the memory of ``device`` (a GPU's own, else this machine's physical memory, where the system says how
     much; :func:`batch_memory`), before the collector reserves it."""
     needed = batch_memory(env, frames_per_batch)
-    device = torch.device(device)
-    if device.type == "cuda":
-        memory, where = torch.cuda.get_device_properties(device).total_memory, f"{device}'s"
-    else:
-        memory, where = physical_memory(), "this machine's"
+    memory, where = device_memory(device)
     if memory and needed > memory:
         raise InputError(
             f"Batches of {frames_per_batch:,} frames (--num-envs {run.num_envs} x --steps-per-env "

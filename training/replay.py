@@ -257,6 +257,15 @@ def gather_rows(data: TensorDict, index: torch.Tensor, skip: str | None = None) 
     )
 
 
+def device_memory(device: torch.device | str) -> tuple[int, str]:
+    """The bytes of memory of ``device`` and how to name them: a GPU's own, else this machine's physical memory
+    (0 where the system does not say: the memory checks then pass)."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).total_memory, f"{device}'s"
+    return physical_memory(), "this machine's"
+
+
 def check_replay_memory(
     buffer_size: int,
     observation_spec: TensorSpec,
@@ -281,11 +290,7 @@ def check_replay_memory(
     else:
         storage = buffer_size * 2 * observation_bytes
     trees = 16 * (1 << buffer_size.bit_length()) if prioritized else 0
-    device = torch.device(device)
-    if device.type == "cuda":
-        memory, where = torch.cuda.get_device_properties(device).total_memory, f"{device}'s"
-    else:
-        memory, where = physical_memory(), "this machine's"
+    memory, where = device_memory(device)
     needed = storage + trees
     if memory and needed > memory:
         raise InputError(

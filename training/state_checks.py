@@ -164,7 +164,8 @@ def tensors(value: Any) -> list[torch.Tensor]:
 def check_priorities(sampler: PrioritizedSampler, state: dict[str, Any]) -> None:
     """Raise :class:`InputError` unless a saved prioritized sampler's state is one a run could leave: its
     priority exponent and offset this run's own, its importance exponent in [0, 1], its largest priority (value
-    and index) finite and not negative, at a stored transition, its sum tree's leaves finite and its min tree's not negative (Inf marks an empty leaf)."""
+    and index) finite and not negative, at a stored transition, its sum tree's leaves finite and its min tree's
+    not negative (Inf marks an empty leaf)."""
     alpha, beta, eps, largest = state["alpha"], state["beta"], state["eps"], state["max_priority"]
     if alpha != sampler._alpha or eps != sampler._eps:
         raise InputError(
@@ -201,6 +202,5 @@ def check_stored_actions(buffer: ReplayBuffer, action_spec: Any) -> None:
     actions = stored.get("action")[: len(buffer._storage)]
     if actions.is_floating_point() or actions.dtype == torch.bool:
         return  # one-hot or Box actions: no index to check
-    bound = torch.as_tensor(bound, device=actions.device)
     if actions.numel() and ((actions < 0) | (actions >= bound)).any():
         raise InputError("the replay buffer holds actions outside the env's action space")
