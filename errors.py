@@ -20,6 +20,12 @@ class InputError(ValueError):
     """
 
 
+class RenderError(InputError):
+    """An env cannot render the frames a video (or a window) needs: it takes no ``render_mode`` argument, or not the
+    one asked for. Where a video is optional (a run's videos, ``recipes.evaluate --video``) the caller warns and goes
+    on without one."""
+
+
 class NonFiniteError(RuntimeError):
     """NaN or Inf appeared in training: in observations, rewards or a logged loss.
 

@@ -6,6 +6,7 @@ import contextlib
 import json
 import math
 import numbers
+import os
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,7 +24,7 @@ from torchrl.modules import OrnsteinUhlenbeckProcessModule
 from agents.archive import check_archive, component_of, first_line, read_manifest_metadata, state_shapes
 from agents.continuous import make_deterministic_actor
 from agents.es import make_es_policy
-from agents.files import atomic_write, write_atomically, write_errors
+from agents.files import atomic_write, check_writable, write_atomically, write_errors
 from agents.gsde import make_gsde_actor
 from agents.networks import MASKED_RECIPES, find_normalizer, make_actor
 from agents.normalization import invalid_statistics
@@ -37,7 +38,7 @@ from envs.rendering import check_display, check_mujoco_camera, headless_renderin
 from envs.specs import ACTION_MASK_KEY, space_to_spec
 from envs.vector import check_device, check_env_kwargs, env_spec
 from envs.wrappers import apply_wrappers, check_wrapper_spec, with_discrete_tuples, wrapper_functions
-from errors import InputError
+from errors import InputError, RenderError
 
 FORMAT = "rlkit.agent"
 RESUME_FORMAT = "rlkit.resume"  # training.resume's file: the whole training state
@@ -175,6 +176,24 @@ def _mask_rows(masks: np.ndarray, rows: int, single: bool) -> np.ndarray:
     return masks
 
 
+def _episode_starts(episode_start: Any, rows: int) -> np.ndarray:
+    """``predict``'s ``episode_start`` as one bool per observation; :class:`InputError` for anything but bools (or
+    0 and 1), one or one per observation."""
+    if episode_start is None:
+        return np.zeros(rows, dtype=bool)
+    try:
+        flags = np.asarray(episode_start)
+    except ValueError:
+        flags = np.asarray([], dtype=object)
+    if not (flags.dtype.kind == "b" or (flags.dtype.kind in "iu" and np.isin(flags, (0, 1)).all())):
+        raise InputError(
+            f"episode_start takes bools (True where an episode starts), got {episode_start!r:.60}."
+        )
+    if flags.size not in (1, rows):
+        raise InputError(f"episode_start needs one flag per observation ({rows}), got {flags.size}.")
+    return np.broadcast_to(flags.reshape(-1).astype(bool), (rows,)).copy()
+
+
 def _whole(array: np.ndarray) -> bool:
     """Whether ``array`` holds whole numbers only (integers and booleans always do)."""
     return array.dtype.kind in "biu" or bool(np.isfinite(array).all() and (array == np.floor(array)).all())
@@ -303,12 +322,18 @@ class Agent(nn.Module):
 
     def _entry_tensor(self, observation: Any, space: gym.Space) -> tuple[torch.Tensor, bool]:
         try:
-            array = (
-                observation.detach().cpu().numpy()
-                if isinstance(observation, torch.Tensor)
-                else np.asarray(observation)
-            )
-        except ValueError as error:  # rows of different lengths
+            if isinstance(observation, torch.Tensor):
+                tensor = observation.detach().cpu()
+                if tensor.is_floating_point() and tensor.dtype not in (
+                    torch.float16,
+                    torch.float32,
+                    torch.float64,
+                ):
+                    tensor = tensor.float()  # bfloat16, float8: NumPy has no such dtype
+                array = tensor.numpy()
+            else:
+                array = np.asarray(observation)
+        except (ValueError, TypeError) as error:  # rows of different lengths, a dtype NumPy cannot take
             raise InputError(
                 f"Observation {observation!r:.60} is not an array ({error}); the agent's observation space is {space}."
             ) from None
@@ -349,21 +374,25 @@ class Agent(nn.Module):
         if isinstance(
             space, (gym.spaces.Discrete, gym.spaces.MultiDiscrete)
         ):  # values from 0, as in training
-            tensor = torch.as_tensor(array - space.start, dtype=torch.int64)
-            sizes = torch.as_tensor(
-                np.asarray(space.n if isinstance(space, gym.spaces.Discrete) else space.nvec)
-            )
-            if ((tensor < 0) | (tensor >= sizes)).any():
+            sizes = np.asarray(space.n if isinstance(space, gym.spaces.Discrete) else space.nvec)
+            # compared as they are (a uint64 beyond int64 would wrap in the conversion), then converted
+            if ((array < space.start) | (array >= space.start + sizes)).any():
                 raise InputError(
                     f"Observation values outside the agent's observation space {space} (start {space.start}): "
                     f"got {array.tolist() if array.size <= 16 else 'a batch'}."
                 )
+            tensor = torch.as_tensor(array.astype(np.int64) - space.start, dtype=torch.int64)
         else:
+            if array.dtype.kind == "f" and not np.isfinite(array).all():
+                raise InputError("Observation contains NaN or Inf; check the env or its wrappers.")
             # uint8 images stay uint8 (the CNN scales them); other Box observations become float32
             dtype = torch.uint8 if space.dtype == np.uint8 else torch.float32
             tensor = torch.as_tensor(array, dtype=dtype)
             if not torch.isfinite(tensor).all():
-                raise InputError("Observation contains NaN or Inf; check the env or its wrappers.")
+                raise InputError(
+                    "Observation values beyond float32's range (about ±3.4e38), which the agent computes in; "
+                    "check the env or its wrappers."
+                )
         if single:
             tensor = tensor.unsqueeze(0)
         return tensor.to(self.device), single
@@ -456,6 +485,7 @@ class Agent(nn.Module):
                     "has no memory."
                 )
             return None
+        starts = _episode_starts(episode_start, rows)
         fresh = initial_state(self.policy, rows, self.device)
         state = self._state if state is None else state
         if state is None:
@@ -474,12 +504,7 @@ class Agent(nn.Module):
                     f"{(rows, *shape)} (after a batch of another size, call reset_state())."
                 )
             restored.set(key, value.to(device=self.device, dtype=torch.float32))
-        starts = (
-            np.zeros(rows, dtype=bool) if episode_start is None else np.asarray(episode_start, dtype=bool)
-        )
-        if starts.size not in (1, rows):
-            raise InputError(f"episode_start needs one flag per observation ({rows}), got {starts.size}.")
-        is_init = torch.as_tensor(np.broadcast_to(starts.reshape(-1), (rows,)).copy(), device=self.device)
+        is_init = torch.as_tensor(starts, device=self.device)
         restored.set(IS_INIT_KEY, is_init.reshape(rows, 1))
         return restored
 
@@ -600,6 +625,13 @@ class Agent(nn.Module):
                     f"Cannot write a video to {video_path}: name a file ending in {', '.join(VIDEO_SUFFIXES)} "
                     "(H.264 video), or a folder for video.mp4."
                 )
+            try:  # before any episode runs: a video that cannot be written fails now, not after them
+                video_path.parent.mkdir(parents=True, exist_ok=True)
+            except OSError as error:
+                raise InputError(
+                    f"Cannot make the video's folder {video_path.parent} ({error.strerror}); choose another video_path."
+                ) from None
+            check_writable(video_path.parent, "video's folder", "choose another video_path")
         if render:
             check_display()
             video_path, max_parallel_envs = None, 1
@@ -643,7 +675,11 @@ class Agent(nn.Module):
             envs, owned = [self.make_env(env, env_kwargs, render_mode(index)) for index in range(count)], True
         elif isinstance(env, gym.Env):
             if video_path is not None and env.render_mode != "rgb_array":
-                raise InputError("Recording a video needs an env made with render_mode='rgb_array'.")
+                raise RenderError("Recording a video needs an env made with render_mode='rgb_array'.")
+            if not _has_time_limit(
+                env
+            ):  # as ids registered without one: a policy that never ends cannot hang
+                env = gym.wrappers.TimeLimit(env, EVALUATION_STEP_LIMIT)
             envs, owned = [env], False
         else:
             raise InputError(f"evaluate takes a Gymnasium id or env, got {type(env).__name__}.")
@@ -698,6 +734,14 @@ class Agent(nn.Module):
             options["render_mode"] = render_mode
         try:
             return apply_wrappers(gym.make(env_id, max_episode_steps=max_steps, **options), wrappers)
+        except TypeError as error:
+            if render_mode is None or "render_mode" not in str(error):
+                raise
+            raise RenderError(
+                f"{env_id} cannot render frames: its constructor takes no render_mode ({first_line(error)}); "
+                "evaluate without a video or window, or give the env a render_mode argument (Gymnasium's "
+                "render API) that takes 'rgb_array' and 'human'."
+            ) from None
         except MemoryError as error:  # sizes in the keyword arguments (which may come from the file)
             raise InputError(
                 f"Building {env_id} with the keyword arguments {env_kwargs!r:.200} and the wrappers "
@@ -811,6 +855,10 @@ class Agent(nn.Module):
         Raises:
             InputError: the file is missing, is not an agent checkpoint, or is damaged.
         """
+        if not isinstance(path, (str, os.PathLike)):
+            raise InputError(
+                f"Agent.load takes the path of an agent checkpoint or run folder, got {path!r:.60}."
+            )
         path = Path(path)
         device = check_device(str(device))
         if path.is_dir():
@@ -886,6 +934,18 @@ class Agent(nn.Module):
                 f"in {statistics}); the file is damaged or forged. Refusing to load it."
             )
         return agent.to(device)
+
+
+def _has_time_limit(env: gym.Env) -> bool:
+    """Whether ``env`` ends its episodes after a number of steps: a ``TimeLimit`` among its wrappers (or a spec
+    that says it has one)."""
+    if getattr(getattr(env, "spec", None), "max_episode_steps", None) is not None:
+        return True
+    while isinstance(env, gym.Wrapper):
+        if isinstance(env, gym.wrappers.TimeLimit):
+            return True
+        env = env.env
+    return False
 
 
 def _exploration(deterministic: bool) -> ExplorationType:

@@ -50,6 +50,23 @@ def require_regular_file(path: str | Path, what: str) -> None:
         raise InputError(f"The {what} {path} is {kind}; name a file.")
 
 
+def check_writable(folder: Path, what: str, fix: str) -> None:
+    """Raise :class:`InputError` naming ``folder`` (the ``what`` of the message, with the ``fix``) unless a new file
+    can be made in it, before any work whose outputs would then be lost: a new file of its own, opened with
+    ``O_EXCL | O_NOFOLLOW`` and removed at once, never one through a link left under its name."""
+    probe = Path(folder) / f".write-test-{os.getpid()}"
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
+    try:
+        try:
+            os.close(os.open(probe, flags, 0o600))
+        except FileExistsError:  # a probe left behind (or a link put there): removed, not followed
+            probe.unlink()
+            os.close(os.open(probe, flags, 0o600))
+        probe.unlink()
+    except OSError as error:
+        raise InputError(f"Cannot write in the {what} {folder} ({error.strerror}); {fix}.") from None
+
+
 def temporary_path(path: Path) -> Path:
     """A hidden path beside ``path`` that names this machine and process (see :func:`remove_stale_temporaries`)
     and ends with ``path``'s suffix (writers that choose a format by it, such as video encoders, see the same one)."""
@@ -113,8 +130,10 @@ _TORCH_FILE_ERROR = re.compile(r"unable to .*file.*: (?P<reason>[^:]+?) \((?P<er
 def _failed_write(error: OSError | RuntimeError) -> tuple[int | None, str]:
     """The errno and reason of a failed write; ``(None, "")`` for a RuntimeError that is not PyTorch's report
     of one (a bug in the writer, which should surface as it is)."""
-    if isinstance(error, OSError):
-        return error.errno or errno.EIO, error.strerror or str(error)
+    if isinstance(
+        error, OSError
+    ):  # the first line: an encoder's error carries its whole command line after it
+        return error.errno or errno.EIO, (error.strerror or str(error) or "no detail").splitlines()[0]
     match = _TORCH_FILE_ERROR.search(str(error).split("\n", 1)[0])
     return (int(match["errno"]), match["reason"]) if match else (None, "")
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import io
 import json
 import statistics
 import sys
@@ -23,6 +24,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from agents.files import write_text
 from benchmarks.common import EVAL_SEED_OFFSET, whole_number
 
 MUJOCO = ["HalfCheetah-v5", "Hopper-v5", "Walker2d-v5", "Ant-v5", "Humanoid-v5"]
@@ -322,21 +324,23 @@ def main(argv: list[str] | None = None) -> None:
     model.learn(total_timesteps=args.frames, callback=Evaluations())
     record()
     wall_time = time.perf_counter() - start
-    with open(args.output_dir / "evaluations.csv", "w", newline="") as file:
-        writer = csv.DictWriter(file, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
+    table = io.StringIO(newline="")
+    writer = csv.DictWriter(table, fieldnames=list(rows[0]))
+    writer.writeheader()
+    writer.writerows(rows)
+    # each file replaced, never written through a link
+    write_text(args.output_dir / "evaluations.csv", table.getvalue())
     frames = model.num_timesteps
     summary = {"algorithm": f"sb3-{args.algo}", "env_id": args.env, "seed": args.seed, "frames": frames,
                "wall_time_s": wall_time, "fps": frames / wall_time, "eval_return_mean": rows[-1]["return_mean"],
                "eval_return_std": rows[-1]["return_std"],
                "best_eval_return_mean": max(row["return_mean"] for row in rows),
                "stable_baselines3": stable_baselines3.__version__}  # fmt: skip
-    (args.output_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    write_text(args.output_dir / "summary.json", json.dumps(summary, indent=2) + "\n")
     config = {"run": {"env_id": args.env, "env_kwargs": args.env_kwargs, "total_frames": args.frames,
                       "preset_applied": {"name": "RL Zoo (SB3)"}},
               "settings": {key: list(value) if isinstance(value, tuple) else value for key, value in settings.items()}}  # fmt: skip
-    (args.output_dir / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    write_text(args.output_dir / "config.json", json.dumps(config, indent=2) + "\n")
 
 
 if __name__ == "__main__":

@@ -56,7 +56,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from agents.files import write_text
+from agents.files import write_atomically, write_text
 from benchmarks.common import whole_number
 from training.seeding import core_share
 
@@ -273,12 +273,92 @@ def command(
     return [*base, *options, *reporting]
 
 
+MAX_RUN_FILE_BYTES = (
+    16 * 2**20
+)  # a record, summary or curve file: a run's are well below (100k evaluations: ~4 MB)
+
+
 def read_regular(path: Path) -> str:
     """The text of the regular file at ``path``; OSError for a device, pipe or folder in its place (a pipe would
-    wait for a writer for ever, ``/dev/zero`` never end)."""
+    wait for a writer for ever, ``/dev/zero`` never end), ValueError for a file larger than any run writes."""
     if not path.is_file():
         raise OSError(f"{path} is not a regular file")
+    if (size := path.stat().st_size) > MAX_RUN_FILE_BYTES:
+        raise ValueError(f"{path.name} holds {size:,} bytes, more than a run writes ({MAX_RUN_FILE_BYTES:,})")
     return path.read_text()
+
+
+def linked_folders(job: Job, results: Path) -> list[Path]:
+    """The folders inside ``results`` that the suite writes for ``job`` (its run folder and those above it, its
+    record's, the logs) that are links: a run there would write wherever they point."""
+    linked = set()
+    for target in (job.folder(results), job.record(results).parent, results / "logs"):
+        parts = target.relative_to(results).parts
+        linked.update(
+            path
+            for depth in range(1, len(parts) + 1)
+            if (path := results.joinpath(*parts[:depth])).is_symlink()
+        )
+    return sorted(linked)
+
+
+def foreign_run(job: Job, results: Path) -> str | None:
+    """What ``job``'s run folder holds when it is another run's (another algorithm, env, env kwargs or seed, from
+    its config.json and summary.json), or None. Missing or damaged files name nothing here: the run's own checks
+    and :func:`write_record` deal with them."""
+    folder = job.folder(results)
+    held: dict[str, Any] = {}
+    for name in ("config.json", "summary.json"):
+        try:
+            data = json.loads(read_regular(folder / name))
+        except (OSError, ValueError, RecursionError):
+            continue
+        held[name] = data if isinstance(data, dict) else {}
+    run = held.get("config.json", {}).get("run")
+    run = run if isinstance(run, dict) else {}
+    summary = held.get("summary.json", {})
+    found = {
+        "algorithm": summary.get("algorithm", job.algorithm),
+        "env": run.get("env_id", summary.get("env_id", job.env_id)),
+        "env kwargs": run.get("env_kwargs", job.env_kwargs),
+        "seed": run.get("seed", summary.get("seed", job.seed)),
+    }
+    if (
+        summary.get("env_id", found["env"]) != found["env"]
+        or summary.get("seed", found["seed"]) != found["seed"]
+    ):
+        return "a summary.json and a config.json of two runs"
+    expected = {"algorithm": job.algorithm, "env": job.env_id, "env kwargs": job.env_kwargs, "seed": job.seed}
+    differ = [f"{key} {found[key]!r:.80}" for key in expected if found[key] != expected[key]]
+    return "a run of " + ", ".join(differ) if differ else None
+
+
+def link_problems(jobs: list[Job], results: Path) -> list[str]:
+    """The linked folders (:func:`linked_folders`) of ``jobs``, one line each."""
+    linked = sorted({path for job in jobs for path in linked_folders(job, results)})
+    return [
+        f"{path} is a link (to {os.path.realpath(path)}): the suite writes only into folders of its own"
+        for path in linked
+    ]
+
+
+def foreign_problems(jobs: list[Job], results: Path) -> list[str]:
+    """The run folders of ``jobs`` that hold another run (which the job's ``--overwrite`` would replace, or its
+    ``--resume`` continue), one line each."""
+    return [
+        f"{job.folder(results)} holds {what}, not {job.algorithm} {job.env} seed {job.seed}"
+        for job in jobs
+        if (what := foreign_run(job, results)) is not None
+    ]
+
+
+def refuse(problems: list[str]) -> None:
+    """Exit with status 2 naming ``problems`` (what the results folder holds that no run may write over)."""
+    print("error: the results folder holds what the suite must not run over:", file=sys.stderr)
+    for line in problems:
+        print(f"  {line}", file=sys.stderr)
+    print("Move those away (or delete them) and run the suite again.", file=sys.stderr)
+    raise SystemExit(2)
 
 
 def completed(job: Job, results: Path) -> bool:
@@ -308,6 +388,8 @@ def write_record(job: Job, results: Path) -> None:
     folder to run it again."""
     folder = job.folder(results)
     try:
+        if (what := foreign_run(job, results)) is not None:
+            raise ValueError(f"it holds {what}")
         summary = json.loads(read_regular(folder / "summary.json"))
         config = json.loads(read_regular(folder / "config.json"))
         rows = csv.DictReader(io.StringIO(read_regular(folder / "evaluations.csv")))
@@ -325,6 +407,14 @@ def write_record(job: Job, results: Path) -> None:
         )
         return
     write_text(job.record(results), json.dumps(record, indent=1) + "\n")
+
+
+def open_log(path: Path) -> io.TextIOWrapper:
+    """``path`` opened for appending, never through a link: a link in its place is removed (what it points at is
+    left alone) and the log starts afresh."""
+    if path.is_symlink():
+        path.unlink()
+    return open(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o644), "a")
 
 
 def reason(error: BaseException) -> str:
@@ -379,7 +469,7 @@ class Runner:
         log_path = logs / f"{job.algorithm}-{job.slug}-seed{job.seed}.log"
         arguments = command(job, results, frames, checkpoint_every, self.threads(job))
         resuming = "--resume" in arguments
-        with open(log_path, "a") as log:
+        with open_log(log_path) as log:
             with self.lock:  # a stop that arrived while the command was built: nothing starts
                 if self.stopping is not None:
                     return -1
@@ -528,7 +618,7 @@ class RayRunner(Runner):
         logs = results / "logs"
         logs.mkdir(parents=True, exist_ok=True)
         log_path = logs / f"{job.algorithm}-{job.slug}-seed{job.seed}.log"
-        with open(log_path, "a") as log:
+        with open_log(log_path) as log:
             log.write(result["output"])
         folder = job.folder(results)
         if not result["shared"]:
@@ -591,6 +681,11 @@ def read_record(path: Path, quiet: bool = False) -> dict[str, Any] | None:
     return record
 
 
+MAX_CURVE_POINTS = (
+    100_000  # evaluations in a record's curve: a 10M-frame run evaluated every 1,000 frames has 10,000
+)
+
+
 def _check_record(record: Any) -> None:
     """Raise ValueError unless ``record`` has the fields, of the types, that the report reads."""
 
@@ -612,7 +707,7 @@ def _check_record(record: Any) -> None:
         and count(summary["frames"])
         and all(number(summary[key]) for key in ("seed", "eval_return_mean", "wall_time_s", "fps"))
         and isinstance(curve, list)
-        and curve
+        and 0 < len(curve) <= MAX_CURVE_POINTS
         and all(isinstance(point, list) and len(point) == 2 and all(map(number, point)) for point in curve)
         and (record.get("preset") is None or isinstance(record["preset"], str))
         and isinstance(run, dict)
@@ -654,9 +749,7 @@ def random_score(env: str, cache: Path, episodes: int = 10) -> float:
             returns.append(total)
         instance.close()
         scores[env] = statistics.mean(returns)
-        partial = cache.with_name(cache.name + ".partial")
-        partial.write_text(json.dumps(scores, indent=2) + "\n")
-        partial.replace(cache)  # whole or not at all
+        write_text(cache, json.dumps(scores, indent=2) + "\n")  # whole or not at all, never through a link
     return scores[env]
 
 
@@ -723,15 +816,18 @@ def write_report(results: Path) -> Path:
     for run in runs:
         budget = record_budget(run, results)  # unknown: the frames it ran
         rows.setdefault((run["algorithm"], run["env"], budget or run["summary"]["frames"]), []).append(run)
-    with open(results / "summary.csv", "w", newline="") as file:
-        writer = csv.writer(file)
-        writer.writerow(["algorithm", "env", "seed", "preset", "frames", "final_return", "best_return", "wall_time_s",
-                         "fps"])  # fmt: skip
-        for run in runs:
-            summary = run["summary"]
-            writer.writerow([run["algorithm"], run["env"], summary["seed"], run["preset"], summary["frames"],
-                             summary["eval_return_mean"], max(value for _, value in run["curve"]),
-                             summary["wall_time_s"], summary["fps"]])  # fmt: skip
+    table = io.StringIO(newline="")
+    writer = csv.writer(table)
+    writer.writerow(["algorithm", "env", "seed", "preset", "frames", "final_return", "best_return", "wall_time_s",
+                     "fps"])  # fmt: skip
+    for run in runs:
+        summary = run["summary"]
+        writer.writerow([run["algorithm"], run["env"], summary["seed"], run["preset"], summary["frames"],
+                         summary["eval_return_mean"], max(value for _, value in run["curve"]),
+                         summary["wall_time_s"], summary["fps"]])  # fmt: skip
+    write_text(
+        results / "summary.csv", table.getvalue()
+    )  # files here are replaced, never written through links
     lines = [
         "# Benchmark results",
         "",
@@ -815,9 +911,7 @@ def write_report(results: Path) -> Path:
             )
     written = plot(results, rows, normalised)
     lines += ["", "Plots: " + ", ".join(f"[{name}]({name})" for name in sorted(written))]
-    report = results / "report.md"
-    report.write_text("\n".join(lines) + "\n")
-    return report
+    return write_text(results / "report.md", "\n".join(lines) + "\n")
 
 
 def plot(
@@ -836,12 +930,21 @@ def plot(
             if row_env != env:
                 continue
             budgets = sum(1 for other, other_env, _ in rows if (other, other_env) == (algorithm, env))
-            frames = sorted({frame for run in group for frame, _ in run["curve"]})
+            at_frame: dict[float, list[float]] = {}  # the seeds' evaluations at each frame count
+            for run in group:
+                for frame, value in run["curve"]:
+                    at_frame.setdefault(frame, []).append(value)
+            frames = sorted(at_frame)
             means, lows, highs = [], [], []
             for frame in frames:
-                values = [value for run in group for at, value in run["curve"] if at == frame]
+                values = at_frame[frame]
                 means.append(statistics.fmean(values))
-                low, high = bootstrap_interval([values], statistics.fmean, samples=500)
+                # one evaluation has no spread to resample
+                low, high = (
+                    bootstrap_interval([values], statistics.fmean, samples=500)
+                    if len(values) > 1
+                    else (values[0],) * 2
+                )
                 lows.append(low)
                 highs.append(high)
             label = f"{algorithm} ({len(group)} seed{'s' if len(group) > 1 else ''}"
@@ -853,7 +956,7 @@ def plot(
         axes.legend()
         figure.tight_layout()
         written.append(f"curves_{re.sub(r'[^A-Za-z0-9_.=-]+', '_', env)}.png")
-        figure.savefig(results / written[-1], dpi=100)
+        write_atomically(results / written[-1], functools.partial(figure.savefig, dpi=100))
         plt.close(figure)
     if normalised:
         figure, axes = plt.subplots(figsize=(6, 1 + 0.5 * len(normalised)))
@@ -865,7 +968,7 @@ def plot(
         axes.set_yticks(range(len(normalised)), sorted(normalised))
         axes.set_xlabel("IQM of reference-normalised score (1 = the reference)")
         figure.tight_layout()
-        figure.savefig(results / "aggregate.png", dpi=100)
+        write_atomically(results / "aggregate.png", functools.partial(figure.savefig, dpi=100))
         plt.close(figure)
         written.append("aggregate.png")
     return written
@@ -911,10 +1014,17 @@ def main(argv: list[str] | None = None) -> None:
             parser.error(f"--results {args.results} is no folder")
     elif problem := check_request(args.algos, args.envs, args.seeds, args.with_sb3):
         parser.error(problem)
-    args.results.mkdir(parents=True, exist_ok=True)
+    try:
+        args.results.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        parser.error(f"--results {args.results}: cannot make the folder ({error.strerror}); name a folder")
+    if not args.results.is_dir():
+        parser.error(f"--results {args.results} is a file; name a folder")
     status = 0
     if not args.report_only:
         jobs = make_jobs(args.algos, args.envs, args.seeds, args.with_sb3)
+        if problems := link_problems(jobs, args.results):  # before any record is written
+            refuse(problems)
         pending = [job for job in jobs if not finished(job, args.results)]
         if conflicts := budget_conflicts(jobs, args.results, args.frames):
             print("error: one results folder holds one budget per (algorithm, env, seed):", file=sys.stderr)
@@ -926,6 +1036,8 @@ def main(argv: list[str] | None = None) -> None:
                 file=sys.stderr,
             )
             raise SystemExit(2)
+        if problems := foreign_problems(pending, args.results):
+            refuse(problems)
         for job in jobs:
             record = None if job in pending else read_record(job.record(args.results))
             if record is not None and (changes := preset_changes(record)):

@@ -20,7 +20,7 @@ import tyro
 from agents import Agent
 from envs.rendering import check_display
 from envs.vector import check_device, check_env_id
-from errors import InputError, WriteError
+from errors import InputError, RenderError, WriteError
 from training.cli import run_command
 
 
@@ -75,6 +75,12 @@ def main(config: EvaluateConfig) -> dict:
     }
     try:
         result = agent.evaluate(config.env_id, video_path=video_path, **options)
+    except RenderError as error:
+        if video_path is None:
+            raise
+        warnings.warn(f"No video: {error} Evaluating without one.", stacklevel=2)
+        video_path = None
+        result = agent.evaluate(config.env_id, **options)
     except (InputError, WriteError):
         raise
     except Exception as error:

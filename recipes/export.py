@@ -61,7 +61,7 @@ def output_path(output: str | None, checkpoint: Path) -> Path:
     separator, made if missing), or beside ``checkpoint`` by default.
 
     Raises:
-        InputError: the file is the checkpoint itself, or an existing file that is not an ONNX model (see
+        InputError: a file not named ``*.onnx``, the checkpoint itself, or an existing file that is not an ONNX model (see
             :func:`is_onnx_file`): export replaces only an earlier export.
     """
     separators = tuple(separator for separator in (os.sep, os.altsep) if separator)
@@ -72,6 +72,11 @@ def output_path(output: str | None, checkpoint: Path) -> Path:
         raise InputError(
             f"--output {path} is the agent checkpoint being exported; give another --output, e.g. "
             f"{checkpoint.parent / 'policy.onnx'}."
+        )
+    if path.suffix.lower() != ".onnx":  # so that the next export recognises the file as its own to replace
+        raise InputError(
+            f"--output {path}: name a file ending in .onnx, or a folder (an existing one, or a path ending in "
+            f"{os.sep}) for policy.onnx."
         )
     if (path.exists() or path.is_symlink()) and not is_onnx_file(path):
         raise InputError(

@@ -20,6 +20,7 @@ preset every recipe takes with --preset-file (--list-presets shows it).
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import functools
 import gc
@@ -37,7 +38,7 @@ from typing import Annotated, Any, Literal
 
 import tyro
 
-from agents.files import require_regular_file, write_atomically, write_text
+from agents.files import check_writable, require_regular_file, write_atomically, write_text
 from errors import InputError, NonFiniteError, require_positive
 from training.cli import run_command
 from training.config import parse_env_kwargs
@@ -259,18 +260,22 @@ def run_worker(config: TuneConfig, index: int, first_trial: int = 0) -> str | No
     seed = (config.seed + index) % 2**32
     if first_trial:
         seed = int(np.random.SeedSequence([config.seed, index, first_trial]).generate_state(1)[0])
-    study = optuna.load_study(
-        study_name=config.name,
-        storage=config.storage_url,
-        sampler=optuna.samplers.TPESampler(seed=seed),
-        pruner=make_pruner(config),
-    )
+    with storage_errors(config):
+        study = optuna.load_study(
+            study_name=config.name,
+            storage=config.storage_url,
+            sampler=optuna.samplers.TPESampler(seed=seed),
+            pruner=make_pruner(config),
+        )
     space = read_search_space(config.algorithm, config.search_space)
     states = optuna.trial.TrialState
     while True:
         flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW  # never through a link planted there
         try:
-            with open(os.open(config.folder / ".trials.lock", flags, 0o644), "a") as lock:
+            with (
+                open(os.open(config.folder / ".trials.lock", flags, 0o644), "a") as lock,
+                storage_errors(config),
+            ):
                 fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
                 trials = study.get_trials(deepcopy=False)
                 finished = sum(trial.state in (states.COMPLETE, states.PRUNED) for trial in trials)
@@ -283,20 +288,21 @@ def run_worker(config: TuneConfig, index: int, first_trial: int = 0) -> str | No
                 trial = study.ask()
         except KeyboardInterrupt as stop:  # between trials
             return getattr(stop, "name", "SIGINT")
+        outcome: dict[str, Any] = {"state": states.FAIL}
         try:
-            value = objective(config, space, trial)
+            outcome = {"values": objective(config, space, trial)}
         except optuna.TrialPruned:
-            study.tell(trial, state=states.PRUNED)  # scored by its last report
-        except (InputError, NonFiniteError):  # options that do not combine, a diverging run
-            study.tell(trial, state=states.FAIL)  # the study goes on
+            outcome = {"state": states.PRUNED}  # scored by its last report
+        except (
+            InputError,
+            NonFiniteError,
+        ):  # options that do not combine, a diverging run: the study goes on
+            pass
         except KeyboardInterrupt as stop:
-            study.tell(trial, state=states.FAIL)
             return getattr(stop, "name", "SIGINT")
-        except BaseException:
-            study.tell(trial, state=states.FAIL)
-            raise
-        else:
-            study.tell(trial, value)
+        finally:  # the trial's end, also when an error in the run propagates
+            with storage_errors(config):
+                study.tell(trial, **outcome)
         gc.collect()
 
 
@@ -325,8 +331,11 @@ def main(config: TuneConfig) -> dict[str, Any]:
     lock = config.folder / ".trials.lock"
     if lock.exists() and not lock.is_file():
         raise InputError(f"{lock} is not a file; the study keeps its lock there. Move it away.")
-    if config.storage is None:
-        check_own_database(config.folder / "study.db")
+    database = sqlite_path(config.storage_url)
+    if database is not None:
+        check_own_database(database)
+    # a locked folder fails here, not in the first trial
+    check_writable(config.folder, "study folder", "choose another --output-dir")
     claim_folder(config)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     from sqlalchemy.exc import SQLAlchemyError
@@ -352,20 +361,21 @@ def main(config: TuneConfig) -> dict[str, Any]:
         "eval_episodes": config.eval_episodes,
         "preset": config.preset,
     }
-    stored = dict(study.user_attrs)
-    for key, value in describe.items():
-        # a study stored before --seeds-per-trial existed ran one seed per trial; one stored before the later
-        # keys is taken to have used this command's values for them
-        missing = 1 if key == "seeds_per_trial" and "frames_per_trial" in stored else value
-        saved = stored.get(key, missing)
-        if saved != value:
-            raise InputError(
-                f"Study {config.name!r} in {config.storage_url} tunes {key}={saved!r}, not {value!r}; continue it "
-                "with its own settings, or give another --study-name."
-            )
-        study.set_user_attr(key, value)
-    check_space_continues(distributions, study)
-    stopped_by, first_trial = None, len(study.get_trials(deepcopy=False))
+    with storage_errors(config):
+        stored = dict(study.user_attrs)
+        for key, value in describe.items():
+            # a study stored before --seeds-per-trial existed ran one seed per trial; one stored before the later
+            # keys is taken to have used this command's values for them
+            missing = 1 if key == "seeds_per_trial" and "frames_per_trial" in stored else value
+            saved = stored.get(key, missing)
+            if saved != value:
+                raise InputError(
+                    f"Study {config.name!r} in {config.storage_url} tunes {key}={saved!r}, not {value!r}; continue "
+                    "it with its own settings, or give another --study-name."
+                )
+            study.set_user_attr(key, value)
+        check_space_continues(distributions, study)
+        stopped_by, first_trial = None, len(study.get_trials(deepcopy=False))
     previous = signal.getsignal(signal.SIGTERM)
     if config.jobs == 1:
         try:
@@ -398,11 +408,48 @@ def main(config: TuneConfig) -> dict[str, Any]:
                         stopped_by = stopped_by or "SIGINT"
         finally:
             signal.signal(signal.SIGTERM, previous)
-    study = optuna.load_study(study_name=config.name, storage=config.storage_url)
-    summary = write_results(config, study)
+    with storage_errors(config):
+        study = optuna.load_study(study_name=config.name, storage=config.storage_url)
+        summary = write_results(config, study)
     if stopped_by is None:
         check_failures(config, study, first_trial)
     return summary | {"interrupted_by": stopped_by}
+
+
+@contextlib.contextmanager
+def storage_errors(config: TuneConfig) -> Any:
+    """Report what goes wrong reading or writing the study's storage in the block as one :class:`InputError`: a
+    database that cannot be written (a read-only folder or file), or rows no Optuna study holds (a damaged or
+    edited file, whose values fail Optuna's or the results' reading of them). Errors of a trial's run are not in
+    such a block."""
+    import optuna
+    from sqlalchemy.exc import SQLAlchemyError
+
+    try:
+        yield
+    except (SQLAlchemyError, optuna.exceptions.StorageInternalError) as error:
+        reason = str(getattr(error, "orig", None) or getattr(error, "__cause__", None) or error).splitlines()[
+            0
+        ]
+        raise InputError(
+            f"Could not read or write the study's storage {config.storage_url} ({reason[:200]}); check that it and "
+            "its folder are writable, or move a damaged file away, or give another --storage or --output-dir."
+        ) from None
+    except (ValueError, TypeError, KeyError, IndexError, AttributeError, RecursionError) as error:
+        detail = str(error).splitlines()[0][:200] if str(error) else "no detail"
+        raise InputError(
+            f"The study's storage {config.storage_url} holds records no study writes ({type(error).__name__}: "
+            f"{detail}); it is damaged or edited: move it away, or give another --storage or --output-dir."
+        ) from None
+
+
+def sqlite_path(url: str) -> Path | None:
+    """The file of an SQLite storage URL (``sqlite:///relative.db``, ``sqlite:////absolute.db``); None for
+    other databases and SQLite's in-memory one."""
+    prefix = "sqlite:///"
+    if not url.startswith(prefix) or url[len(prefix) :] in ("", ":memory:"):
+        return None
+    return Path(url[len(prefix) :].split("?", 1)[0])
 
 
 def claim_folder(config: TuneConfig) -> None:

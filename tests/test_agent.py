@@ -447,3 +447,57 @@ def test_an_image_of_floats_is_named_as_such():
         InputError, match=r"an image scaled to floats\? the agent takes the env's own uint8 pixels"
     ):
         agent.predict(np.full(6, 0.5, np.float32))
+
+
+def test_odd_observation_types_and_values_get_an_action_or_one_line():
+    agent = make_agent()
+    observation = np.array([0.01, -0.02, 0.03, 0.04], dtype=np.float32)
+    assert agent.predict(torch.as_tensor(observation, dtype=torch.bfloat16)) == agent.predict(
+        torch.as_tensor(observation, dtype=torch.bfloat16).float().numpy()
+    )
+    with pytest.raises(InputError, match=r"beyond float32's range"):
+        agent.predict(np.full(4, 1e39))
+    with pytest.raises(InputError, match="NaN or Inf"):
+        agent.predict(np.array([0.0, np.nan, 0.0, 0.0]))
+    tabular = Agent.build(
+        "Custom-v0",
+        gym.spaces.Discrete(5),
+        gym.spaces.Discrete(2),
+        "test",
+        policy_kwargs={"hidden_sizes": [8]},
+    )
+    for huge in (np.uint64(2**64 - 1), np.array([1e30])):
+        with pytest.raises(InputError, match="outside the agent's observation space"):
+            tabular.predict(huge)
+    for path in (None, 5):
+        with pytest.raises(InputError, match="Agent.load takes the path of an agent checkpoint"):
+            Agent.load(path)
+
+
+def test_evaluate_caps_an_env_instance_without_a_time_limit_and_checks_the_video_before_any_episode(tmp_path):
+    from gymnasium.envs.classic_control.pendulum import PendulumEnv
+
+    from agents.agent import EVALUATION_STEP_LIMIT
+    from errors import RenderError
+
+    agent = make_agent("Pendulum-v1")
+    result = agent.evaluate(PendulumEnv(), episodes=1)  # Pendulum never ends on its own
+    assert result.lengths.tolist() == [EVALUATION_STEP_LIMIT]
+    assert agent.evaluate(gym.make("Pendulum-v1", max_episode_steps=7), episodes=1).lengths.tolist() == [7]
+    (tmp_path / "file").write_text("")
+    played = []
+    agent._play = lambda *args: played.append(args)
+    with pytest.raises(InputError, match=r"Cannot make the video's folder .*file"):
+        agent.evaluate(episodes=1, video_path=tmp_path / "file" / "video.mp4")
+    import dict_env  # noqa: F401 - registers GoalReach-v0, whose constructor takes no render_mode
+
+    observation_space = gym.make("GoalReach-v0").observation_space
+    goal = Agent.build(
+        "GoalReach-v0", observation_space, gym.spaces.Discrete(4), "test", policy_kwargs={"hidden_sizes": [8]}
+    )
+    goal._play = agent._play
+    with pytest.raises(
+        RenderError, match="GoalReach-v0 cannot render frames: its constructor takes no render_mode"
+    ):
+        goal.evaluate(episodes=1, video_path=tmp_path / "goal.mp4")
+    assert played == []

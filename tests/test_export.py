@@ -269,9 +269,12 @@ def test_export_refuses_to_replace_the_checkpoint_or_a_file_that_is_not_onnx(tmp
     notes.write_text("keep me")
     fake = tmp_path / "fake.onnx"  # named .onnx, but a checkpoint's bytes
     fake.write_bytes(content)
-    for other in (notes, fake):
+    for other, message in ((notes, "name a file ending in .onnx"), (fake, "is not an ONNX model")):
         status, error = run_export_command(monkeypatch, capsys, checkpoint, "--output", other)
-        assert status == 2 and len(error.splitlines()) == 1 and "is not an ONNX model" in error
+        assert status == 2 and len(error.splitlines()) == 1 and message in error
+    # a new file too is named *.onnx, so that the next export knows it for its own and replaces it
+    status, error = run_export_command(monkeypatch, capsys, checkpoint, "--output", tmp_path / "model")
+    assert status == 2 and "name a file ending in .onnx" in error and not (tmp_path / "model").exists()
     assert notes.read_text() == "keep me" and fake.read_bytes() == content
     pipe, dangling = tmp_path / "pipe.onnx", tmp_path / "dangling.onnx"  # not files an export replaces
     os.mkfifo(pipe)

@@ -192,6 +192,13 @@ def test_agent_predict_keeps_the_state_between_calls(tmp_path):
         agent.predict(observations[0])
     with pytest.raises(InputError, match="one flag per observation"):
         agent.predict(observations[:4], episode_start=[True, False])
+    agent.reset_state()  # checked with no state kept too
+    with pytest.raises(InputError, match=r"one flag per observation \(2\), got 3"):
+        agent.predict(observations[:2], episode_start=[True, False, True])
+    with pytest.raises(InputError, match="episode_start takes bools"):
+        agent.predict(observations[:2], episode_start="banana")
+    agent.predict(observations[:2], episode_start=[1, 0])  # 0 and 1 are flags too
+    agent.reset_state()
     with pytest.raises(InputError, match="a mapping with the entries"):
         agent.predict(observations[0], state=[1, 2])
     # save and load: the same actions from the same observations

@@ -100,7 +100,7 @@ def test_ctrl_c_in_a_terminal_with_worker_processes_saves_and_exits_cleanly(opti
     process = start_long_ppo(output_dir, *options, new_session=True)
     try:
         os.killpg(process.pid, signal.SIGINT)
-        stdout, stderr = process.communicate(timeout=60)
+        stdout, stderr = process.communicate(timeout=180)
         assert "stopped by SIGINT" in stdout
     finally:
         if process.poll() is None:

@@ -838,3 +838,55 @@ def test_envs_that_start_new_episodes_on_resume_keep_only_the_finished_held_epis
     with pytest.warns(UserWarning, match=r"envs' state was not saved \(AsyncVectorEnv.*starts new episodes"):
         summary = reinforce.main(config)
     assert kept == [False] and summary["frames"] >= config.run.total_frames // 2
+
+
+def test_a_checkpoint_copied_or_linked_in_from_another_run_is_refused_before_the_folder_changes(
+    tmp_path, monkeypatch
+):
+    for name, env_id in (("cartpole", "CartPole-v1"), ("acrobot", "Acrobot-v1")):
+        with monkeypatch.context() as patch:
+            interrupt_at(patch, 1_024)
+            ppo.main(tiny_ppo(tmp_path / name, env_id=env_id))
+    kept = {path.name: path.read_bytes() for path in (tmp_path / "cartpole").iterdir() if path.is_file()}
+    (tmp_path / "cartpole" / RESUME_FILE).unlink()
+    (tmp_path / "cartpole" / RESUME_FILE).symlink_to(tmp_path / "acrobot" / RESUME_FILE)
+    with pytest.raises(InputError, match=r"resume.ckpt is a link to .*acrobot/resume.ckpt: a run continues"):
+        ppo.main(tiny_ppo(None, resume=tmp_path / "cartpole"))
+    (tmp_path / "cartpole" / RESUME_FILE).unlink()
+    (tmp_path / "cartpole" / RESUME_FILE).write_bytes((tmp_path / "acrobot" / RESUME_FILE).read_bytes())
+    refused = subprocess.run(
+        [sys.executable, "-m", "recipes.ppo", "--resume", str(tmp_path / "cartpole"), "--no-progress"],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert refused.returncode == 2
+    assert (
+        "is the checkpoint of a run of env 'Acrobot-v1', but its folder holds a run of env 'CartPole-v1': the "
+        "checkpoint was copied in from another run" in refused.stderr
+    )
+    kept.pop(RESUME_FILE)
+    assert {name: (tmp_path / "cartpole" / name).read_bytes() for name in kept} == kept  # nothing replaced
+    # continued in a new folder, the copied checkpoint is that run's own
+    moved = tiny_ppo(tmp_path / "moved", env_id="Acrobot-v1", resume=tmp_path / "cartpole" / RESUME_FILE)
+    assert ppo.main(moved)["env_id"] == "Acrobot-v1"
+
+
+def test_options_edited_in_config_json_are_named_in_a_warning_and_not_read(tmp_path, monkeypatch):
+    with monkeypatch.context() as patch:
+        interrupt_at(patch, 1_024)
+        ppo.main(tiny_ppo(tmp_path / "run"))
+    config_path = tmp_path / "run" / "config.json"
+    config = json.loads(config_path.read_text())
+    config["run"]["total_frames"] = 1_536
+    config_path.write_text(json.dumps(config))
+    with pytest.warns(UserWarning) as caught:
+        summary = ppo.main(tiny_ppo(tmp_path / "run", resume=tmp_path / "run"))
+    [edited] = [
+        str(warning.message)
+        for warning in caught
+        if "config.json holds other options" in str(warning.message)
+    ]
+    assert "--total-frames (checkpoint 2048, config.json 1536)" in edited and "start a new run" in edited
+    assert summary["frames"] == 2_048 and json.loads(config_path.read_text())["run"]["total_frames"] == 2_048

@@ -600,3 +600,99 @@ def test_failures_are_named_when_a_signal_stopped_the_suite_too(tmp_path, monkey
     output = capsys.readouterr().out
     assert stopped.value.code == 128 + signal.SIGTERM and "stopped; run the same command again" in output
     assert "1 of 1 runs failed:\n  ppo CartPole-v1 seed 0: exit 2: error: no such env (log: x.log)" in output
+
+
+def _record(algorithm, env, seed, final, curve=None):
+    return {"algorithm": algorithm, "env": env, "seed": seed, "preset": None, "curve": curve or [[1000, final]],
+            "summary": {"frames": 1000, "seed": seed, "eval_return_mean": final, "wall_time_s": 1.0, "fps": 1000.0},
+            "config": {"run": {"total_frames": 1000}}}  # fmt: skip
+
+
+def test_the_report_replaces_links_in_the_results_folder_and_never_writes_through_them(tmp_path):
+    results, outside = tmp_path / "results", tmp_path / "outside"
+    outside.mkdir()
+    folder = results / "records" / "ppo" / "CartPole-v1"
+    folder.mkdir(parents=True)
+    (folder / "seed0.json").write_text(json.dumps(_record("ppo", "CartPole-v1", 0, 100.0)))
+    names = ("summary.csv", "report.md", "curves_CartPole-v1.png", "aggregate.png", "random_scores.json")
+    for name in names:
+        (outside / name).write_text("kept")
+        (results / name).symlink_to(outside / name)
+    suite.main(["--report-only", "--results", str(results)])
+    for name in names:
+        assert (outside / name).read_text() == "kept", name
+        assert (results / name).is_file() and not (results / name).is_symlink(), name
+    assert "| ppo | CartPole-v1 | 1 | 1,000 | 100.0 |" in (results / "report.md").read_text()
+
+
+def test_a_runs_log_that_is_a_link_starts_afresh_and_leaves_its_target_alone(tmp_path):
+    outside = tmp_path / "someone-elses.log"
+    outside.write_text("kept")
+    log = tmp_path / "ppo-CartPole-v1-seed0.log"
+    log.symlink_to(outside)
+    with suite.open_log(log) as file:
+        file.write("$ command\n")
+    assert outside.read_text() == "kept" and not log.is_symlink() and log.read_text() == "$ command\n"
+
+
+def test_linked_folders_and_other_runs_in_a_jobs_place_are_refused_before_any_run_starts(tmp_path, capsys):
+    results, outside = tmp_path / "results", tmp_path / "someone-elses-run"
+    outside.mkdir()
+    (outside / "config.json").write_text(json.dumps({"run": {"env_id": "CartPole-v1", "seed": 0}}))
+    job = suite.Job("ppo", "CartPole-v1", 0)
+    job.folder(results).parent.mkdir(parents=True)
+    job.folder(results).symlink_to(outside)
+    arguments = ["--algos", "ppo", "--envs", "CartPole-v1", "--seeds", "0", "--frames", "512",
+                 "--results", str(results)]  # fmt: skip
+    with pytest.raises(SystemExit) as refused:
+        suite.main(arguments)
+    error = capsys.readouterr().err
+    assert refused.value.code == 2
+    assert f"{job.folder(results)} is a link (to {outside}): the suite writes only into folders" in error
+    assert sorted(path.name for path in outside.iterdir()) == ["config.json"]  # nothing ran there
+    assert not (results / "logs").exists()
+
+    job.folder(results).unlink()
+    job.folder(results).mkdir()
+    config = {"run": {"env_id": "Acrobot-v1", "seed": 7, "env_kwargs": []}}
+    (job.folder(results) / "config.json").write_text(json.dumps(config))
+    (job.folder(results) / "summary.json").write_text(
+        json.dumps({"algorithm": "ppo", "env_id": "Acrobot-v1", "seed": 7})
+    )
+    with pytest.raises(SystemExit) as refused:
+        suite.main(arguments)
+    captured = capsys.readouterr()
+    assert refused.value.code == 2
+    assert (
+        f"{job.folder(results)} holds a run of env 'Acrobot-v1', seed 7, not ppo CartPole-v1 seed 0"
+        in captured.err
+    )
+    assert "does not hold a finished run's files (ValueError: it holds a run of env" in captured.out
+    assert not job.record(results).exists() and not (results / "logs").exists()
+    config["run"] |= {"env_id": "CartPole-v1", "seed": 0}
+    (job.folder(results) / "config.json").write_text(json.dumps(config))
+    assert suite.foreign_run(job, results) == "a summary.json and a config.json of two runs"
+    (job.folder(results) / "summary.json").write_text(
+        json.dumps({"algorithm": "dqn", "env_id": "CartPole-v1"})
+    )
+    assert suite.foreign_run(job, results) == "a run of algorithm 'dqn'"
+    (job.folder(results) / "summary.json").unlink()
+    config["run"]["env_kwargs"] = ["sutton_barto_reward=true"]
+    (job.folder(results) / "config.json").write_text(json.dumps(config))
+    assert suite.foreign_run(job, results) == "a run of env kwargs ['sutton_barto_reward=true']"
+
+
+def test_a_results_path_that_is_a_file_and_oversized_run_files_are_refused(tmp_path, capsys):
+    (tmp_path / "afile").write_text("")
+    for results in (tmp_path / "afile", tmp_path / "afile" / "sub"):
+        with pytest.raises(SystemExit):
+            suite.main(["--algos", "ppo", "--envs", "CartPole-v1", "--results", str(results)])
+        assert f"--results {results}" in capsys.readouterr().err
+    big = tmp_path / "seed0.json"
+    with open(big, "wb") as file:
+        file.truncate(suite.MAX_RUN_FILE_BYTES + 1)  # sparse: no disk used
+    with pytest.raises(ValueError, match="more than a run writes"):
+        suite.read_regular(big)
+    long_curve = [[frame, 1.0] for frame in range(suite.MAX_CURVE_POINTS + 1)]
+    with pytest.raises(ValueError, match="fields missing"):
+        suite._check_record(_record("ppo", "CartPole-v1", 0, 1.0, curve=long_curve))

@@ -462,3 +462,51 @@ def test_a_trial_folder_that_is_a_link_fails_that_trial_only(tmp_path):
     assert states(tmp_path) == ["FAIL", "COMPLETE", "COMPLETE"] and sorted(
         path.name for path in outside.iterdir()
     ) == ["notes.txt"]
+
+
+@pytest.mark.parametrize(
+    "edit",
+    [
+        "update trial_user_attributes set value_json = '\"abc\"' where key = 'returns'",
+        "update trial_user_attributes set value_json = '[1, 2]' where key = 'preset_set'",
+        "update trial_params set distribution_json = '{bad'",
+        "update trial_params set param_value = 7.0 where param_name = 'num_epochs'",
+        "update study_user_attributes set value_json = '{bad' where key = 'algorithm'",
+    ],
+)
+def test_a_study_database_with_damaged_records_is_one_line(tmp_path, edit):
+    import sqlite3
+
+    tune.main(tiny(tmp_path, trials=1))
+    with sqlite3.connect(tmp_path / "study" / "study.db") as connection:
+        assert connection.execute(edit).rowcount > 0
+    connection.close()
+    with pytest.raises(
+        InputError, match=r"study.db holds records no study writes \(\w+: .*\); it is damaged"
+    ):
+        tune.main(tiny(tmp_path, trials=1))  # no trial to run: the results are read from the storage
+
+
+def test_a_study_folder_that_cannot_be_written_and_another_programs_storage_are_refused(tmp_path):
+    import sqlite3
+
+    tune.main(tiny(tmp_path, trials=1))
+    folder = tmp_path / "study"
+    if subprocess.run(["chattr", "+i", str(folder)], check=False, capture_output=True).returncode != 0:
+        folder.chmod(0o500)  # enough where the tests do not run as root
+    try:
+        with pytest.raises(InputError, match=r"Cannot write in the study folder .*study \("):
+            tune.main(tiny(tmp_path, trials=2))
+    finally:
+        subprocess.run(["chattr", "-i", str(folder)], check=False, capture_output=True)
+        folder.chmod(0o755)
+    with sqlite3.connect(tmp_path / "theirs.db") as connection:
+        connection.execute("create table users(id int, name text)")
+    connection.close()
+    storage = f"sqlite:///{tmp_path / 'theirs.db'}"
+    with pytest.raises(InputError, match=r"theirs.db is a database of another program \(tables users\)"):
+        tune.main(tiny(tmp_path, trials=1, output_dir=tmp_path / "other", storage=storage))
+    with sqlite3.connect(tmp_path / "theirs.db") as connection:
+        tables = [row[0] for row in connection.execute("select name from sqlite_master where type='table'")]
+    connection.close()
+    assert tables == ["users"]

@@ -15,6 +15,7 @@ from errors import InputError
 from training.resume import (
     RESUME_FILE,
     check_algorithm,
+    check_own_folder,
     config_differences,
     load_resume_checkpoint,
     read_resume_metadata,
@@ -112,6 +113,10 @@ def read_resume(
     path = resume_path(path)
     metadata = read_resume_metadata(path)
     check_algorithm(path, metadata, algorithm)
+    output_dir = config["run"].get("output_dir")
+    # a run that goes on in its checkpoint's folder: is it that folder's run?
+    if output_dir is None or Path(output_dir).resolve() == path.parent.resolve():
+        check_own_folder(path, metadata)
     differences = config_differences(metadata["config"], config)
     if differences:
         raise InputError(

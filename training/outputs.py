@@ -15,7 +15,7 @@ import shutil
 from datetime import datetime
 from pathlib import Path
 
-from agents.files import remove_stale_temporaries
+from agents.files import check_writable, remove_stale_temporaries
 from errors import InputError
 from training.config import RunConfig
 
@@ -105,7 +105,7 @@ def _check_run_folder(folder: Path, run: RunConfig, resumed: bool) -> None:
         )
     if existing:
         clear_run(folder)
-    _check_writable(folder)
+    check_writable(folder, "run folder", "choose another --output-dir")
     _refuse_links_in_log_folders(folder, run.logger == "wandb")
     if not continues_here:
         _claim(folder)
@@ -231,20 +231,4 @@ def _make_folder(folder: Path) -> None:
     except OSError as error:
         raise InputError(
             f"Cannot create the run folder {folder} ({error.strerror}); choose another --output-dir."
-        ) from None
-
-
-def _check_writable(folder: Path) -> None:
-    probe = folder / f".write-test-{os.getpid()}"
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
-    try:
-        try:  # a new file of its own, never through a link left under the probe's name
-            os.close(os.open(probe, flags, 0o600))
-        except FileExistsError:  # a probe left behind (or a link put there): removed, not followed
-            probe.unlink()
-            os.close(os.open(probe, flags, 0o600))
-        probe.unlink()
-    except OSError as error:
-        raise InputError(
-            f"Cannot write in the run folder {folder} ({error.strerror}); choose another --output-dir."
         ) from None

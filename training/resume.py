@@ -13,9 +13,12 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import json
+import os
 import sys
 import types
 import typing
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -223,6 +226,63 @@ def check_algorithm(path: Path, metadata: dict[str, Any], algorithm: str) -> Non
         )
 
 
+MAX_RUN_RECORD_BYTES = 2**20  # config.json and summary.json: a few kB in every run
+
+
+def _run_record(path: Path) -> dict[str, Any]:
+    """The JSON object in the run folder's file ``path`` (config.json, summary.json); empty when there is none
+    that could be read (missing, not a regular file, larger than a run writes, damaged): it names nothing then."""
+    try:
+        if not path.is_file() or path.stat().st_size > MAX_RUN_RECORD_BYTES:
+            return {}
+        data = json.loads(path.read_text())
+    except (OSError, ValueError, RecursionError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def check_own_folder(path: Path, metadata: dict[str, Any]) -> None:
+    """Raise :class:`InputError` when the resume checkpoint at ``path`` is not its folder's run, so that continuing
+    it there would replace another run's files: a link to a checkpoint elsewhere, or a checkpoint of another
+    algorithm, env, env kwargs or seed than the run the folder's config.json and summary.json describe. Warn when
+    config.json holds other options than the checkpoint (edited by hand: a resumed run reads the checkpoint's)."""
+    if path.is_symlink():
+        raise InputError(
+            f"{path} is a link to {os.path.realpath(path)}: a run continues in the folder its resume.ckpt is in, "
+            "and this folder's files are not that run's. Resume the run from its own folder, or give --output-dir "
+            "to continue it in a new one."
+        )
+    saved_run = metadata["config"].get("run")
+    saved_run = saved_run if isinstance(saved_run, dict) else {}
+    config = _run_record(path.parent / "config.json")
+    run = config.get("run") if isinstance(config.get("run"), dict) else {}
+    summary = _run_record(path.parent / "summary.json")
+    found = {
+        "algorithm": (summary.get("algorithm"), metadata["algorithm"]),
+        "env": (run.get("env_id", summary.get("env_id")), metadata["env_id"]),
+        "env kwargs": (run.get("env_kwargs"), saved_run.get("env_kwargs")),
+        "seed": (run.get("seed", summary.get("seed")), saved_run.get("seed")),
+    }
+    differ = [name for name, (held, saved) in found.items() if held is not None and held != saved]
+    if differ:
+        held = ", ".join(f"{name} {found[name][0]!r:.80}" for name in differ)
+        saved = ", ".join(f"{name} {found[name][1]!r:.80}" for name in differ)
+        raise InputError(
+            f"{path} is the checkpoint of a run of {saved}, but its folder holds a run of {held}: the checkpoint "
+            "was copied in from another run, and continuing it here would replace this run's files. Resume that "
+            "run from its own folder, or give --output-dir to continue it in a new one."
+        )
+    if edited := config_differences(metadata["config"], config) if run else []:
+        warnings.warn(
+            f"{path.parent / 'config.json'} holds other options than {path.name}: "
+            + ", ".join(edited[:5]).replace("(saved", "(checkpoint").replace(", now", ", config.json")
+            + (f" and {len(edited) - 5} more" if len(edited) > 5 else "")
+            + "; a resumed run continues with the checkpoint's options (config.json only records them, and is "
+            "written again): start a new run to change them.",
+            stacklevel=2,
+        )
+
+
 def resumed_config(config_type: type, config: Any, argv: list[str] | None = None) -> Any:
     """The configuration of the run that ``config.run.resume`` continues, with the reporting options given on
     this command line; :class:`InputError` when other options are given (the saved ones apply). The saved
@@ -270,6 +330,7 @@ def resumed_config(config_type: type, config: Any, argv: list[str] | None = None
 __all__ = [
     "RESUME_FILE",
     "check_algorithm",
+    "check_own_folder",
     "config_differences",
     "config_from_dict",
     "load_resume_checkpoint",
