@@ -24,7 +24,7 @@ from torchrl.modules import OrnsteinUhlenbeckProcessModule
 from agents.archive import check_archive, component_of, first_line, read_manifest_metadata, state_shapes
 from agents.continuous import make_deterministic_actor
 from agents.es import make_es_policy
-from agents.files import atomic_write, check_writable, write_atomically, write_errors
+from agents.files import atomic_write, probe_writable, write_atomically, write_errors
 from agents.gsde import make_gsde_actor
 from agents.networks import MASKED_RECIPES, find_normalizer, make_actor
 from agents.normalization import invalid_statistics
@@ -38,7 +38,7 @@ from envs.rendering import check_display, check_mujoco_camera, headless_renderin
 from envs.specs import ACTION_MASK_KEY, space_to_spec
 from envs.vector import check_device, check_env_kwargs, env_spec
 from envs.wrappers import apply_wrappers, check_wrapper_spec, with_discrete_tuples, wrapper_functions
-from errors import InputError, RenderError
+from errors import InputError, RenderError, WriteError
 
 FORMAT = "rlkit.agent"
 RESUME_FORMAT = "rlkit.resume"  # training.resume's file: the whole training state
@@ -178,14 +178,14 @@ def _mask_rows(masks: np.ndarray, rows: int, single: bool) -> np.ndarray:
 
 def _episode_starts(episode_start: Any, rows: int) -> np.ndarray:
     """``predict``'s ``episode_start`` as one bool per observation; :class:`InputError` for anything but bools (or
-    0 and 1), one or one per observation."""
+    numbers 0 and 1, as ``dones.astype(np.float32)``), one or one per observation."""
     if episode_start is None:
         return np.zeros(rows, dtype=bool)
     try:
         flags = np.asarray(episode_start)
     except ValueError:
         flags = np.asarray([], dtype=object)
-    if not (flags.dtype.kind == "b" or (flags.dtype.kind in "iu" and np.isin(flags, (0, 1)).all())):
+    if not (flags.dtype.kind == "b" or (flags.dtype.kind in "iuf" and np.isin(flags, (0, 1)).all())):
         raise InputError(
             f"episode_start takes bools (True where an episode starts), got {episode_start!r:.60}."
         )
@@ -627,11 +627,14 @@ class Agent(nn.Module):
                 )
             try:  # before any episode runs: a video that cannot be written fails now, not after them
                 video_path.parent.mkdir(parents=True, exist_ok=True)
+                probe_writable(video_path.parent)
             except OSError as error:
-                raise InputError(
-                    f"Cannot make the video's folder {video_path.parent} ({error.strerror}); choose another video_path."
+                reason = "a file stands in its path" if isinstance(error, FileExistsError) else error.strerror
+                raise WriteError(
+                    error.errno,
+                    f"Could not write {video_path} (its folder: {reason}); no {video_path.name} was written: "
+                    "choose another video_path.",
                 ) from None
-            check_writable(video_path.parent, "video's folder", "choose another video_path")
         if render:
             check_display()
             video_path, max_parallel_envs = None, 1
@@ -676,9 +679,7 @@ class Agent(nn.Module):
         elif isinstance(env, gym.Env):
             if video_path is not None and env.render_mode != "rgb_array":
                 raise RenderError("Recording a video needs an env made with render_mode='rgb_array'.")
-            if not _has_time_limit(
-                env
-            ):  # as ids registered without one: a policy that never ends cannot hang
+            if _unlimited(env):  # as ids registered without a limit: a policy that never ends cannot hang
                 env = gym.wrappers.TimeLimit(env, EVALUATION_STEP_LIMIT)
             envs, owned = [env], False
         else:
@@ -936,16 +937,17 @@ class Agent(nn.Module):
         return agent.to(device)
 
 
-def _has_time_limit(env: gym.Env) -> bool:
-    """Whether ``env`` ends its episodes after a number of steps: a ``TimeLimit`` among its wrappers (or a spec
-    that says it has one)."""
-    if getattr(getattr(env, "spec", None), "max_episode_steps", None) is not None:
-        return True
+def _unlimited(env: gym.Env) -> bool:
+    """Whether ``env`` was made without a registration (``PendulumEnv()``, not ``gym.make``: no spec) and has no
+    ``TimeLimit`` among its wrappers: nothing says its episodes end. A registered env keeps its registration's
+    choice (Atari games end on their own, at the emulator's frame limit)."""
+    if getattr(env, "spec", None) is not None:
+        return False
     while isinstance(env, gym.Wrapper):
         if isinstance(env, gym.wrappers.TimeLimit):
-            return True
+            return False
         env = env.env
-    return False
+    return True
 
 
 def _exploration(deterministic: bool) -> ExplorationType:

@@ -50,19 +50,25 @@ def require_regular_file(path: str | Path, what: str) -> None:
         raise InputError(f"The {what} {path} is {kind}; name a file.")
 
 
-def check_writable(folder: Path, what: str, fix: str) -> None:
-    """Raise :class:`InputError` naming ``folder`` (the ``what`` of the message, with the ``fix``) unless a new file
-    can be made in it, before any work whose outputs would then be lost: a new file of its own, opened with
-    ``O_EXCL | O_NOFOLLOW`` and removed at once, never one through a link left under its name."""
+def probe_writable(folder: Path) -> None:
+    """Raise ``OSError`` unless a new file can be made in ``folder``, before any work whose outputs would then be
+    lost: a new file of its own, opened with ``O_EXCL | O_NOFOLLOW`` and removed at once, never one through a link
+    left under its name."""
     probe = Path(folder) / f".write-test-{os.getpid()}"
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
     try:
-        try:
-            os.close(os.open(probe, flags, 0o600))
-        except FileExistsError:  # a probe left behind (or a link put there): removed, not followed
-            probe.unlink()
-            os.close(os.open(probe, flags, 0o600))
+        os.close(os.open(probe, flags, 0o600))
+    except FileExistsError:  # a probe left behind (or a link put there): removed, not followed
         probe.unlink()
+        os.close(os.open(probe, flags, 0o600))
+    probe.unlink()
+
+
+def check_writable(folder: Path, what: str, fix: str) -> None:
+    """Raise :class:`InputError` naming ``folder`` (the ``what`` of the message, with the ``fix``) unless a new file
+    can be made in it (:func:`probe_writable`)."""
+    try:
+        probe_writable(folder)
     except OSError as error:
         raise InputError(f"Cannot write in the {what} {folder} ({error.strerror}); {fix}.") from None
 

@@ -24,7 +24,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-from agents.files import write_text
 from benchmarks.common import EVAL_SEED_OFFSET, whole_number
 
 MUJOCO = ["HalfCheetah-v5", "Hopper-v5", "Walker2d-v5", "Ant-v5", "Humanoid-v5"]
@@ -277,6 +276,7 @@ def main(argv: list[str] | None = None) -> None:
     from stable_baselines3.common.noise import NormalActionNoise
     from stable_baselines3.common.vec_env import VecNormalize
 
+    from agents.files import write_text
     from training.config import parse_env_kwargs
 
     torch.set_num_threads(1)  # as each recipe run: the suite runs one job per core

@@ -1014,12 +1014,12 @@ def main(argv: list[str] | None = None) -> None:
             parser.error(f"--results {args.results} is no folder")
     elif problem := check_request(args.algos, args.envs, args.seeds, args.with_sb3):
         parser.error(problem)
+    if args.results.exists() and not args.results.is_dir():
+        parser.error(f"--results {args.results} is a file; name a folder")
     try:
         args.results.mkdir(parents=True, exist_ok=True)
     except OSError as error:
         parser.error(f"--results {args.results}: cannot make the folder ({error.strerror}); name a folder")
-    if not args.results.is_dir():
-        parser.error(f"--results {args.results} is a file; name a folder")
     status = 0
     if not args.report_only:
         jobs = make_jobs(args.algos, args.envs, args.seeds, args.with_sb3)

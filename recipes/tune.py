@@ -293,16 +293,17 @@ def run_worker(config: TuneConfig, index: int, first_trial: int = 0) -> str | No
             outcome = {"values": objective(config, space, trial)}
         except optuna.TrialPruned:
             outcome = {"state": states.PRUNED}  # scored by its last report
-        except (
-            InputError,
-            NonFiniteError,
-        ):  # options that do not combine, a diverging run: the study goes on
+        except (InputError, NonFiniteError):  # options that do not combine, a diverging run: goes on
             pass
         except KeyboardInterrupt as stop:
-            return getattr(stop, "name", "SIGINT")
-        finally:  # the trial's end, also when an error in the run propagates
             with storage_errors(config):
                 study.tell(trial, **outcome)
+            return getattr(stop, "name", "SIGINT")
+        except BaseException:  # the run's own error is the one to see, not the storage's in its place
+            study.tell(trial, **outcome)
+            raise
+        with storage_errors(config):
+            study.tell(trial, **outcome)
         gc.collect()
 
 
@@ -427,10 +428,11 @@ def storage_errors(config: TuneConfig) -> Any:
 
     try:
         yield
+    except InputError:  # the study's own refusals (other settings, a search space it cannot continue)
+        raise
     except (SQLAlchemyError, optuna.exceptions.StorageInternalError) as error:
-        reason = str(getattr(error, "orig", None) or getattr(error, "__cause__", None) or error).splitlines()[
-            0
-        ]
+        cause = getattr(error, "orig", None) or getattr(error, "__cause__", None) or error
+        reason = (str(cause) or type(cause).__name__).splitlines()[0]
         raise InputError(
             f"Could not read or write the study's storage {config.storage_url} ({reason[:200]}); check that it and "
             "its folder are writable, or move a damaged file away, or give another --storage or --output-dir."

@@ -477,17 +477,24 @@ def test_odd_observation_types_and_values_get_an_action_or_one_line():
 def test_evaluate_caps_an_env_instance_without_a_time_limit_and_checks_the_video_before_any_episode(tmp_path):
     from gymnasium.envs.classic_control.pendulum import PendulumEnv
 
-    from agents.agent import EVALUATION_STEP_LIMIT
-    from errors import RenderError
+    from agents.agent import EVALUATION_STEP_LIMIT, _unlimited
+    from errors import RenderError, WriteError
 
     agent = make_agent("Pendulum-v1")
-    result = agent.evaluate(PendulumEnv(), episodes=1)  # Pendulum never ends on its own
+    result = agent.evaluate(
+        PendulumEnv(), episodes=1
+    )  # made without a registration, it never ends on its own
     assert result.lengths.tolist() == [EVALUATION_STEP_LIMIT]
     assert agent.evaluate(gym.make("Pendulum-v1", max_episode_steps=7), episodes=1).lengths.tolist() == [7]
+    assert agent.evaluate(gym.wrappers.TimeLimit(PendulumEnv(), 5), episodes=1).lengths.tolist() == [5]
+    # a registered env keeps its registration's choice (Atari's games end on their own, past 1,000 steps)
+    assert not _unlimited(gym.make("CliffWalking-v1")) and _unlimited(PendulumEnv())
     (tmp_path / "file").write_text("")
     played = []
     agent._play = lambda *args: played.append(args)
-    with pytest.raises(InputError, match=r"Cannot make the video's folder .*file"):
+    with pytest.raises(
+        WriteError, match=r"Could not write .*file/video.mp4 \(its folder: a file stands in its path\)"
+    ):
         agent.evaluate(episodes=1, video_path=tmp_path / "file" / "video.mp4")
     import dict_env  # noqa: F401 - registers GoalReach-v0, whose constructor takes no render_mode
 

@@ -198,6 +198,9 @@ def test_agent_predict_keeps_the_state_between_calls(tmp_path):
     with pytest.raises(InputError, match="episode_start takes bools"):
         agent.predict(observations[:2], episode_start="banana")
     agent.predict(observations[:2], episode_start=[1, 0])  # 0 and 1 are flags too
+    agent.predict(observations[:2], episode_start=np.array([1.0, 0.0], dtype=np.float32))  # dones as floats
+    with pytest.raises(InputError, match="episode_start takes bools"):
+        agent.predict(observations[:2], episode_start=[0.5, 0.0])
     agent.reset_state()
     with pytest.raises(InputError, match="a mapping with the entries"):
         agent.predict(observations[0], state=[1, 2])

@@ -193,8 +193,10 @@ def test_bad_options_are_refused_before_any_trial(tmp_path, options, space, mess
 
 def test_a_study_continued_with_other_settings_is_refused(tmp_path):
     tune.main(tiny(tmp_path, trials=1))
-    with pytest.raises(InputError, match="tunes frames_per_trial=1024, not 2048"):
-        tune.main(tiny(tmp_path, trials=1, frames_per_trial=2_048))
+    with pytest.raises(
+        InputError, match=r"^Study 'ppo-CartPole-v1' in .* tunes frames_per_trial=1024, not 2048"
+    ):
+        tune.main(tiny(tmp_path, trials=1, frames_per_trial=2_048))  # the refusal itself, not a "damaged" one
     # trials scored another way: stopped at a return, over other episodes, from another base preset
     for option, value, message in [
         ("stop_at_return", 100.0, "tunes stop_at_return=inf, not 100.0"),

@@ -249,8 +249,8 @@ def check_own_folder(path: Path, metadata: dict[str, Any]) -> None:
     if path.is_symlink():
         raise InputError(
             f"{path} is a link to {os.path.realpath(path)}: a run continues in the folder its resume.ckpt is in, "
-            "and this folder's files are not that run's. Resume the run from its own folder, or give --output-dir "
-            "to continue it in a new one."
+            "and the checkpoint a link points at may be another run's. Put the file itself in place of the link, "
+            "resume the run from the folder the file is in, or give --output-dir to continue it in a new one."
         )
     saved_run = metadata["config"].get("run")
     saved_run = saved_run if isinstance(saved_run, dict) else {}
