@@ -135,3 +135,26 @@ def test_anything_but_callback_instances_is_refused_before_any_work(output_dir, 
     with pytest.raises(InputError, match="callbacks takes training.Callback instances"):
         ppo.main(tiny_ppo(output_dir), callbacks=callbacks)
     assert not output_dir.exists()
+
+
+class Returns(Callback):
+    """Returns ``value`` from on_batch."""
+
+    def __init__(self, value):
+        self.value = value
+
+    def on_batch(self, run, batch, metrics):
+        return self.value
+
+
+def test_numpy_false_stops_the_run_like_false(output_dir):
+    import numpy as np
+
+    summary = ppo.main(tiny_ppo(output_dir), callbacks=[Returns(np.False_)])
+    assert summary["stopped_by_callback"] == "Returns" and summary["frames"] == 128
+
+
+@pytest.mark.parametrize("value", [0, "stop", [], 0.0])
+def test_a_hook_returning_neither_a_bool_nor_none_is_refused(output_dir, value):
+    with pytest.raises(InputError, match=r"Returns\.on_batch returned .* a hook returns False to stop"):
+        ppo.main(tiny_ppo(output_dir), callbacks=[Returns(value)])

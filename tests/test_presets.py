@@ -247,9 +247,10 @@ def test_config_json_and_the_first_line_say_what_the_preset_set(tmp_path):
     assert config["optim"]["lr"] == 1e-4 and config["network"]["hidden_sizes"] == [128, 128]
 
 
-def test_list_presets_prints_every_table_with_its_source():
+def list_presets(recipe, *arguments):
+    """What ``python -m recipes.RECIPE --list-presets ARGUMENTS`` prints (it must succeed)."""
     result = subprocess.run(
-        [sys.executable, "-m", "recipes.sac", "--list-presets"],
+        [sys.executable, "-m", f"recipes.{recipe}", "--list-presets", *arguments],
         check=False,
         cwd=ROOT,
         capture_output=True,
@@ -257,6 +258,11 @@ def test_list_presets_prints_every_table_with_its_source():
         timeout=120,
     )
     assert result.returncode == 0, result.stderr
+    return result
+
+
+def test_list_presets_prints_every_table_with_its_source():
+    result = list_presets("sac")
     for name in read_presets(sac.PRESETS):
         assert f"\n{name}" in result.stdout
     assert "--hidden-sizes 400 300" in result.stdout and "source: RL Zoo" in result.stdout
@@ -333,3 +339,55 @@ def test_errors_in_a_preset_file_name_that_file(tmp_path):
     config.run.preset_file, config.run.preset = path, "X"
     with pytest.raises(InputError, match=f"{path}: preset 'X' sets 'lrr', which is not an option"):
         apply_preset(config, a2c.PRESETS)
+
+
+@pytest.mark.parametrize(
+    ("option", "value"),
+    [
+        ("overwrite", True),
+        ("output_dir", "elsewhere"),
+        ("env_wrappers", ["os.system"]),
+        ("allow_wrappers", ["os"]),
+        ("eval_env_id", "mymodule:Env-v0"),
+        ("gradient_worker", 0),
+        ("seed", 3),
+        ("device", "cuda"),
+        ("resume", "runs/x"),
+        ("preset", "none"),
+    ],
+)
+def test_a_preset_file_cannot_set_what_the_run_is_or_where_it_writes(tmp_path, option, value):
+    path = tmp_path / "theirs.json"
+    path.write_text(json.dumps({"CartPole-v1": {"source": "x", "lr": 1e-3, option: value}}))
+    config = ppo.PPOConfig()
+    config.run.preset_file = path
+    with pytest.raises(
+        InputError, match=rf"preset 'CartPole-v1' sets '{option}'.* give --{option.replace('_', '-')}"
+    ):
+        apply_preset(config, ppo.PRESETS)
+    assert config.run.overwrite is False and config.optim.lr == ppo.PPOConfig().optim.lr
+
+
+def test_the_run_options_a_preset_may_set_are_options_every_recipe_shares():
+    from training.config import RunConfig
+    from training.presets import RUN_OPTIONS
+
+    assert RUN_OPTIONS < set(RunConfig.__dataclass_fields__)  # the built-in presets' use is checked above
+
+
+def test_list_presets_flags_a_preset_a_run_would_refuse(tmp_path):
+    path = tmp_path / "theirs.toml"
+    path.write_text('["mine"]\nenv_id = "CartPole-v1"\nsource = "x"\noverwrite = true\n')
+    result = list_presets("ppo", "--preset-file", str(path))
+    assert "REFUSED (a run with it stops)" in result.stdout and "sets 'overwrite'" in result.stdout
+    assert result.stdout.count("REFUSED") == 1  # the built-in presets are fine
+
+
+def test_an_empty_preset_file_is_refused_and_an_upper_case_json_suffix_is_json(tmp_path):
+    for name, text in (("empty.toml", ""), ("empty.json", "{}")):
+        (tmp_path / name).write_text(text)
+        with pytest.raises(InputError, match="holds no presets"):
+            read_presets(tmp_path / name)
+    path = tmp_path / "BEST.JSON"
+    path.write_text(json.dumps({"mine": {"source": "x", "env_id": "CartPole-v1", "lr": 1e-3}}))
+    assert read_presets(path)["mine"].options == {"lr": 1e-3}

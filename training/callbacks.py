@@ -14,7 +14,7 @@ Every recipe's ``main`` takes them::
 
 A hook that returns ``False`` stops the run after the batch it was called for (the run then ends as one that spent
 its budget: final evaluation, checkpoint, plot and summary, whose ``stopped_by_callback`` names the callback);
-``None`` or ``True`` lets it go on. The built-in evaluations, early stop at the target return and checkpoints work
+``None`` or ``True`` lets it go on; any other value is an error. The built-in evaluations, early stop at the target return and checkpoints work
 alongside. Each hook gets the :class:`training.run.Run`, whose ``frames``, ``elapsed``, ``agent``, ``output_dir``
 and ``config`` describe the run so far.
 """
@@ -25,6 +25,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from tensordict import TensorDictBase
 
 from errors import InputError
@@ -71,6 +72,18 @@ def check_callbacks(callbacks: Iterable[Any]) -> tuple[Callback, ...]:
                 "override on_batch, on_evaluation, on_checkpoint, on_start or on_end."
             )
     return callbacks
+
+
+def stops_run(callback: Callback, hook: str, value: Any) -> bool:
+    """Whether a hook's return value asks to stop the run: False (NumPy's too) does, None and True do not;
+    :class:`InputError` for anything else (a 0, a string, a tensor), which would otherwise be read one way or
+    the other by accident."""
+    if value is None or isinstance(value, (bool, np.bool_)):
+        return value is not None and not value
+    raise InputError(
+        f"{callback_name(callback)}.{hook} returned {value!r:.60} ({type(value).__name__}); a hook returns False "
+        "to stop the run and None or True to let it go on."
+    )
 
 
 def callback_name(callback: Callback) -> str:

@@ -19,7 +19,7 @@ import tyro
 
 from errors import InputError, NonFiniteError, WriteError
 from training.config import ConfigT
-from training.presets import apply_preset, describe, list_presets, mark_given
+from training.presets import apply_preset, describe, mark_given, preset_settings, read_presets
 from training.resume import RESUME_FILE, explicit_options, resumed_config
 
 ASYNC_ALIASES = {"--async": "--no-sync"}  # gradient workers: --sync (the default) or --async
@@ -61,7 +61,7 @@ def run_cli(
         description += "\n\n--list-presets prints the recipe's presets (hyperparameters per env) and exits."
         if "--list-presets" in sys.argv[1:]:
             try:
-                print(list_presets(presets, preset_file_argument(sys.argv[1:])))
+                print(list_presets(presets, preset_file_argument(sys.argv[1:]), config_type()))
             except InputError as error:
                 print(f"error: {error}", file=sys.stderr)
                 raise SystemExit(2) from None
@@ -156,3 +156,46 @@ def run_command(main: Callable[[ConfigT], dict[str, Any]], config_type: type[Con
         raise SystemExit(1) from None
     print(json.dumps(summary, indent=2, default=str))
     return config, summary
+
+
+def list_presets(path: Path, preset_file: Path | None = None, config: Any = None) -> str:
+    """Every preset of a file (and of ``--preset-file``, first), for ``--list-presets``; with the recipe's
+    ``config``, a preset it would refuse says why."""
+    lines = []
+    if preset_file is not None:
+        lines += [
+            f"presets in {preset_file} (--preset-file, looked up first):",
+            *_listing(preset_file, config),
+            "",
+        ]
+    lines += [
+        f"presets in {path} (applied by env id; --preset NAME for another env, --preset none for none):"
+    ]
+    return "\n".join(lines + _listing(path, config))
+
+
+def _listing(path: Path, config: Any) -> list[str]:
+    lines = []
+    for preset in read_presets(path).values():
+        target = preset.env_id + "".join(f" {key}={value}" for key, value in preset.env_kwargs.items())
+        lines.append(f"\n{preset.name}" + ("" if target == preset.name else f"  [{target}]"))
+        lines.append(f"  source: {preset.source}")
+        lines.append("  " + " ".join(flag(name, value) for name, value in preset.options.items()))
+        if config is not None:
+            try:
+                preset_settings(config, preset, path)
+            except InputError as error:
+                lines.append(f"  REFUSED (a run with it stops): {error}")
+    return lines
+
+
+def flag(name: str, value: Any) -> str:
+    """A preset's option as it reads on the command line: ``--hidden-sizes 256 256``, ``--no-anneal-lr``."""
+    option = name.replace("_", "-")
+    if value is True:
+        return f"--{option}"
+    if value is False:
+        return f"--no-{option}"
+    if isinstance(value, (list, tuple)):
+        return f"--{option} " + " ".join(map(str, value))
+    return f"--{option} {value}"

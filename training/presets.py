@@ -46,6 +46,25 @@ except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib
 
 META_KEYS = {"source", "env_id", "env_kwargs"}
+# The options every recipe shares (``training.config.RunConfig``) that a preset may set: the budget and how the
+# learning is paced and computed. The others say what the task is (seed, wrappers, the evaluation env, episode
+# limits) or where and how the run is carried out (its folder, logger, devices, workers, resuming, replacing a
+# finished run): a preset file, perhaps someone else's, sets none of them; the command line does.
+RUN_OPTIONS = {
+    "num_envs",
+    "total_frames",
+    "eval_every",
+    "eval_episodes",
+    "stop_at_return",
+    "threads",
+    "env_backend",
+    "vectorization",
+    "normalize_obs_warmup",
+    "matmul_precision",
+    "linear_kernels",
+    "flush_denormal",
+    "compile",
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,7 +92,7 @@ def read_tables(path: Path, what: str) -> dict[str, Any]:
     require_regular_file(path, what)
     try:
         text = Path(path).read_text()
-        tables = json.loads(text) if Path(path).suffix == ".json" else tomllib.loads(text)
+        tables = json.loads(text) if Path(path).suffix.lower() == ".json" else tomllib.loads(text)
     except (OSError, ValueError, tomllib.TOMLDecodeError, UnicodeDecodeError, RecursionError) as error:
         raise InputError(f"Could not read the {what} {path}: {error}") from None
     if not isinstance(tables, dict):
@@ -85,6 +104,8 @@ def read_presets(path: Path) -> dict[str, Preset]:
     """The presets of one file (TOML, or JSON when it is named ``*.json``), by name; :class:`InputError` for a
     malformed file."""
     tables = read_tables(path, "preset file")
+    if not tables:
+        raise InputError(f"{path} holds no presets; a preset file has a [NAME] table of options per preset.")
     presets = {}
     for name, table in tables.items():
         if not isinstance(table, dict):
@@ -222,9 +243,15 @@ def preset_settings(config: Any, preset: Preset, path: Path) -> dict[str, Any]:
     paths = option_paths(config)
     settings = {}
     for name, value in preset.options.items():
-        if name not in paths or name in {"preset", "preset_applied", "env_id", "env_kwargs"}:
+        if name not in paths:
             raise InputError(
                 f"{path}: preset {preset.name!r} sets {name!r}, which is not an option of this recipe."
+            )
+        if paths[name][0] == "run" and name not in RUN_OPTIONS:
+            raise InputError(
+                f"{path}: preset {preset.name!r} sets {name!r}, which says what the task is or how the run is "
+                f"carried out, not how it learns; a preset cannot set it: give --{name.replace('_', '-')} on the "
+                "command line and remove it from the preset."
             )
         try:
             settings[name] = convert(option_type(config, paths[name]), value)
@@ -338,36 +365,3 @@ def describe(record: dict[str, Any]) -> str:
         return "preset: none (the recipe's defaults and the options given)"
     settings = ", ".join(f"{name}={value}" for name, value in record["set"].items()) or "nothing (all given)"
     return f"preset {record['name']} ({record['source']}): {settings}"
-
-
-def list_presets(path: Path, preset_file: Path | None = None) -> str:
-    """Every preset of a file (and of ``--preset-file``, first), for ``--list-presets``."""
-    lines = []
-    if preset_file is not None:
-        lines += [f"presets in {preset_file} (--preset-file, looked up first):", *_listing(preset_file), ""]
-    lines += [
-        f"presets in {path} (applied by env id; --preset NAME for another env, --preset none for none):"
-    ]
-    return "\n".join(lines + _listing(path))
-
-
-def _listing(path: Path) -> list[str]:
-    lines = []
-    for preset in read_presets(path).values():
-        target = preset.env_id + "".join(f" {key}={value}" for key, value in preset.env_kwargs.items())
-        lines.append(f"\n{preset.name}" + ("" if target == preset.name else f"  [{target}]"))
-        lines.append(f"  source: {preset.source}")
-        lines.append("  " + " ".join(flag(name, value) for name, value in preset.options.items()))
-    return lines
-
-
-def flag(name: str, value: Any) -> str:
-    """A preset's option as it reads on the command line: ``--hidden-sizes 256 256``, ``--no-anneal-lr``."""
-    option = name.replace("_", "-")
-    if value is True:
-        return f"--{option}"
-    if value is False:
-        return f"--no-{option}"
-    if isinstance(value, (list, tuple)):
-        return f"--{option} " + " ".join(map(str, value))
-    return f"--{option} {value}"

@@ -35,7 +35,7 @@ from agents.files import write_text
 from agents.networks import find_normalizer
 from envs.vector import registration
 from errors import InputError, NonFiniteError, WriteError
-from training.callbacks import Callback, callback_name, check_callbacks
+from training.callbacks import Callback, callback_name, check_callbacks, stops_run
 from training.checkpoints import (
     AGENT_FILE,
     BEST_AGENT_FILE,
@@ -272,8 +272,8 @@ class Run:
     def _call(self, hook: str, *arguments: Any) -> None:
         """Call ``hook`` of every callback; the first that returns False stops the run."""
         for callback in self.callbacks:
-            stops = getattr(callback, hook)(self, *arguments) is False and not self._finishing
-            if stops and self.stopped_by_callback is None:
+            stops = stops_run(callback, hook, getattr(callback, hook)(self, *arguments))
+            if stops and not self._finishing and self.stopped_by_callback is None:
                 self.stopped_by_callback = callback_name(callback)
 
     def _run_state(self) -> dict[str, Any]:
