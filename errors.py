@@ -34,6 +34,16 @@ class NonFiniteError(RuntimeError):
     """
 
 
+class Interrupted(Exception):
+    """SIGINT or SIGTERM arrived before training started (in a warm-up that steps the envs): the run stopped there
+    with nothing written. Recipes' command lines print it on one line and exit with status 128 + the signal's
+    number, as a run stopped by a signal does."""
+
+    def __init__(self, signal_name: str, where: str):
+        super().__init__(f"stopped by {signal_name} {where}, before the run started; nothing was written.")
+        self.signal_name = signal_name
+
+
 class WriteError(OSError):
     """A file of a run could not be written (a full disk, a read-only folder). The message names the file and
     says whether its previous version is intact (writes are atomic: it always is). Recipes' command lines print

@@ -60,6 +60,33 @@ def test_warmup_without_normalization_is_refused(output_dir):
         ppo.main(tiny_ppo(output_dir, normalize_obs_warmup=-1))
 
 
+def test_ctrl_c_in_the_warmup_stops_it_after_its_batch_with_nothing_written(output_dir, monkeypatch):
+    import os
+    import signal
+
+    from agents.networks import ObservationNormalizer
+    from errors import Interrupted
+
+    seen = []
+    update = ObservationNormalizer.update
+
+    def update_then_ctrl_c(self, observations):
+        seen.append(observations.shape[:-1].numel())
+        update(self, observations)
+        os.kill(os.getpid(), signal.SIGINT)  # the handler records it; the warm-up ends after this batch
+
+    monkeypatch.setattr(ObservationNormalizer, "update", update_then_ctrl_c)
+    config = tiny_ppo(output_dir, normalize_obs_warmup=100_000_000)  # days of random steps
+    config.network.normalize_obs = True
+    handler = signal.getsignal(signal.SIGINT)
+    with pytest.raises(
+        Interrupted, match=r"stopped by SIGINT in the observation warm-up \(4,000 of 100,000,000"
+    ):
+        ppo.main(config)
+    assert seen == [4_000] and not output_dir.exists()
+    assert signal.getsignal(signal.SIGINT) is handler
+
+
 @pytest.mark.parametrize("at_warmup", [False, True])
 def test_sde_at_warmup_acts_with_the_gsde_policy_before_learning_starts(output_dir, at_warmup):
     config = tiny_off_policy(sac.SACConfig)(output_dir, total_frames=256)

@@ -17,7 +17,7 @@ from typing import Any
 
 import tyro
 
-from errors import InputError, NonFiniteError, WriteError
+from errors import InputError, Interrupted, NonFiniteError, WriteError
 from training.config import ConfigT
 from training.presets import apply_preset, describe, mark_given, preset_settings, read_presets
 from training.resume import RESUME_FILE, explicit_options, resumed_config
@@ -84,6 +84,9 @@ def run_cli(
     except InputError as error:
         print(f"error: {error}", file=sys.stderr)
         status = 2
+    except Interrupted as error:
+        print(f"error: {error}", file=sys.stderr)
+        status = 128 + signal.Signals[error.signal_name].value
     except (NonFiniteError, WriteError) as error:
         print(f"error: {error}", file=sys.stderr)
         status = 1

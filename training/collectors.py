@@ -14,17 +14,19 @@ from torch import nn
 from torchrl.collectors import Collector
 from torchrl.data import Composite
 from torchrl.envs import EnvBase
+from tqdm import tqdm
 
 from agents.fast_paths import lean_policy
 from agents.gsde import clips_actions
 from agents.options import Options
 from envs.vector import make_env
 from envs.wrappers import wrapper_functions
-from errors import InputError, check_ranges, require_positive
+from errors import InputError, Interrupted, check_ranges, require_positive
 from training.config import RunConfig
 from training.lean_collector import LeanCollector
 from training.replay import device_memory
 from training.seeding import threads_for_observations
+from training.signals import SignalWatcher
 
 
 def make_training_env(run: RunConfig, device: torch.device, num_envs: int | None = None):
@@ -92,7 +94,8 @@ def warm_up_normalizer(
         backend=run.env_backend,
         **env_construction(run),
     )
-    collector = None
+    collector, signals = None, SignalWatcher()
+    progress = tqdm(desc="observation warm-up", unit="frames", disable=not run.progress, leave=False)
     try:
         frames = run.normalize_obs_warmup if frames is None else frames
         spec = env.observation_spec["observation"]
@@ -103,9 +106,19 @@ def warm_up_normalizer(
         batch_frames = -(-total_steps // batches) * run.num_envs  # whole batches, as even as they come
         # no policy: uniformly random actions; episodes go on from batch to batch
         collector = Collector(env, None, frames_per_batch=batch_frames, total_frames=batches * batch_frames)
+        progress.reset(total=batches * batch_frames)
+        signals.install()  # Ctrl-C or SIGTERM ends the warm-up after its batch, with a one-line message
+        done = 0
         for batch in collector:
             normalizer.update(batch.get("observation").to(device))
+            progress.update(batch.numel())
+            done += batch.numel()
+            if signals.interrupted_by is not None:
+                where = f"in the observation warm-up ({done:,} of {batches * batch_frames:,} random steps)"
+                raise Interrupted(signals.interrupted_by, where)
     finally:
+        signals.restore()
+        progress.close()
         if collector is not None:
             collector.shutdown()
         env.close()
