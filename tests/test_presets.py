@@ -391,3 +391,16 @@ def test_an_empty_preset_file_is_refused_and_an_upper_case_json_suffix_is_json(t
     path = tmp_path / "BEST.JSON"
     path.write_text(json.dumps({"mine": {"source": "x", "env_id": "CartPole-v1", "lr": 1e-3}}))
     assert read_presets(path)["mine"].options == {"lr": 1e-3}
+
+
+def test_a_preset_file_table_named_as_a_built_in_one_hides_it_only_by_name(tmp_path):
+    path = tmp_path / "mine.toml"
+    path.write_text('["CartPole-v1"]\nenv_id = "Acrobot-v1"\nsource = "mine"\nlr = 0.123\n')
+    records = {}
+    for env_id, preset in (("CartPole-v1", "auto"), ("Acrobot-v1", "auto"), ("Pendulum-v1", "CartPole-v1")):
+        config = a2c.A2CConfig()
+        config.run.env_id, config.run.preset, config.run.preset_file = env_id, preset, path
+        records[env_id] = apply_preset(config, a2c.PRESETS)
+    assert records["CartPole-v1"]["source"] != "mine"  # the recipe's own CartPole preset still applies
+    assert records["Acrobot-v1"]["source"] == "mine" and records["Acrobot-v1"]["set"]["lr"] == 0.123
+    assert records["Pendulum-v1"]["source"] == "mine"  # by name: the file's table

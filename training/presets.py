@@ -124,7 +124,9 @@ def read_presets(path: Path) -> dict[str, Preset]:
     return presets
 
 
-def find_preset(presets: dict[str, Preset], env_id: str, env_kwargs: dict[str, Any]) -> Preset | None:
+def find_preset(
+    presets: dict[str, Preset] | list[Preset], env_id: str, env_kwargs: dict[str, Any]
+) -> Preset | None:
     """The preset ``--preset auto`` picks for a run (see the module docstring), or None. An id of Gymnasium's
     ``module:EnvId`` form gets the preset of ``EnvId`` when none is written for the whole id (the module only
     registers the env: ``gymnasium:CartPole-v1`` is CartPole-v1)."""
@@ -132,7 +134,7 @@ def find_preset(presets: dict[str, Preset], env_id: str, env_kwargs: dict[str, A
         for patterns in (False, True):
             candidates = [
                 preset
-                for preset in presets.values()
+                for preset in (presets.values() if isinstance(presets, dict) else presets)
                 if preset.is_pattern == patterns and preset.matches(name, env_kwargs)
             ]
             if candidates:
@@ -299,21 +301,20 @@ def apply_preset(config: Any, path: Path, given: Collection[str] | None = None) 
                 and json_ready(get_option(config, paths[name])) == value
             ):
                 set_option(config, paths[name], get_option(defaults, paths[name]))
-    presets = read_presets(path)
-    first = {}
-    if preset_file is not None:  # the file's presets first (a dict keeps the order of insertion)
-        first = read_presets(preset_file)
-        presets = {**first, **{name: preset for name, preset in presets.items() if name not in first}}
+    # the file's presets first, then the recipe's: a table of the file named as one of the recipe's wins for that
+    # name, and the recipe's stays there for --preset auto when the file's is for another env
+    first = read_presets(preset_file) if preset_file is not None else {}
+    builtin = read_presets(path)
     if run.preset == "none":
         preset = None
     elif run.preset == "auto":
-        preset = find_preset(presets, run.env_id, run.env_options)
-    elif run.preset in presets:
-        preset = presets[run.preset]
+        preset = find_preset([*first.values(), *builtin.values()], run.env_id, run.env_options)
+    elif run.preset in first or run.preset in builtin:
+        preset = first.get(run.preset) or builtin[run.preset]
     else:
         raise InputError(
             f"--preset {run.preset!r} is not a preset of this recipe; use auto, none or one of: "
-            + ", ".join(sorted(presets))
+            + ", ".join(sorted({*first, *builtin}))
             + " (--list-presets shows them)."
         )
     kept = (
@@ -327,7 +328,7 @@ def apply_preset(config: Any, path: Path, given: Collection[str] | None = None) 
     )
     applied: dict[str, Any] = {}
     if preset is not None:
-        source = preset_file if preset.name in first else path  # the file that holds it, for its errors
+        source = preset_file if preset is first.get(preset.name) else path  # the file that holds it
         for name, value in preset_settings(config, preset, Path(source)).items():
             if name not in kept:
                 set_option(config, paths[name], value)
