@@ -39,7 +39,7 @@ from envs.specs import (
     space_to_spec,
     unchecked_tensordict,
 )
-from envs.wrappers import apply_wrappers, with_discrete_tuples
+from envs.wrappers import apply_wrappers, with_discrete_tuples, wrapper_error
 from errors import InputError
 
 Vectorization = Literal["sync", "async"]
@@ -213,7 +213,12 @@ class GymnasiumVectorEnv(EnvBase):
     def _reset(self, tensordict: TensorDictBase | None = None, **kwargs) -> TensorDictBase:
         reset_mask = None if tensordict is None else tensordict.get("_reset", None)
         if reset_mask is None or self._observation is None:
-            observation, info = self.vector_env.reset(seed=self._seed)
+            try:
+                observation, info = self.vector_env.reset(seed=self._seed)
+            except Exception as error:
+                if (from_wrapper := wrapper_error(error, self._name, "reset")) is not None:
+                    raise from_wrapper from error
+                raise
             self._seed = None  # seed once; later resets continue the seeded generators
             arrays = self._observation_arrays(observation)
             self._observation = self._observation_tensor(arrays)
@@ -258,8 +263,10 @@ class GymnasiumVectorEnv(EnvBase):
             observation, reward, terminated, truncated, info = self.vector_env.step(
                 action.astype(self._action_dtype)
             )
-        except (ValueError, TypeError) as error:
-            if not _raised_storing_a_step(error):
+        except Exception as error:
+            if (from_wrapper := wrapper_error(error, self._name, "step")) is not None:
+                raise from_wrapper from error
+            if not isinstance(error, (ValueError, TypeError)) or not _raised_storing_a_step(error):
                 raise  # the env's own error, with its own traceback
             reason = str(error).splitlines()[0] if str(error) else type(error).__name__
             raise InputError(

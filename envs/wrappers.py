@@ -19,8 +19,10 @@ from __future__ import annotations
 import functools
 import importlib
 import inspect
+import json
 import re
 import warnings
+import weakref
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, SupportsFloat
 
@@ -205,9 +207,41 @@ def wrapper_functions(
 
 def _wrap(wrapper: type[gym.Wrapper], path: str, kwargs: dict[str, Any], env: gym.Env) -> gym.Env:
     try:
-        return wrapper(env, **_typed_arrays(wrapper, kwargs))
+        wrapped = wrapper(env, **_typed_arrays(wrapper, kwargs))
     except TypeError as error:
         raise InputError(f"{path}({', '.join(kwargs)}) failed: {error}.") from None
+    _NAMED_WRAPPERS[wrapped] = f"{path}={json.dumps(kwargs)}" if kwargs else path
+    return wrapped
+
+
+# the wrappers made from --env-wrappers, as the option named them: an error raised in their own code is theirs
+_NAMED_WRAPPERS: weakref.WeakKeyDictionary[gym.Env, str] = weakref.WeakKeyDictionary()
+
+
+def failing_wrapper(error: BaseException) -> str | None:
+    """The ``--env-wrappers`` item whose own code raised ``error`` (the innermost env or wrapper method on its
+    traceback is one of that wrapper's), or None: the env's own error, or one raised outside any env."""
+    culprit = None
+    traceback = error.__traceback__
+    while traceback is not None:
+        owner = traceback.tb_frame.f_locals.get("self")
+        if isinstance(owner, gym.Env):
+            culprit = owner
+        traceback = traceback.tb_next
+    return None if culprit is None else _NAMED_WRAPPERS.get(culprit)
+
+
+def wrapper_error(error: BaseException, name: str, call: str) -> InputError | None:
+    """An :class:`InputError` naming the wrapper whose code raised ``error`` in ``call`` of env ``name``, or None
+    when no wrapper of ``--env-wrappers`` did."""
+    culprit = failing_wrapper(error)
+    if culprit is None:
+        return None
+    reason = str(error).splitlines()[0] if str(error) else ""
+    return InputError(
+        f"The env wrapper {culprit} failed in {name}'s {call}: {type(error).__name__}: {reason:.300} (check its "
+        "keyword arguments and their types in --env-wrappers). Checkpoints written so far are kept."
+    )
 
 
 def _typed_arrays(wrapper: type[gym.Wrapper], kwargs: dict[str, Any]) -> dict[str, Any]:

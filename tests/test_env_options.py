@@ -345,6 +345,34 @@ def test_an_env_that_its_options_fail_to_build_is_one_line_naming_them(output_di
     assert not output_dir.exists() or not any(output_dir.iterdir())
 
 
+def test_a_wrapper_whose_arguments_fail_once_stepping_is_named_in_one_line(output_dir):
+    wrapper = 'gymnasium.wrappers.ClipReward={"max_reward": "1"}'  # text where a number belongs
+    with pytest.raises(InputError, match=rf"The env wrapper {wrapper} failed in CartPole-v1's step: .*ufunc"):
+        ppo.main(tiny_ppo(output_dir, env_wrappers=(wrapper,)))
+
+
+class FailingStep(gym.Env):
+    """An env whose own step raises."""
+
+    observation_space = gym.spaces.Box(-1, 1, (2,))
+    action_space = gym.spaces.Discrete(2)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return np.zeros(2, np.float32), {}
+
+    def step(self, action):
+        raise RuntimeError("the env's own failure")
+
+
+def test_an_envs_own_error_under_a_wrapper_stays_the_envs():
+    functions = wrapper_functions(parse_env_wrappers(['gymnasium.wrappers.ClipReward={"max_reward": 1}']))
+    env = make_env(FailingStep(), wrappers=functions)
+    env.reset()
+    with pytest.raises(RuntimeError, match="the env's own failure"):
+        env.rand_step()
+
+
 def test_an_agent_whose_env_description_runs_out_of_memory_says_so_in_one_line():
     agent = Agent.build(
         "rlkit-test/HungryCartPole-v0",
