@@ -14,9 +14,9 @@ Every recipe's ``main`` takes them::
 
 A hook that returns ``False`` stops the run after the batch it was called for (the run then ends as one that spent
 its budget: final evaluation, checkpoint, plot and summary, whose ``stopped_by_callback`` names the callback);
-``None`` or ``True`` lets it go on; any other value is an error. The built-in evaluations, early stop at the target return and checkpoints work
-alongside. Each hook gets the :class:`training.run.Run`, whose ``frames``, ``elapsed``, ``agent``, ``output_dir``
-and ``config`` describe the run so far.
+``None`` or ``True`` lets it go on; any other value is an error. The built-in evaluations, early stop at the target
+return and checkpoints work alongside. Each hook gets the :class:`training.run.Run`, whose ``frames``, ``elapsed``,
+``agent``, ``output_dir`` and ``config`` describe the run so far.
 """
 
 from __future__ import annotations
