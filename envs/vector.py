@@ -16,9 +16,9 @@ import inspect
 import json
 import signal
 import sys
-import threading
 import warnings
 from collections.abc import Callable, Iterator, Sequence
+from multiprocessing import resource_tracker
 from typing import Any, Literal, NamedTuple
 
 import gymnasium as gym
@@ -635,18 +635,19 @@ def make_env(
 
 @contextlib.contextmanager
 def sigint_ignored_by_children() -> Iterator[None]:
-    """Ignore SIGINT while processes are started inside: they inherit it (through fork and exec alike), so Ctrl-C
-    in a terminal (sent to the whole process group) reaches only the training loop, which finishes its batch,
-    saves and closes them itself. SIGTERM keeps its default. Only the main thread can change handlers: elsewhere
-    nothing changes."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    """Block SIGINT in this thread while processes are started inside: they inherit the blocked signal (through
+    fork and exec alike) and never see it, so Ctrl-C in a terminal (sent to the whole process group) reaches only
+    the training loop, which finishes its batch, saves and closes them itself. This process keeps its handler: a
+    Ctrl-C meanwhile goes to another of its threads or waits until the block ends, never lost (ignoring SIGINT here
+    instead would drop one pressed while the processes start, and the run would go on). SIGTERM keeps its
+    default."""
+    # multiprocessing's resource tracker unblocks SIGINT in the thread that starts it: start it first
+    resource_tracker.ensure_running()
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     try:
         yield
     finally:
-        signal.signal(signal.SIGINT, previous)
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
 def _wrapped_atari_env(env_id: str, wrappers: tuple, **options: Any) -> gym.Env:

@@ -110,6 +110,55 @@ def test_ctrl_c_in_a_terminal_with_worker_processes_saves_and_exits_cleanly(opti
     assert Agent.load(output_dir / "agent.ckpt").algorithm == "ppo"
 
 
+def _report_sigint_blocked(queue):
+    queue.put(signal.SIGINT in signal.pthread_sigmask(signal.SIG_BLOCK, []))
+
+
+@pytest.mark.parametrize("start_method", ["spawn", "fork"])
+def test_processes_started_for_envs_never_see_ctrl_c_and_this_process_never_loses_it(start_method):
+    """A Ctrl-C pressed while env or collector processes start (seconds, for many async envs) reaches this process,
+    not the new ones; ignoring SIGINT for that time would drop it and the run would go on."""
+    import multiprocessing
+
+    from envs.vector import sigint_ignored_by_children
+
+    received = []
+    previous = signal.signal(signal.SIGINT, lambda number, frame: received.append(number))
+    try:
+        context = multiprocessing.get_context(start_method)
+        queue = context.Queue()
+        with sigint_ignored_by_children():
+            child = context.Process(target=_report_sigint_blocked, args=(queue,))
+            child.start()
+            os.kill(os.getpid(), signal.SIGINT)  # pressed while it starts
+        blocked_in_child = queue.get(timeout=60)
+        child.join(timeout=60)
+        deadline = time.monotonic() + 10
+        while not received and time.monotonic() < deadline:
+            time.sleep(0.01)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert blocked_in_child and received == [signal.SIGINT]
+    assert signal.SIGINT not in signal.pthread_sigmask(signal.SIG_BLOCK, [])
+
+
+def test_ctrl_c_outside_the_training_loop_is_one_line_and_status_130(monkeypatch, capsys):
+    from training import run_cli
+
+    def main(config):
+        raise KeyboardInterrupt  # as while async envs start
+
+    monkeypatch.setattr(sys, "argv", ["recipes.ppo", "--preset", "none"])
+    with pytest.raises(SystemExit) as exit_info:
+        run_cli(main, ppo.PPOConfig, ppo.__doc__)
+    assert exit_info.value.code == 130
+    expected = (
+        "error: stopped by SIGINT outside the training loop (while the run was being set up or finished); what "
+        "it had written is kept."
+    )
+    assert capsys.readouterr().err.strip().splitlines() == [expected]
+
+
 def test_periodic_checkpoints_are_written(output_dir):
     config = tiny_ppo(output_dir, checkpoint_every=512, total_frames=1_024)
     saved = []

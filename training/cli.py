@@ -87,6 +87,15 @@ def run_cli(
     except Interrupted as error:
         print(f"error: {error}", file=sys.stderr)
         status = 128 + signal.Signals[error.signal_name].value
+    except (
+        KeyboardInterrupt
+    ):  # before the training loop took SIGINT over (envs, workers starting) or after it
+        print(
+            "error: stopped by SIGINT outside the training loop (while the run was being set up or finished); "
+            "what it had written is kept.",
+            file=sys.stderr,
+        )
+        status = 128 + signal.SIGINT.value
     except (NonFiniteError, WriteError) as error:
         print(f"error: {error}", file=sys.stderr)
         status = 1
