@@ -938,16 +938,27 @@ class Agent(nn.Module):
 
 
 def _unlimited(env: gym.Env) -> bool:
-    """Whether ``env`` was made without a registration (``PendulumEnv()``, not ``gym.make``: no spec) and has no
-    ``TimeLimit`` among its wrappers: nothing says its episodes end. A registered env keeps its registration's
-    choice (Atari games end on their own, at the emulator's frame limit)."""
-    if getattr(env, "spec", None) is not None:
+    """Whether nothing says ``env``'s episodes end: no ``TimeLimit`` among its wrappers, and either no registration
+    (``PendulumEnv()``, not ``gym.make``) or one whose limit was stripped (``gym.make("Pendulum-v1").unwrapped``).
+    A registration without a limit keeps its choice (Atari games end on their own, at the emulator's frame
+    limit)."""
+    spec = getattr(env, "spec", None)
+    if spec is not None and _registered_limit(spec) is None:
         return False
     while isinstance(env, gym.Wrapper):
         if isinstance(env, gym.wrappers.TimeLimit):
             return False
         env = env.env
     return True
+
+
+def _registered_limit(spec: Any) -> int | None:
+    """The episode limit ``spec``'s id is registered with (``spec`` itself may have lost it: an unwrapped env's
+    does), or the spec's own for an id no longer registered."""
+    try:
+        return gym.spec(spec.id).max_episode_steps
+    except gym.error.Error:
+        return spec.max_episode_steps
 
 
 def _exploration(deterministic: bool) -> ExplorationType:

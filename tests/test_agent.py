@@ -489,6 +489,10 @@ def test_evaluate_caps_an_env_instance_without_a_time_limit_and_checks_the_video
     assert agent.evaluate(gym.wrappers.TimeLimit(PendulumEnv(), 5), episodes=1).lengths.tolist() == [5]
     # a registered env keeps its registration's choice (Atari's games end on their own, past 1,000 steps)
     assert not _unlimited(gym.make("CliffWalking-v1")) and _unlimited(PendulumEnv())
+    # a registered env stripped of its limit keeps its spec but never ends either
+    unwrapped = gym.make("Pendulum-v1").unwrapped
+    assert _unlimited(unwrapped) and not _unlimited(gym.make("Pendulum-v1"))
+    assert agent.evaluate(unwrapped, episodes=1).lengths.tolist() == [EVALUATION_STEP_LIMIT]
     (tmp_path / "file").write_text("")
     played = []
     agent._play = lambda *args: played.append(args)

@@ -15,7 +15,7 @@ from pathlib import Path
 import gymnasium as gym
 import pytest
 import torch
-from run_helpers import interrupt_at
+from run_helpers import interrupt_at, tiny_dqn
 
 from agents import Agent, files
 from agents.files import remove_stale_temporaries, write_atomically, write_text
@@ -108,6 +108,22 @@ def test_command_line_refusal_is_one_line_and_default_folders_never_collide(tmp_
 def test_output_dir_that_cannot_be_a_folder_is_one_line(tmp_path, make_path, message):
     with pytest.raises(InputError, match=message):
         ppo.main(tiny_ppo(make_path(tmp_path)))
+
+
+def test_a_quoted_tilde_in_output_dir_is_the_home_folder_for_every_file(tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)
+    summary = dqn.main(tiny_dqn(Path("~/run")))
+    assert summary["output_dir"] == str(tmp_path / "home" / "run")
+    assert {"agent.ckpt", "best_agent.ckpt", "summary.json"} <= {
+        path.name for path in (tmp_path / "home" / "run").iterdir()
+    }
+    assert not (tmp_path / "~").exists()
+
+
+def test_the_filesystem_root_is_refused_as_output_dir():
+    with pytest.raises(InputError, match="--output-dir / is the filesystem's root"):
+        ppo.main(tiny_ppo(Path("/")))
 
 
 def test_an_unwritable_output_dir_is_one_line(tmp_path, monkeypatch):
