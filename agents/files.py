@@ -50,6 +50,30 @@ def require_regular_file(path: str | Path, what: str) -> None:
         raise InputError(f"The {what} {path} is {kind}; name a file.")
 
 
+def require_replaceable(path: Path, what: str, is_own: Callable[[Path], bool]) -> None:
+    """Raise :class:`InputError` unless writing ``what`` at ``path`` replaces nothing but a file of its own kind
+    (``is_own(path)``): a device or pipe there would be swapped for a regular file, and a user's other file (notes,
+    code, another run's config.json) lost. A link at ``path`` is replaced, never followed, and may stand there."""
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        return
+    except OSError as error:
+        raise InputError(f"Cannot write the {what} {path}: {error.strerror}.") from None
+    if stat.S_ISLNK(mode):
+        return
+    if not stat.S_ISREG(mode):
+        raise InputError(
+            f"{path} is not a regular file (a device, pipe or socket); writing the {what} would replace it: "
+            "name a file or a folder."
+        )
+    if not is_own(path):
+        raise InputError(
+            f"{path} is a file that is not an {what}; writing one would replace it: choose another path, or move "
+            "that file away first."
+        )
+
+
 def probe_writable(folder: Path) -> None:
     """Raise ``OSError`` unless a new file can be made in ``folder``, before any work whose outputs would then be
     lost: a new file of its own, opened with ``O_EXCL | O_NOFOLLOW`` and removed at once, never one through a link

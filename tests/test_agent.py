@@ -1,6 +1,7 @@
 import json
 import pickle
 import zipfile
+from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
@@ -512,3 +513,23 @@ def test_evaluate_caps_an_env_instance_without_a_time_limit_and_checks_the_video
     ):
         goal.evaluate(episodes=1, video_path=tmp_path / "goal.mp4")
     assert played == []
+
+
+def test_save_replaces_only_a_checkpoint_and_takes_a_trailing_slash_as_a_folder(tmp_path, monkeypatch):
+    import os
+
+    agent = make_agent("CartPole-v1")
+    monkeypatch.chdir(tmp_path)
+    assert agent.save("models/") == Path("models/agent.ckpt") and Path("models/agent.ckpt").is_file()
+    assert agent.save("models/agent.ckpt") == Path("models/agent.ckpt")  # its own kind: replaced
+    notes = tmp_path / "notes.txt"
+    notes.write_text("my notes")
+    with pytest.raises(InputError, match="notes.txt is a file that is not an agent checkpoint"):
+        agent.save(notes)
+    assert notes.read_text() == "my notes"
+    os.mkfifo(tmp_path / "pipe")
+    with pytest.raises(InputError, match="pipe is not a regular file"):
+        agent.save(tmp_path / "pipe")
+    for bad in ("", None, 3):
+        with pytest.raises(InputError, match="Agent.save takes the path of a file or folder"):
+            agent.save(bad)
