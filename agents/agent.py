@@ -461,6 +461,7 @@ class Agent(nn.Module):
             An action valid in the Gymnasium env (an ``int``-like NumPy scalar for Discrete spaces), or a
             batch of them.
         """
+        _require_flag("predict", deterministic)
         if not deterministic:
             self._refuse_ou_sampling("predict(obs, deterministic=False)", "deterministic=True")
         if action_mask is not None and not self.policy_kwargs.get("action_mask"):
@@ -600,6 +601,7 @@ class Agent(nn.Module):
                 ``[0, 2**32)`` (episode seeds ``seed + k`` past its end wrap around to 0), ``max_parallel_envs``
                 below 1, or a ``video_path`` of another kind of file.
         """
+        _require_flag("evaluate", deterministic)
         if not deterministic:
             self._refuse_ou_sampling(
                 "evaluate(deterministic=False) (--stochastic)", "deterministic evaluation"
@@ -974,6 +976,15 @@ def _registered_limit(spec: Any) -> int | None:
         return gym.spec(spec.id).max_episode_steps
     except gym.error.Error:
         return spec.max_episode_steps
+
+
+def _require_flag(method: str, deterministic: Any) -> None:
+    """Raise :class:`InputError` unless ``deterministic`` is a bool: ``"False"`` would act deterministically."""
+    if not isinstance(deterministic, (bool, np.bool_)):
+        raise InputError(
+            f"{method}(deterministic=...) takes True or False, got {deterministic!r:.40} "
+            f"({type(deterministic).__name__})."
+        )
 
 
 def _exploration(deterministic: bool) -> ExplorationType:

@@ -3,8 +3,19 @@
 from __future__ import annotations
 
 import dataclasses
+import difflib
+import functools
+import numbers
+import os
+import types
+import typing
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, TypeVar
+
+import numpy as np
+
+from errors import InputError
 
 OptionsT = TypeVar("OptionsT", bound="Options")
 
@@ -26,9 +37,13 @@ class Options:
         return instance
 
     def __post_init__(self) -> None:
+        for name in self.__dict__.get("_assigned", ()):  # given to the constructor
+            check_option(type(self), name, getattr(self, name))
         object.__setattr__(self, "_constructed", True)
 
     def __setattr__(self, name: str, value: Any) -> None:
+        if self.__dict__.get("_constructed"):
+            check_option(type(self), name, value)
         object.__setattr__(self, name, value)
         if self.__dict__.get("_constructed"):
             self.__dict__.setdefault("_assigned", set()).add(name)
@@ -49,6 +64,76 @@ class Options:
             value = getattr(self, field.name)
             if isinstance(value, Options):
                 value.forget_assignments()
+
+
+@functools.cache
+def option_types(cls: type) -> dict[str, Any]:
+    """The type of each field of the config dataclass ``cls``."""
+    return typing.get_type_hints(cls)
+
+
+def check_option(cls: type, name: str, value: Any) -> None:
+    """Raise :class:`InputError` for a name that is not an option of ``cls`` (a typo would otherwise be set and
+    ignored: ``config.optim.learning_rate = 1e-2`` trains at the default rate) or a value of another type than the
+    option's (``num_epochs = 1.5``, ``total_frames = "2000"``, which would fail deep inside training or, as
+    ``video = "False"``, be read the other way)."""
+    types = option_types(cls)
+    if name not in types:
+        if name.startswith("_"):
+            return
+        close = difflib.get_close_matches(name, list(types), n=3)
+        hint = f" (did you mean {', '.join(close)}?)" if close else f"; its options: {', '.join(types)}"
+        raise InputError(f"{cls.__name__} has no option {name!r}{hint}.")
+    if not fits(types[name], value):
+        raise InputError(
+            f"{cls.__name__}.{name} takes {describe(types[name])}, got {value!r:.60} ({type(value).__name__})."
+        )
+
+
+def fits(hint: Any, value: Any) -> bool:
+    """Whether ``value`` is of the option type ``hint`` (a NumPy scalar counts as the Python number it holds; a
+    list as a tuple)."""
+    origin, arguments = typing.get_origin(hint), typing.get_args(hint)
+    if origin is typing.Annotated:
+        return fits(arguments[0], value)
+    if origin in (typing.Union, types.UnionType):
+        return any(fits(argument, value) for argument in arguments)
+    if origin is typing.Literal:
+        return value in arguments
+    if hint is type(None):
+        return value is None
+    if hint is bool:
+        return isinstance(value, (bool, np.bool_))
+    if hint is int:
+        return isinstance(value, numbers.Integral) and not isinstance(value, (bool, np.bool_))
+    if hint is float:
+        return isinstance(value, numbers.Real) and not isinstance(value, (bool, np.bool_))
+    if hint is str:
+        return isinstance(value, str)
+    if hint is Path:
+        return isinstance(value, (str, os.PathLike))
+    if origin is tuple:
+        return isinstance(value, (tuple, list)) and all(fits(arguments[0], item) for item in value)
+    if origin is dict:
+        return isinstance(value, dict)
+    if isinstance(hint, type) and issubclass(hint, Options):
+        return isinstance(value, hint)
+    return True
+
+
+def describe(hint: Any) -> str:
+    """An option type as a message names it."""
+    origin, arguments = typing.get_origin(hint), typing.get_args(hint)
+    if origin is typing.Annotated:
+        return describe(arguments[0])
+    if origin in (typing.Union, types.UnionType):
+        return " or ".join(describe(argument) for argument in arguments)
+    if origin is typing.Literal:
+        return "one of " + ", ".join(map(repr, arguments))
+    if origin is tuple:
+        return f"a list, each item {describe(arguments[0])}"
+    names = {bool: "True or False", int: "an integer", float: "a number", str: "text", Path: "a path"}
+    return "None" if hint is type(None) else names.get(hint, getattr(hint, "__name__", str(hint)))
 
 
 def defaults(factory: Callable[..., OptionsT], **values: Any) -> Callable[[], OptionsT]:

@@ -682,6 +682,18 @@ def check_device(name: str) -> torch.device:
             raise InputError(
                 f"Device {name!r} does not exist: this machine has {torch.cuda.device_count()} GPU(s)."
             )
-    elif device.type not in ("cpu", "mps", "xpu"):
+    elif device.type == "cpu" and device.index is not None:  # torch's "cpu:0" is "cpu" with another name
+        raise InputError(f"Device {name!r}: the CPU takes no index here; use 'cpu'.")
+    elif device.type in ("mps", "xpu"):
+        backend = (
+            getattr(torch.backends, device.type, None)
+            if device.type == "mps"
+            else getattr(torch, "xpu", None)
+        )
+        if backend is None or not backend.is_available():
+            raise InputError(
+                f"Device {name!r} was asked for but this torch build or machine has none; use 'cpu'."
+            )
+    elif device.type != "cpu":
         raise InputError(f"Device {name!r} is not supported; use 'cpu' or 'cuda'.")
     return device

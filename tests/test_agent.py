@@ -533,3 +533,13 @@ def test_save_replaces_only_a_checkpoint_and_takes_a_trailing_slash_as_a_folder(
     for bad in ("", None, 3):
         with pytest.raises(InputError, match="Agent.save takes the path of a file or folder"):
             agent.save(bad)
+
+
+@pytest.mark.parametrize("flag", ["False", None, 0, np.array([True])])
+def test_deterministic_takes_a_bool_only(flag):
+    agent = make_agent("CartPole-v1")
+    with pytest.raises(InputError, match=r"predict\(deterministic=\.\.\.\) takes True or False"):
+        agent.predict(np.zeros(4, np.float32), deterministic=flag)
+    with pytest.raises(InputError, match=r"evaluate\(deterministic=\.\.\.\) takes True or False"):
+        agent.evaluate(episodes=1, deterministic=flag)
+    assert agent.predict(np.zeros(4, np.float32), deterministic=np.False_) in (0, 1)

@@ -153,7 +153,7 @@ class Epsilons(Callback):
 @pytest.mark.parametrize("unit", ["step", "episode"])
 def test_multiplicative_epsilon_decays_per_step_or_episode_down_to_its_floor(output_dir, unit):
     epsilons = Epsilons()
-    config = tiny_dqn(output_dir, total_frames=2_048)
+    config = tiny_dqn(output_dir, run__total_frames=2_048)
     config.exploration = ExplorationConfig(
         final_epsilon=0.2, epsilon_schedule="multiplicative", epsilon_decay=0.99, epsilon_decay_unit=unit
     )

@@ -158,3 +158,17 @@ def test_numpy_false_stops_the_run_like_false(output_dir):
 def test_a_hook_returning_neither_a_bool_nor_none_is_refused(output_dir, value):
     with pytest.raises(InputError, match=r"Returns\.on_batch returned .* a hook returns False to stop"):
         ppo.main(tiny_ppo(output_dir), callbacks=[Returns(value)])
+
+
+def test_main_refuses_another_recipes_config_a_config_class_and_positional_callbacks(output_dir):
+    with pytest.raises(
+        InputError, match=r"recipes.ppo.main takes a PPOConfig instance \(PPOConfig\(\)\), got DQNConfig"
+    ):
+        ppo.main(dqn.DQNConfig())
+    with pytest.raises(InputError, match="got the class PPOConfig"):
+        ppo.main(ppo.PPOConfig)
+    with pytest.raises(
+        InputError, match=r"Callbacks go by keyword: recipes.ppo.main\(config, callbacks=\[...\]\)"
+    ):
+        ppo.main(tiny_ppo(output_dir), [Recorder()])
+    assert not output_dir.exists()

@@ -283,6 +283,8 @@ def test_help_shows_each_example_command_on_its_own_line(name):
             "no CUDA device is available" if not torch.cuda.is_available() else "does not exist",
         ),
         (["--device", "banana"], "is not a torch device"),
+        (["--device", "cpu:0"], "Device 'cpu:0': the CPU takes no index here; use 'cpu'."),
+        (["--device", "mps"], "Device 'mps' was asked for but this torch build or machine has none; use 'cpu'."),
         (["--log-std-init", "-1"], "--log-std-init sets the first scale of a Box action policy"),
     ],
 )

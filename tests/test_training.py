@@ -84,6 +84,54 @@ def test_counts_beyond_64_bit_integers_are_refused():
     config.validate()
 
 
+@pytest.mark.parametrize(
+    ("assign", "message"),
+    [
+        (
+            lambda c: setattr(c.optim, "learning_rate", 1e-2),
+            r"OptimConfig has no option 'learning_rate'; its options: lr,",
+        ),
+        (
+            lambda c: setattr(c.run, "total_frame", 10),
+            r"RunConfig has no option 'total_frame' \(did you mean total_frames",
+        ),
+        (
+            lambda c: setattr(c.optim, "num_epochs", 1.5),
+            r"OptimConfig.num_epochs takes an integer, got 1.5 \(float\)",
+        ),
+        (
+            lambda c: setattr(c.run, "total_frames", "2000"),
+            r"RunConfig.total_frames takes an integer, got '2000'",
+        ),
+        (lambda c: setattr(c.run, "video", "False"), r"RunConfig.video takes True or False, got 'False'"),
+        (lambda c: setattr(c.run, "seed", None), r"RunConfig.seed takes an integer, got None"),
+        (
+            lambda c: setattr(c.network, "hidden_sizes", 64),
+            r"hidden_sizes takes a list, each item an integer, got 64",
+        ),
+        (lambda c: setattr(c.run, "output_dir", 5), r"RunConfig.output_dir takes a path or None, got 5"),
+        (lambda c: setattr(c.run, "logger", "WandB"), r"RunConfig.logger takes one of 'wandb', 'csv'"),
+        (lambda c: setattr(c, "optim", {"lr": 1e-3}), r"PPOConfig.optim takes OptimConfig, got \{'lr'"),
+        (lambda c: ppo.OptimConfig(num_epochs="4"), r"OptimConfig.num_epochs takes an integer, got '4'"),
+    ],
+)
+def test_a_typo_or_a_value_of_the_wrong_type_in_a_config_is_refused_where_it_is_set(assign, message):
+    config = ppo.PPOConfig()
+    with pytest.raises(InputError, match=message):
+        assign(config)
+    config.validate()  # nothing was set
+
+
+def test_configs_take_numpy_numbers_lists_for_tuples_and_text_for_paths():
+    import numpy as np
+
+    config = ppo.PPOConfig()
+    config.run.total_frames, config.optim.lr, config.run.video = np.int64(4096), np.float32(1e-3), np.True_
+    config.network.hidden_sizes, config.run.output_dir = [32, 32], "runs/x"
+    config.run.stop_at_return = 5  # an integer where a number goes
+    config.validate()
+
+
 def test_quiet_silences_a_config_and_sets_run_options(tmp_path):
     config = quiet(dqn.DQNConfig(), tmp_path, seed=7, num_envs=2)
     run = config.run

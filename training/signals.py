@@ -6,11 +6,12 @@ from __future__ import annotations
 import functools
 import signal
 import threading
+import typing
 from collections.abc import Callable
 from typing import Any
 
 from errors import InputError
-from training.callbacks import check_callbacks
+from training.callbacks import Callback, check_callbacks
 
 HANDLED_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 GRADIENT_WORKER_RECIPES = "PPO, A2C, RND-PPO, REINFORCE, VPG and DQN"
@@ -51,6 +52,7 @@ def recipe_main(main: Callable[..., dict[str, Any]]) -> Callable[..., dict[str, 
 
     @functools.wraps(main)
     def wrapper(*args: Any, **kwargs: Any) -> dict[str, Any]:
+        check_main_arguments(main, args, kwargs)
         refuse_gradient_workers_unless_supported(args[0] if args else kwargs.get("config"))
         if "callbacks" in kwargs:  # before any work
             kwargs["callbacks"] = check_callbacks(kwargs["callbacks"])
@@ -64,6 +66,29 @@ def recipe_main(main: Callable[..., dict[str, Any]]) -> Callable[..., dict[str, 
                 signal.signal(number, handler)
 
     return wrapper
+
+
+def check_main_arguments(main: Callable[..., Any], args: tuple, kwargs: dict[str, Any]) -> None:
+    """Raise :class:`InputError` for a recipe's ``main`` given another recipe's config, a config class instead of
+    an instance, or callbacks in the place of PPO's (A2C's, ...) second argument, ``loss_addons``."""
+    config = args[0] if args else kwargs.get("config")
+    try:
+        expected = typing.get_type_hints(main).get("config")
+    except (NameError, TypeError):  # a user's recipe annotated with names its module cannot resolve
+        expected = None
+    if isinstance(expected, type) and not isinstance(config, expected):
+        given = f"the class {config.__name__}" if isinstance(config, type) else type(config).__name__
+        raise InputError(
+            f"{main.__module__}.main takes a {expected.__name__} instance ({expected.__name__}()), got {given}."
+        )
+    second = args[1] if len(args) > 1 else ()
+    if isinstance(second, Callback) or (
+        isinstance(second, (list, tuple)) and any(isinstance(item, Callback) for item in second)
+    ):
+        raise InputError(
+            f"Callbacks go by keyword: {main.__module__}.main(config, callbacks=[...]) (the second positional "
+            "argument is loss_addons)."
+        )
 
 
 def refuse_gradient_workers_unless_supported(config: Any) -> None:
