@@ -39,7 +39,8 @@ class EvaluateConfig:
     stochastic: bool = False
     """Sample actions instead of taking the policy's mode."""
     video: bool = False
-    """Record the first episode to video.mp4 (beside the checkpoint, or at --video-path)."""
+    """Record the first episode to CHECKPOINT-evaluation.mp4 beside the checkpoint (agent-evaluation.mp4 for a run's
+    agent.ckpt; the run's own video.mp4 is left alone), or at --video-path."""
     video_path: Path | None = None
     """Where to write the video (a .mp4, .mkv, .mov or .avi file, or a folder for video.mp4); implies --video."""
     render: bool = False
@@ -66,7 +67,8 @@ def main(config: EvaluateConfig) -> dict:
     agent = Agent.load(checkpoint, device=config.device, allow_wrappers=config.allow_wrappers)
     video_path = None
     if config.video or config.video_path is not None:
-        video_path = config.video_path or checkpoint.parent / "video.mp4"
+        # its own name beside the checkpoint: the run's video.mp4 stays the run's
+        video_path = config.video_path or checkpoint.parent / f"{checkpoint.stem}-evaluation.mp4"
     options = {
         "episodes": config.episodes,
         "deterministic": not config.stochastic,

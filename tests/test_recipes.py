@@ -284,7 +284,10 @@ def test_help_shows_each_example_command_on_its_own_line(name):
         ),
         (["--device", "banana"], "is not a torch device"),
         (["--device", "cpu:0"], "Device 'cpu:0': the CPU takes no index here; use 'cpu'."),
-        (["--device", "mps"], "Device 'mps' was asked for but this torch build or machine has none; use 'cpu'."),
+        (
+            ["--device", "mps"],
+            "Device 'mps' was asked for but this torch build or machine has none; use 'cpu'.",
+        ),
         (["--log-std-init", "-1"], "--log-std-init sets the first scale of a Box action policy"),
     ],
 )
@@ -299,7 +302,11 @@ def test_evaluate_command(output_dir):
     ppo.main(tiny_ppo(output_dir, logger="none", video=False))
     summary = evaluate.main(evaluate.EvaluateConfig(path=output_dir, episodes=3, video=True))
     assert len(summary["returns"]) == 3 and len(summary["lengths"]) == 3
-    assert Path(summary["video"]).stat().st_size > 0
+    assert (
+        Path(summary["video"]) == output_dir / "agent-evaluation.mp4"
+        and Path(summary["video"]).stat().st_size > 0
+    )
+    assert not (output_dir / "video.mp4").exists()  # the run's own video's name is left to the run
     result = run_module("recipes.evaluate", str(output_dir), "--episodes", "2")
     assert result.returncode == 0 and json.loads(result.stdout)["episodes"] == 2
     result = run_module("recipes.evaluate", str(output_dir / "nothing.ckpt"))
