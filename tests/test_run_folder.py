@@ -157,10 +157,11 @@ def test_links_in_a_run_folder_are_replaced_never_followed(tmp_path, monkeypatch
         assert not (output_dir / name).is_symlink(), name
     # an evaluation video written over a link replaces the link
     (outside / "video.mp4").write_text("precious")
-    (output_dir / "video.mp4").symlink_to(outside / "video.mp4")
+    (output_dir / "agent-evaluation.mp4").symlink_to(outside / "video.mp4")
     result = run_recipe("recipes.evaluate", str(output_dir), "--episodes", "1", "--video")
     assert result.returncode == 0, result.stderr
-    assert (outside / "video.mp4").read_text() == "precious" and not (output_dir / "video.mp4").is_symlink()
+    assert (outside / "video.mp4").read_text() == "precious"
+    assert not (output_dir / "agent-evaluation.mp4").is_symlink()
 
 
 def test_a_resume_checkpoint_that_does_not_fit_fails_before_anything_is_written(tmp_path, monkeypatch):
