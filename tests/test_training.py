@@ -132,6 +132,17 @@ def test_configs_take_numpy_numbers_lists_for_tuples_and_text_for_paths():
     config.validate()
 
 
+def test_the_default_target_is_the_evaluation_envs_and_only_where_episodes_can_reach_it():
+    from training import RunConfig
+
+    assert RunConfig().target_return == 475.0
+    assert RunConfig(eval_env_id="CartPole-v0").target_return == 195.0  # 200-step episodes
+    assert RunConfig(max_total_reward=100.0).target_return is None
+    assert RunConfig(stop_at_return=float("inf")).target_return is None
+    with pytest.raises(InputError, match="--stop-at-return -inf would stop at the first evaluation"):
+        RunConfig(stop_at_return=-float("inf")).validate()
+
+
 def test_quiet_silences_a_config_and_sets_run_options(tmp_path):
     config = quiet(dqn.DQNConfig(), tmp_path, seed=7, num_envs=2)
     run = config.run

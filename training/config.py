@@ -86,8 +86,8 @@ class RunConfig(Options):
     eval_episodes: int = 20
     """Episodes per evaluation."""
     stop_at_return: float | None = None
-    """Stop once the evaluation mean return reaches this; default: the env's registered reward threshold
-    (475 for CartPole-v1, none for Pendulum-v1). Pass inf to never stop early."""
+    """Stop once the evaluation mean return reaches this; default: the registered reward threshold of the env the
+    evaluations run in (475 for CartPole-v1, none for Pendulum-v1). Pass inf to never stop early."""
     video: bool = True
     """Record one deterministic episode of the final agent to video.mp4."""
     video_every_eval: bool = False
@@ -196,6 +196,10 @@ class RunConfig(Options):
             require_positive(checkpoint_every=self.checkpoint_every)
         if self.stop_at_return is not None and math.isnan(self.stop_at_return):
             raise InputError("--stop-at-return must be a number, got nan.")
+        if self.stop_at_return == -math.inf:
+            raise InputError(
+                "--stop-at-return -inf would stop at the first evaluation; pass inf to never stop early."
+            )
         if self.normalize_obs_warmup < 0:
             raise InputError(
                 f"--normalize-obs-warmup must be 0 or positive, got {self.normalize_obs_warmup}."
@@ -334,10 +338,15 @@ class RunConfig(Options):
 
     @property
     def target_return(self) -> float | None:
-        """The evaluation return that ends training early, if any."""
+        """The evaluation return that ends training early, if any: ``--stop-at-return``, else the registered
+        threshold of the env the evaluations run in (``--eval-env-id``'s when given), unless ``--max-total-reward``
+        ends episodes below it."""
         if self.stop_at_return is not None:
             return None if math.isinf(self.stop_at_return) else self.stop_at_return
-        return env_spec(self.env_id).reward_threshold
+        threshold = env_spec(self.eval_env_id or self.env_id).reward_threshold
+        if threshold is not None and self.max_total_reward is not None and self.max_total_reward < threshold:
+            return None  # no episode's return can reach it
+        return threshold
 
 
 def parse_env_kwargs(items: tuple[str, ...] | list[str], option: str = "--env-kwargs") -> dict[str, Any]:

@@ -74,7 +74,9 @@ def prepare_run_folder(algorithm: str, run: RunConfig, resumed: bool) -> Path:
         # '~/runs' given in quotes: the home folder, as TorchRL's checkpoint writer reads it too
         folder = Path(run.output_dir).expanduser()
         if folder.resolve() == Path(folder.resolve().anchor):
-            raise InputError(f"--output-dir {run.output_dir} is the filesystem's root; name a folder for the run.")
+            raise InputError(
+                f"--output-dir {run.output_dir} is the filesystem's root; name a folder for the run."
+            )
     elif resumed:  # beside the checkpoint, wherever the run was moved
         resume = Path(run.resume)
         folder = resume if resume.is_dir() else resume.parent
