@@ -507,6 +507,16 @@ def _to_same_step(vector_env: gym.vector.VectorEnv) -> gym.vector.VectorEnv:
             [lambda env=env: env for env in vector_env.envs], autoreset_mode=AutoresetMode.SAME_STEP
         )
     spec = vector_env.spec
+    wrapped = isinstance(vector_env, gym.vector.VectorWrapper) or (
+        spec is not None and spec.kwargs.get("wrappers")
+    )
+    if wrapped and mode == AutoresetMode.NEXT_STEP:
+        raise InputError(
+            f"{type(vector_env).__name__} steps in NEXT_STEP autoreset mode, which TorchRL transitions cannot take, "
+            "and rebuilding it in SAME_STEP mode would drop its wrappers: build it with vector_kwargs="
+            "{'autoreset_mode': gymnasium.vector.AutoresetMode.SAME_STEP}, or pass the env id with wrappers= "
+            "(--env-wrappers)."
+        )
     if spec is not None and mode == AutoresetMode.NEXT_STEP:
         # NEXT_STEP hands out the reset observation one step late, in a step that ignores the action: it
         # cannot be turned into a TorchRL transition. Rebuild the same env per sub-env instead.

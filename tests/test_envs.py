@@ -87,6 +87,22 @@ def test_accepts_gymnasium_objects_of_every_autoreset_mode():
     check_env_specs(make_env(gym.make("Acrobot-v1"), seed=0))
 
 
+def test_a_wrapped_next_step_vector_env_is_refused_rather_than_rebuilt_without_its_wrappers():
+    clipped = gym.wrappers.vector.ClipReward(
+        gym.make_vec("CartPole-v1", 2, vectorization_mode="sync"), 0, 0.5
+    )
+    with pytest.raises(InputError, match="rebuilding it in SAME_STEP mode would drop its wrappers"):
+        make_env(clipped)
+    timed = gym.make_vec(
+        "CartPole-v1", 2, vectorization_mode="async", wrappers=[gym.wrappers.TimeAwareObservation]
+    )
+    try:
+        with pytest.raises(InputError, match="would drop its wrappers"):
+            make_env(timed)
+    finally:
+        timed.close()
+
+
 def test_bad_input_is_reported_clearly():
     with pytest.raises(InputError, match="Unknown Gymnasium env id 'NoSuchEnv-v0'"):
         make_env("NoSuchEnv-v0")
