@@ -619,7 +619,15 @@ class Agent(nn.Module):
             seed if seed is None else int(seed),
             int(max_parallel_envs),
         )
+        if env_kwargs is not None and not isinstance(env_kwargs, dict):
+            raise InputError(
+                f"env_kwargs takes a dict of the env constructor's keyword arguments, got {env_kwargs!r:.60}."
+            )
         if video_path is not None:
+            if not isinstance(video_path, (str, os.PathLike)) or not str(video_path):
+                raise InputError(
+                    f"video_path takes the path of a video file or folder, got {video_path!r:.60}."
+                )
             video_path = Path(video_path)
             if video_path.is_dir():
                 video_path = video_path / "video.mp4"
@@ -869,6 +877,8 @@ class Agent(nn.Module):
             )
         path = Path(path)
         device = check_device(str(device))
+        if isinstance(allow_wrappers, str):  # one import path, not its characters
+            allow_wrappers = (allow_wrappers,)
         if path.is_dir():
             path = path / "agent.ckpt"
         if not path.exists():

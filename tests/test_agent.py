@@ -543,3 +543,11 @@ def test_deterministic_takes_a_bool_only(flag):
     with pytest.raises(InputError, match=r"evaluate\(deterministic=\.\.\.\) takes True or False"):
         agent.evaluate(episodes=1, deterministic=flag)
     assert agent.predict(np.zeros(4, np.float32), deterministic=np.False_) in (0, 1)
+
+
+def test_evaluate_refuses_env_kwargs_that_are_not_a_dict_and_an_empty_video_path():
+    agent = make_agent("CartPole-v1")
+    with pytest.raises(InputError, match="env_kwargs takes a dict"):
+        agent.evaluate(episodes=1, env_kwargs=["max_episode_steps=5"])
+    with pytest.raises(InputError, match="video_path takes the path of a video file or folder, got ''"):
+        agent.evaluate(episodes=1, video_path="")

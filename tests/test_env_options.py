@@ -94,6 +94,7 @@ def test_a_run_trains_and_evaluates_in_wrapped_envs_and_the_agent_keeps_them(out
     summary = ppo.main(tiny_ppo(output_dir, env_wrappers=wrappers), callbacks=[episodes])
     assert all(value == 2 * length for value, length in zip(episodes.returns, episodes.lengths))
     agent = Agent.load(output_dir, allow_wrappers=[SCALE])
+    assert Agent.load(output_dir, allow_wrappers=SCALE).allowed_wrappers == {SCALE}  # one path, as a string
     assert agent.observation_space.shape == (5,)  # TimeAwareObservation adds the step count
     assert agent.env_wrappers == [
         {"path": "gymnasium.wrappers.TimeAwareObservation", "kwargs": {}},

@@ -143,6 +143,15 @@ def test_the_default_target_is_the_evaluation_envs_and_only_where_episodes_can_r
         RunConfig(stop_at_return=-float("inf")).validate()
 
 
+def test_more_threads_than_cores_warn():
+    import os
+
+    from training import RunConfig
+
+    with pytest.warns(UserWarning, match=r"--threads \d+ is more than this machine's \d+ CPU cores"):
+        RunConfig(threads=(os.cpu_count() or 1) + 1).validate()
+
+
 def test_quiet_silences_a_config_and_sets_run_options(tmp_path):
     config = quiet(dqn.DQNConfig(), tmp_path, seed=7, num_envs=2)
     run = config.run

@@ -6,6 +6,7 @@ import dataclasses
 import importlib.util
 import json
 import math
+import os
 import typing
 import warnings
 from dataclasses import dataclass
@@ -175,6 +176,12 @@ class RunConfig(Options):
         if not 0 <= self.threads <= MAX_THREADS:
             raise InputError(
                 f"--threads must be 0 (torch's default) or a positive count up to {MAX_THREADS}, got {self.threads}."
+            )
+        if self.threads > (os.cpu_count() or 1):
+            warnings.warn(
+                f"--threads {self.threads} is more than this machine's {os.cpu_count()} CPU cores: the threads take "
+                "turns on them and each update runs slower; use at most as many as there are cores.",
+                stacklevel=2,
             )
         require_positive(
             num_envs=self.num_envs,
