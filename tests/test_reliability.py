@@ -267,6 +267,16 @@ def test_wandb_failing_to_start_falls_back_to_csv_logging(output_dir, monkeypatc
     assert (output_dir / "csv").is_dir()
 
 
+def test_online_wandb_without_a_key_falls_back_to_an_offline_wandb_run(tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))  # no ~/.netrc: no key
+    for name in ("WANDB_API_KEY", "WANDB_MODE"):
+        monkeypatch.delenv(name, raising=False)
+    config = tiny_ppo(tmp_path / "run", logger="wandb", wandb_online=True, total_frames=512)
+    with pytest.warns(UserWarning, match=r"online W&B failed to start .*; training goes on with offline W&B"):
+        summary = ppo.main(config)
+    assert Path(summary["wandb_offline_run"]).is_relative_to(tmp_path / "run")  # not CSV
+
+
 def test_a_failed_run_leaves_no_wandb_run_for_the_next_one_to_log_into(tmp_path):
     import wandb
 

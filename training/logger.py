@@ -57,6 +57,9 @@ def make_logger(
             log_env_packages=False,
             settings={"silent": True},
             id=wandb_id,
+            # explicit: TorchRL marks offline only through WANDB_MODE, which a failed online attempt's cached
+            # settings override and which stays set for a later online run in the same process
+            mode="offline" if offline else "online",
         )
         _OPEN_WANDB_LOGGERS.append(logger)
         try:
