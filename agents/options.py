@@ -98,8 +98,8 @@ def fits(hint: Any, value: Any) -> bool:
         return fits(arguments[0], value)
     if origin in (typing.Union, types.UnionType):
         return any(fits(argument, value) for argument in arguments)
-    if origin is typing.Literal:
-        return value in arguments
+    if origin is typing.Literal:  # the type here; the choice is validate()'s, whose message names the flag
+        return value in arguments or any(type(value) is type(choice) for choice in arguments)
     if hint is type(None):
         return value is None
     if hint is bool:

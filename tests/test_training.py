@@ -110,7 +110,7 @@ def test_counts_beyond_64_bit_integers_are_refused():
             r"hidden_sizes takes a list, each item an integer, got 64",
         ),
         (lambda c: setattr(c.run, "output_dir", 5), r"RunConfig.output_dir takes a path or None, got 5"),
-        (lambda c: setattr(c.run, "logger", "WandB"), r"RunConfig.logger takes one of 'wandb', 'csv'"),
+        (lambda c: setattr(c.run, "logger", 3), r"RunConfig.logger takes one of 'wandb', 'csv'"),
         (lambda c: setattr(c, "optim", {"lr": 1e-3}), r"PPOConfig.optim takes OptimConfig, got \{'lr'"),
         (lambda c: ppo.OptimConfig(num_epochs="4"), r"OptimConfig.num_epochs takes an integer, got '4'"),
     ],
