@@ -260,7 +260,7 @@ def test_recipes_learn_a_bandit_that_observes_nothing(output_dir, make_config, m
 def test_sac_and_rnd_refuse_empty_observations_in_one_line(output_dir, make_config, main, name):
     config = make_config(output_dir, env_id="space_envs:Bandit-v0")
     if main is sac.main:
-        config.network.discrete = True
+        config.discrete = True
     with pytest.raises(InputError, match=f"{name} needs at least one observation value") as error:
         main(config)
     assert "\n" not in str(error.value)

@@ -188,9 +188,11 @@ def test_a_reused_config_takes_the_new_envs_preset():
         and config.buffer.batch_size == 256
     )
     for forged in ({"for": ["CartPole-v1"], "set": 3}, ["CartPole-v1"], {"set": {}}):
-        config.run.preset_applied = forged  # as a damaged resume.ckpt would hand it over
+        config.run.assign("preset_applied", forged)  # as a damaged resume.ckpt would hand it over
         with pytest.raises(InputError, match="run.preset_applied holds .*, not a record of a preset"):
             apply_preset(config, dqn.PRESETS)
+    with pytest.raises(InputError, match="RunConfig.preset_applied takes dict or None, got"):
+        config.run.preset_applied = ["CartPole-v1"]  # set in Python: refused where it is set
 
 
 def test_qlearning_mountain_car_runs_with_nothing_but_the_env_id():
