@@ -65,7 +65,14 @@ def output_path(output: str | None, checkpoint: Path) -> Path:
             :func:`is_onnx_file`): export replaces only an earlier export.
     """
     separators = tuple(separator for separator in (os.sep, os.altsep) if separator)
+    if output is not None and not str(output):
+        raise InputError("--output is empty; name a .onnx file or a folder for policy.onnx.")
     path = checkpoint.parent / "policy.onnx" if output is None else Path(output)
+    for parent in path.parents:  # a file where a folder of the path should be: mkdir would say "File exists"
+        if parent.exists():
+            if not parent.is_dir():
+                raise InputError(f"--output {path}: {parent} is a file, not a folder; give another --output.")
+            break
     if path.is_dir() or (isinstance(output, str) and output.endswith(separators)):  # a Path has lost its /
         path = path / "policy.onnx"
     if path.exists() and path.samefile(checkpoint):

@@ -14,7 +14,7 @@ import torch
 from agents import Agent
 from agents.export import DeterministicPolicy, export_onnx, onnx_actions
 from envs import make_atari_env
-from errors import InputError, WriteError
+from errors import InputError
 from recipes import export
 from training.cli import run_command
 
@@ -231,8 +231,8 @@ def test_export_command_writes_beside_the_checkpoint(tmp_path):
         folder / "policy.onnx"
     )
     assert (folder / "policy.onnx").stat().st_size > 0
-    blocked = tmp_path / "policy.onnx" / "inside.onnx"  # under a file: a write error (exit 1), not bad input
-    with pytest.raises(WriteError, match="Could not write .*inside.onnx"):
+    blocked = tmp_path / "policy.onnx" / "inside.onnx"  # under a file: refused as --output-dir under one is
+    with pytest.raises(InputError, match="policy.onnx is a file, not a folder; give another --output"):
         export.main(export.ExportConfig(tmp_path, output=str(blocked)))
 
 
@@ -300,6 +300,15 @@ def test_an_output_ending_in_a_separator_is_a_folder(tmp_path, monkeypatch, caps
     ).stat().st_size > 0
     summary = export.main(export.ExportConfig(tmp_path, output=f"{tmp_path / 'new' / 'dir'}/"))  # existing
     assert summary["output"] == str(tmp_path / "new" / "dir" / "policy.onnx")
+
+
+def test_an_empty_output_or_a_file_in_its_path_is_one_line(tmp_path):
+    saved_agent(tmp_path)
+    with pytest.raises(InputError, match="--output is empty"):
+        export.main(export.ExportConfig(tmp_path, output=""))
+    (tmp_path / "afile").write_text("x")
+    with pytest.raises(InputError, match=r"afile is a file, not a folder; give another --output"):
+        export.main(export.ExportConfig(tmp_path, output=str(tmp_path / "afile" / "x.onnx")))
 
 
 @pytest.mark.parametrize("dtype", [np.float16, np.float64])
