@@ -152,6 +152,26 @@ def test_more_threads_than_cores_warn():
         RunConfig(threads=(os.cpu_count() or 1) + 1).validate()
 
 
+def test_more_worker_processes_than_memory_holds_are_refused_and_more_than_cores_warn():
+    import os
+
+    from training import RunConfig
+    from training.machine import WORKER_PROCESS_BYTES
+
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    too_many = memory // WORKER_PROCESS_BYTES + 1
+    config = RunConfig(collector_backend="multiprocess", num_workers=too_many, num_envs=too_many)
+    with pytest.raises(
+        InputError, match=rf"--num-workers {too_many} would start {too_many} processes .* use at most"
+    ):
+        config.validate()
+    cores = os.cpu_count() or 1
+    with pytest.warns(
+        UserWarning, match=rf"--num-workers {cores + 1} is more than this machine's {cores} CPU cores"
+    ):
+        RunConfig(collector_backend="multiprocess", num_workers=cores + 1, num_envs=cores + 1).validate()
+
+
 def test_quiet_silences_a_config_and_sets_run_options(tmp_path):
     config = quiet(dqn.DQNConfig(), tmp_path, seed=7, num_envs=2)
     run = config.run

@@ -6,7 +6,6 @@ import dataclasses
 import importlib.util
 import json
 import math
-import os
 import typing
 import warnings
 from dataclasses import dataclass
@@ -22,6 +21,7 @@ from envs.classic import torch_env_class
 from envs.vector import check_device, check_env_id, check_env_kwargs, env_spec
 from envs.wrappers import MAX_TOTAL_REWARD, parse_env_wrappers, wrapper_functions
 from errors import InputError, loads_finite, require_positive
+from training.machine import check_threads, check_worker_processes
 from training.presets import preset_note
 
 LoggerName = Literal["wandb", "csv", "tensorboard", "none"]
@@ -177,12 +177,7 @@ class RunConfig(Options):
             raise InputError(
                 f"--threads must be 0 (torch's default) or a positive count up to {MAX_THREADS}, got {self.threads}."
             )
-        if self.threads > (os.cpu_count() or 1):
-            warnings.warn(
-                f"--threads {self.threads} is more than this machine's {os.cpu_count()} CPU cores: the threads take "
-                "turns on them and each update runs slower; use at most as many as there are cores.",
-                stacklevel=2,
-            )
+        check_threads(self.threads)
         require_positive(
             num_envs=self.num_envs,
             total_frames=self.total_frames,
@@ -225,6 +220,8 @@ class RunConfig(Options):
                     f"cpu, or --collector-backend single to train on {self.device}."
                 )
             require_positive(num_workers=self.num_workers)
+            if self.collector_backend == "multiprocess":
+                check_worker_processes(self.num_workers)
             if self.num_envs % self.num_workers and not self.gradient_workers:
                 raise InputError(
                     f"--num-envs {self.num_envs} must split evenly over --num-workers {self.num_workers}."
