@@ -28,6 +28,8 @@ class Options:
     A preset (``training.presets``) leaves those options alone, even when the value equals the default: what a
     user sets in Python wins, as options given on the command line do. A recipe's own defaults are built with
     :func:`defaults`, which records nothing; :meth:`assign` sets a field without recording it (what a preset sets).
+    A name that is not a field, or a value of another type than the field's, is refused where it is set
+    (:func:`check_option`).
     """
 
     def __new__(cls, *args: Any, **kwargs: Any) -> Any:
@@ -77,16 +79,16 @@ def check_option(cls: type, name: str, value: Any) -> None:
     ignored: ``config.optim.learning_rate = 1e-2`` trains at the default rate) or a value of another type than the
     option's (``num_epochs = 1.5``, ``total_frames = "2000"``, which would fail deep inside training or, as
     ``video = "False"``, be read the other way)."""
-    types = option_types(cls)
-    if name not in types:
+    hints = option_types(cls)
+    if name not in hints:
         if name.startswith("_"):
             return
-        close = difflib.get_close_matches(name, list(types), n=3)
-        hint = f" (did you mean {', '.join(close)}?)" if close else f"; its options: {', '.join(types)}"
+        close = difflib.get_close_matches(name, list(hints), n=3)
+        hint = f" (did you mean {', '.join(close)}?)" if close else f"; its options: {', '.join(hints)}"
         raise InputError(f"{cls.__name__} has no option {name!r}{hint}.")
-    if not fits(types[name], value):
+    if not fits(hints[name], value):
         raise InputError(
-            f"{cls.__name__}.{name} takes {describe(types[name])}, got {value!r:.60} ({type(value).__name__})."
+            f"{cls.__name__}.{name} takes {describe(hints[name])}, got {value!r:.60} ({type(value).__name__})."
         )
 
 
