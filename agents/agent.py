@@ -7,7 +7,6 @@ import json
 import math
 import numbers
 import os
-import zipfile
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,7 +24,14 @@ from torchrl.modules import OrnsteinUhlenbeckProcessModule
 from agents.archive import check_archive, component_of, first_line, read_manifest_metadata, state_shapes
 from agents.continuous import make_deterministic_actor
 from agents.es import make_es_policy
-from agents.files import atomic_write, probe_writable, require_replaceable, write_atomically, write_errors
+from agents.files import (
+    atomic_write,
+    is_checkpoint_archive,
+    probe_writable,
+    require_replaceable,
+    write_atomically,
+    write_errors,
+)
 from agents.gsde import make_gsde_actor
 from agents.networks import MASKED_RECIPES, find_normalizer, make_actor
 from agents.normalization import invalid_statistics
@@ -852,7 +858,7 @@ class Agent(nn.Module):
         path = Path(path)
         if (path.is_dir() and not path.is_symlink()) or (named_folder and not path.exists()):
             path = path / "agent.ckpt"
-        require_replaceable(path, "agent checkpoint", _is_checkpoint_archive)
+        require_replaceable(path, "agent checkpoint", is_checkpoint_archive)
         # written beside the target, then renamed over it in one step (os.replace): at every moment the path
         # holds either the previous complete file or the new one, and a link at the path is replaced, not followed
         checkpoint = Checkpoint(format="archive", policy=self.policy)
@@ -967,16 +973,6 @@ def _unlimited(env: gym.Env) -> bool:
             return False
         env = env.env
     return True
-
-
-def _is_checkpoint_archive(path: Path) -> bool:
-    """Whether ``path`` looks like a checkpoint this toolkit writes (an archive with a manifest), without loading
-    it: what :meth:`Agent.save` may replace."""
-    try:
-        with zipfile.ZipFile(path) as archive:
-            return "manifest.json" in archive.namelist()
-    except (OSError, zipfile.BadZipFile, ValueError):
-        return False
 
 
 def _registered_limit(spec: Any) -> int | None:

@@ -20,6 +20,7 @@ import socket
 import stat
 import time
 import uuid
+import zipfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -72,6 +73,16 @@ def require_replaceable(path: Path, what: str, is_own: Callable[[Path], bool]) -
             f"{path} is a file that is not an {what}; writing one would replace it: choose another path, or move "
             "that file away first."
         )
+
+
+def is_checkpoint_archive(path: Path) -> bool:
+    """Whether ``path`` looks like a checkpoint this toolkit writes (an agent's or a run's resume state: an
+    archive with a manifest), without loading it."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            return "manifest.json" in archive.namelist()
+    except (OSError, zipfile.BadZipFile, ValueError):
+        return False
 
 
 def probe_writable(folder: Path) -> None:

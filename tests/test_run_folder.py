@@ -489,6 +489,49 @@ def test_a_config_json_that_is_not_a_run_s_is_never_replaced_and_its_folder_is_l
     assert (output_dir / "videos" / "holiday.mp4").read_text() == "mine"
 
 
+@pytest.mark.parametrize(
+    "name, content",
+    [
+        ("summary.json", '{"score": 3}'),
+        ("evaluations.csv", "step,score\n1,2\n"),
+        ("agent.ckpt", "not an archive"),
+        ("video.mp4", "a holiday"),
+        ("best_agent.ckpt", None),  # a folder under a checkpoint's name
+    ],
+    ids=["summary", "evaluations", "checkpoint", "video-alone", "folder"],
+)
+def test_files_named_as_a_run_s_are_not_a_run_and_are_never_replaced(output_dir, name, content):
+    output_dir.mkdir(parents=True, exist_ok=True)
+    path = output_dir / name
+    if content is None:
+        path.mkdir()
+        (path / "mine.txt").write_text("mine")
+    else:
+        path.write_text(content)
+    for folder in ("videos", "wandb", "tensorboard"):  # a user's own, beside it: never removed
+        (output_dir / folder).mkdir()
+        (output_dir / folder / "mine.txt").write_text("mine")
+    for overwrite in (False, True):
+        with pytest.raises(InputError, match=rf"{name} is not a run's file, .*move it away"):
+            ppo.main(tiny_ppo(output_dir, overwrite=overwrite))
+    assert sorted(entry.name for entry in output_dir.iterdir()) == sorted(
+        [name, "videos", "wandb", "tensorboard", ".run.lock"]
+    )
+    assert all(path.read_text() == "mine" for path in output_dir.rglob("mine.txt"))
+    if content is not None:
+        assert path.read_text() == content
+
+
+def test_a_run_is_recognised_by_any_one_of_its_records(output_dir):
+    ppo.main(tiny_ppo(output_dir))
+    for name in ("config.json", "summary.json", "agent.ckpt", "best_agent.ckpt"):
+        (output_dir / name).unlink()  # what is left: evaluations.csv, the plot, the logs
+    with pytest.raises(InputError, match=r"already holds a run \(evaluations.csv, learning_curve.png"):
+        ppo.main(tiny_ppo(output_dir))
+    ppo.main(tiny_ppo(output_dir, overwrite=True, seed=1))
+    assert json.loads((output_dir / "summary.json").read_text())["seed"] == 1
+
+
 def hold_lock(folder):
     """A process holding ``folder``'s run lock, as a live run does, until killed."""
     script = (

@@ -1,7 +1,9 @@
 """The run folder: which one a run writes into, never another run's unless asked, and the files a run leaves there.
 
-A new run writes into ``--output-dir`` only if that folder holds no run yet (none of :data:`RUN_FILES`); with
-``--overwrite`` it first removes those files (and nothing else the folder holds). Without ``--output-dir`` it
+A new run writes into ``--output-dir`` only if that folder holds no run yet (none of :data:`RUN_RECORDS`, each
+recognised by its content); with ``--overwrite`` it first removes the run's files and log folders (and nothing else
+the folder holds). A file named as a run's that is not one (another program's ``summary.json``) is never replaced
+nor taken for a run: the run is refused. Without ``--output-dir`` it
 claims a fresh ``runs/ALGORITHM-ENV-SEED-TIMESTAMP`` folder, with a ``-2``, ``-3``, ... suffix when another run
 took that name in the same second. A resumed run writes into the folder it continues.
 """
@@ -15,7 +17,7 @@ import shutil
 from datetime import datetime
 from pathlib import Path
 
-from agents.files import check_writable, remove_stale_temporaries
+from agents.files import check_writable, is_checkpoint_archive, remove_stale_temporaries
 from errors import InputError
 from training.config import RunConfig
 
@@ -31,19 +33,51 @@ RUN_FILES = (
     "video.mp4",
 )
 RUN_FOLDERS = ("csv", "wandb", "tensorboard", "videos")  # the loggers' files, the evaluations' videos
+# the run's files recognised by their content: a folder holding one of them holds a run
+RUN_RECORDS = (
+    "config.json",
+    "summary.json",
+    "evaluations.csv",
+    "agent.ckpt",
+    "best_agent.ckpt",
+    "resume.ckpt",
+)
+MAX_RECORD_BYTES = 2**20  # config.json and summary.json: a few kilobytes in every run; evaluations.csv: rows
 
 
 def run_files(folder: Path) -> list[str]:
-    """The names of the run outputs ``folder`` holds: files (or links) of :data:`RUN_FILES`, and then the loggers'
-    :data:`RUN_FOLDERS` beside them (a ``csv/`` or ``wandb/`` folder alone is not a run: it may be anyone's)."""
+    """The names of the run outputs ``folder`` holds: when it holds a run (a run's config.json, summary.json,
+    evaluations.csv or checkpoint, by content, not by name alone), the files (or links) of :data:`RUN_FILES` there,
+    and then the loggers' :data:`RUN_FOLDERS` beside them (a ``csv/`` or ``wandb/`` folder alone is not a run: it
+    may be anyone's)."""
+    if not any(_is_run_record(folder / name) for name in RUN_RECORDS):
+        return []
+    return [name for name in (*RUN_FILES, *RUN_FOLDERS) if _present(folder / name)]
 
-    def present(name: str) -> bool:
-        return (folder / name).exists() or (folder / name).is_symlink()
 
-    files = [
-        name for name in RUN_FILES if present(name) and (name != "config.json" or _is_run_config(folder))
-    ]
-    return files + [name for name in RUN_FOLDERS if present(name)] if files else []
+def _present(path: Path) -> bool:
+    return path.exists() or path.is_symlink()
+
+
+def _is_run_record(path: Path) -> bool:
+    """Whether ``path`` (one of :data:`RUN_RECORDS`) is what a run writes under its name."""
+    if path.name == "config.json":
+        return _is_run_config(path.parent)
+    if not path.is_file() or path.is_symlink():  # a link alone is no run: it is replaced, never followed
+        return False
+    if path.suffix == ".ckpt":
+        return is_checkpoint_archive(path)
+    try:
+        if path.stat().st_size > MAX_RECORD_BYTES:
+            return False
+        with path.open("rb") as file:
+            text = file.read(MAX_RECORD_BYTES).decode()
+        if path.name == "evaluations.csv":  # the header of the evaluation rows
+            return text.startswith("frames,wall_time_s,return_mean,")
+        summary = json.loads(text)
+        return isinstance(summary, dict) and {"algorithm", "env_id", "frames"} <= summary.keys()
+    except (OSError, ValueError, RecursionError):
+        return False
 
 
 def _is_run_config(folder: Path) -> bool:
@@ -55,12 +89,26 @@ def _is_run_config(folder: Path) -> bool:
             return True
         if not path.is_file():
             return False
-        if path.stat().st_size > 2**20:  # a run's config.json is a few kilobytes
+        if path.stat().st_size > MAX_RECORD_BYTES:  # a run's config.json is a few kilobytes
             return False
         text = path.read_text()
         return not text or isinstance(json.loads(text).get("run"), dict)
     except (OSError, ValueError, AttributeError, RecursionError):
         return False
+
+
+def _foreign_file(folder: Path) -> Path | None:
+    """The first entry of ``folder`` named as a run's file that is not one and that a new run would replace: a
+    run's record by name only (a summary.json of another program), a folder or pipe under such a name, or (in
+    a folder holding no run) a learning_curve.png or video.mp4, which alone show no run."""
+    holds_run = any(_is_run_record(folder / name) for name in RUN_RECORDS)
+    for name in RUN_FILES:
+        path = folder / name
+        if path.is_symlink() or not path.exists():
+            continue
+        if not path.is_file() or (name in RUN_RECORDS and not _is_run_record(path)) or not holds_run:
+            return path
+    return None
 
 
 def prepare_run_folder(algorithm: str, run: RunConfig, resumed: bool) -> Path:
@@ -96,12 +144,14 @@ def prepare_run_folder(algorithm: str, run: RunConfig, resumed: bool) -> Path:
 
 def _check_run_folder(folder: Path, run: RunConfig, resumed: bool) -> None:
     """Check (and with ``run.overwrite`` clear) the locked ``folder`` as :func:`prepare_run_folder` describes."""
-    if (folder / "config.json").exists() and not _is_run_config(folder):
-        raise InputError(
-            f"{folder / 'config.json'} is not a run's configuration, and a run writes its own config.json there; "
-            "move that file or choose another --output-dir."
-        )
     continues_here = resumed and folder.resolve() == _resume_folder(run.resume).resolve()
+    foreign = _foreign_file(folder)
+    if foreign is not None:
+        what = "configuration" if foreign.name == "config.json" else "file"
+        raise InputError(
+            f"{foreign} is not a run's {what}, and a run writes its own {foreign.name} there; move it away or "
+            "choose another --output-dir."
+        )
     existing = [] if continues_here else run_files(folder)
     if existing and not run.overwrite:
         raise InputError(
