@@ -21,7 +21,7 @@ from agents import Agent, files
 from agents.files import remove_stale_temporaries, write_atomically, write_text
 from errors import InputError, WriteError
 from recipes import dqn, ppo
-from training import RunConfig, quiet
+from training import Callback, RunConfig, quiet
 from training.cli import integral_notation
 from training.seeding import set_matmul_precision
 from training.state import TrainingState
@@ -52,7 +52,10 @@ def test_a_new_run_refuses_a_folder_that_holds_a_run_and_overwrite_replaces_only
     ppo.main(tiny_ppo(output_dir))
     summary = json.loads((output_dir / "summary.json").read_text())
     (output_dir / "notes.txt").write_text("mine")
-    with pytest.raises(InputError, match=r"already holds a run .*--resume .*--overwrite"):
+    with pytest.raises(
+        InputError,
+        match=r"already holds a run .*cannot be continued \(it wrote no resume.ckpt\), .*--overwrite",
+    ):
         dqn.main(quiet(dqn.DQNConfig(), output_dir, total_frames=256))
     assert json.loads((output_dir / "summary.json").read_text()) == summary  # nothing was touched
     ppo.main(tiny_ppo(output_dir, overwrite=True, seed=1))
@@ -530,6 +533,39 @@ def test_a_run_is_recognised_by_any_one_of_its_records(output_dir):
         ppo.main(tiny_ppo(output_dir))
     ppo.main(tiny_ppo(output_dir, overwrite=True, seed=1))
     assert json.loads((output_dir / "summary.json").read_text())["seed"] == 1
+
+
+def test_a_run_that_can_be_continued_is_offered_resume(output_dir):
+    ppo.main(tiny_ppo(output_dir, checkpoint_every=256))
+    with pytest.raises(
+        InputError, match=rf"already holds a run .*continue it with --resume {output_dir}, .*--overwrite"
+    ):
+        ppo.main(tiny_ppo(output_dir))
+
+
+class FailsToStart(Callback):
+    def on_start(self, run):
+        raise ValueError("my callback's bug")
+
+
+def test_a_run_that_fails_before_training_gives_up_its_folder_and_can_be_started_again(output_dir):
+    (output_dir / "wandb").mkdir(parents=True)  # the user's, there before: kept
+    with pytest.raises(ValueError, match="my callback's bug"):
+        ppo.main(tiny_ppo(output_dir), callbacks=[FailsToStart()])
+    assert not (output_dir / "config.json").exists() and (output_dir / "wandb").is_dir()
+    summary = ppo.main(tiny_ppo(output_dir))  # the same command again, no --overwrite
+    assert summary["frames"] >= 256 and (output_dir / "wandb").is_dir()
+    # a resumed run that fails to start keeps everything of the run it continues
+    ppo.main(tiny_ppo(output_dir, overwrite=True, checkpoint_every=256, total_frames=256))
+    before = {path.name: path.read_bytes() for path in output_dir.iterdir() if path.is_file()}
+    with pytest.raises(ValueError, match="my callback's bug"):
+        ppo.main(
+            tiny_ppo(output_dir, resume=output_dir, checkpoint_every=256, total_frames=256),
+            callbacks=[FailsToStart()],
+        )
+    assert json.loads((output_dir / "config.json").read_text())["run"]["seed"] == 0  # still the run's
+    assert (output_dir / "summary.json").read_bytes() == before["summary.json"]
+    assert (output_dir / "resume.ckpt").read_bytes() == before["resume.ckpt"]
 
 
 def hold_lock(folder):

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +48,12 @@ class Checkpoints:
         self.next_checkpoint = every
         self._resume_saved_at: int | None = None
         self._agent_saved_at: int | None = None  # frames of the last agent.ckpt
+        if every is not None and training is not None and not self.resumable:
+            warnings.warn(
+                "--checkpoint-every writes agent.ckpt only with worker collectors: resume.ckpt (for --resume) needs "
+                "--collector-backend single.",
+                stacklevel=4,
+            )
 
     @property
     def resumable(self) -> bool:

@@ -18,6 +18,7 @@ from tqdm import tqdm
 
 from agents.fast_paths import lean_policy
 from agents.gsde import clips_actions
+from agents.networks import find_normalizer
 from agents.options import Options
 from envs.vector import make_env
 from envs.wrappers import wrapper_functions
@@ -76,6 +77,17 @@ WARMUP_SEED_OFFSET = 2_000_000  # the warm-up envs' seeds, apart from the traini
 # (images: a few dozen steps): bounds its memory
 WARMUP_CHUNK_STEPS = 1_000
 WARMUP_CHUNK_BYTES = 64 * 2**20
+
+
+def warm_up_policy_normalizer(run: RunConfig, policy: Any, algorithm: str, device: torch.device) -> None:
+    """``--normalize-obs-warmup``: :func:`warm_up_normalizer` on ``policy``'s observation normaliser."""
+    normalizer = find_normalizer(policy)
+    if normalizer is None:
+        raise InputError(
+            "--normalize-obs-warmup fills the statistics of --normalize-obs: add --normalize-obs (this "
+            f"{algorithm} run normalises no observations)."
+        )
+    warm_up_normalizer(run, normalizer, device)
 
 
 def warm_up_normalizer(

@@ -10,6 +10,7 @@ took that name in the same second. A resumed run writes into the folder it conti
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import os
@@ -154,9 +155,14 @@ def _check_run_folder(folder: Path, run: RunConfig, resumed: bool) -> None:
         )
     existing = [] if continues_here else run_files(folder)
     if existing and not run.overwrite:
+        continuation = (
+            f"continue it with --resume {folder}"
+            if "resume.ckpt" in existing
+            else "it cannot be continued (it wrote no resume.ckpt)"
+        )
         raise InputError(
-            f"{folder} already holds a run ({', '.join(existing)}); continue it with --resume {folder}, replace it "
-            "with --overwrite, or choose another --output-dir."
+            f"{folder} already holds a run ({', '.join(existing)}); {continuation}, replace it with --overwrite, or "
+            "choose another --output-dir."
         )
     if existing:
         clear_run(folder)
@@ -187,6 +193,14 @@ def clear_run(folder: Path) -> None:
         elif path.is_dir():
             shutil.rmtree(path)
     remove_stale_temporaries(folder)
+
+
+def abandon_run_folder(folder: Path) -> None:
+    """Give up a new run's claim on ``folder`` when it failed before training (a logger that could not start, a
+    callback's ``on_start`` raising): its config.json goes, so that the folder holds no run and the same command
+    can be given again. The loggers' folders are left: they may have been there before, and alone show no run."""
+    with contextlib.suppress(OSError):
+        (folder / "config.json").unlink()
 
 
 def _refuse_links_in_log_folders(folder: Path, wandb: bool) -> None:

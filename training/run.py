@@ -32,9 +32,8 @@ from tensordict import TensorDictBase
 
 from agents.agent import Agent
 from agents.files import write_text
-from agents.networks import find_normalizer
 from envs.vector import registration
-from errors import InputError, NonFiniteError, WriteError
+from errors import NonFiniteError, WriteError
 from training.callbacks import Callback, callback_name, check_callbacks, stops_run
 from training.checkpoints import (
     AGENT_FILE,
@@ -44,12 +43,12 @@ from training.checkpoints import (
     read_resume,
     restore_training,
 )
-from training.collectors import warm_up_normalizer
+from training.collectors import warm_up_policy_normalizer
 from training.config import RunConfig, config_to_dict
 from training.evaluation import EvaluationSchedule, check_evaluation_env, run_deterministic
 from training.logger import close_logger, is_wandb, log_video, make_logger
 from training.metrics import Metrics, find_non_finite
-from training.outputs import prepare_run_folder, release_run_folder
+from training.outputs import abandon_run_folder, prepare_run_folder, release_run_folder
 from training.plotting import plot_learning_curve
 from training.provenance import run_source
 from training.resume import RESUME_FILE
@@ -121,20 +120,28 @@ class Run:
         if self.eval_env_kwargs is not None:
             check_evaluation_env(agent, self.eval_env_id, self.eval_env_kwargs)
         if run.normalize_obs_warmup and resumed is None:  # a resumed run has its statistics
-            normalizer = find_normalizer(agent.policy)
-            if normalizer is None:
-                raise InputError(
-                    "--normalize-obs-warmup fills the statistics of --normalize-obs: add --normalize-obs (this "
-                    f"{algorithm} run normalises no observations)."
-                )
-            warm_up_normalizer(run, normalizer, agent.device)
+            warm_up_policy_normalizer(run, agent.policy, algorithm, agent.device)
         self.output_dir = prepare_run_folder(algorithm, run, resumed is not None)
         # the folder's lock, released when the run ends (or, should it fail, when it is collected)
         self._release_folder = weakref.finalize(self, release_run_folder, self.output_dir)
+        try:
+            self._start(training, resumed)
+        except BaseException:  # the logger's or a callback's on_start: nothing trained, the claim is given up
+            if hasattr(self, "metrics"):
+                self.metrics.close_progress()
+                close_logger(self.metrics.logger, failed=True)
+            if resumed is None:  # the same command can be given again
+                abandon_run_folder(self.output_dir)
+            self._release_folder()
+            raise
+
+    def _start(self, training: TrainingState | None, resumed: dict[str, Any] | None) -> None:
+        """Everything a run sets up in its claimed folder: config.json, logger, evaluation, checkpoints, state."""
+        run, agent = self.run, self.agent
         agent.config = self.config
         write_text(self.output_dir / "config.json", json.dumps(self.config, indent=2) + "\n")
         logger = make_logger(
-            run, algorithm, self.output_dir, self.config, wandb_id=resumed and resumed["run"]["wandb_id"]
+            run, self.algorithm, self.output_dir, self.config, wandb_id=resumed and resumed["run"]["wandb_id"]
         )
         self.metrics = Metrics(logger, run.total_frames, run.progress)
         self.schedule = EvaluationSchedule(
@@ -161,16 +168,8 @@ class Run:
         self.signals = SignalWatcher()
         self.signals.install()
         self.metrics.start_progress()
-        if run.checkpoint_every is not None and training is not None and not self.checkpoints.resumable:
-            warnings.warn(
-                "--checkpoint-every writes agent.ckpt only with worker collectors: resume.ckpt (for --resume) needs "
-                "--collector-backend single.",
-                stacklevel=2,
-            )
         learner = training.extras.get("learner") if training is not None else None
-        if (
-            learner is not None
-        ):  # a loss failing on diverged parameters stops the run as the other NaN checks do
+        if learner is not None:  # a loss failing on diverged parameters stops the run as NaN checks do
             stop = weakref.WeakMethod(self._non_finite)  # held weakly: the learner never keeps the run alive
             learner.on_non_finite = lambda where: stop() is not None and stop()(where)
         for callback in self.callbacks:
