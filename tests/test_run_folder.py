@@ -612,3 +612,29 @@ def test_a_link_in_place_of_the_lock_is_refused(output_dir, tmp_path):
     with pytest.raises(InputError, match=r"Cannot make the run folder's lock .*\.run\.lock"):
         ppo.main(tiny_ppo(output_dir))
     assert not (tmp_path / "outside").exists()
+
+
+def test_a_run_continued_in_a_new_folder_brings_its_evaluations_and_best_agent(tmp_path, monkeypatch):
+    old, new, ended = tmp_path / "old", tmp_path / "new", tmp_path / "ended"
+    with monkeypatch.context() as patch:
+        interrupt_at(patch, 256)
+        ppo.main(tiny_ppo(old, eval_every=128, checkpoint_every=512))
+    rows = (old / "evaluations.csv").read_text()
+    assert len(rows.splitlines()) == 3  # a header and two evaluations
+    summary = ppo.main(tiny_ppo(new, resume=old, eval_every=128, checkpoint_every=512))
+    lines = (new / "evaluations.csv").read_text().splitlines()
+    assert lines[: len(rows.splitlines())] == rows.splitlines() and len(lines) == 5
+    assert (new / "best_agent.ckpt").exists()
+    best = max(float(line.split(",")[2]) for line in lines[1:])
+    assert summary["best_eval_return_mean"] == best
+    assert (old / "evaluations.csv").read_text() == rows  # the old folder is left as it was
+    # a run that had ended, continued in a new folder: nothing more to train, its records all come along
+    ppo.main(tiny_ppo(ended, resume=new, eval_every=128, checkpoint_every=512))
+    assert (ended / "evaluations.csv").read_text().splitlines() == lines
+    assert (ended / "best_agent.ckpt").read_bytes() == (new / "best_agent.ckpt").read_bytes()
+    # another run's best agent in the checkpoint's folder is not taken for this run's
+    ppo.main(tiny_ppo(tmp_path / "other", seed=1))
+    other = (tmp_path / "other" / "best_agent.ckpt").read_bytes()
+    (new / "best_agent.ckpt").write_bytes(other)
+    ppo.main(tiny_ppo(ended, resume=new, eval_every=128, checkpoint_every=512, overwrite=True))
+    assert not (ended / "best_agent.ckpt").exists()

@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
+import shutil
 import warnings
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -11,8 +13,11 @@ import torch
 from torchrl.collectors import Collector
 
 from agents.agent import Agent
+from agents.archive import read_manifest_metadata
+from agents.files import write_atomically
 from envs.vector import registration
 from errors import InputError
+from training.evaluation import EvaluationSchedule
 from training.resume import (
     RESUME_FILE,
     check_algorithm,
@@ -108,6 +113,36 @@ class Checkpoints:
         """The agent checkpoints written so far."""
         paths = (self.output_dir / AGENT_FILE, self.output_dir / BEST_AGENT_FILE)
         return [str(path) for path in paths if path.exists()]
+
+
+def carry_records(
+    resume: Path, output_dir: Path, schedule: EvaluationSchedule, algorithm: str, config: dict[str, Any]
+) -> None:
+    """When a run is continued in another folder than the one it stopped in (``--resume OLD --output-dir NEW``),
+    write its evaluations.csv there from the saved rows and copy the best evaluation's ``best_agent.ckpt`` when it
+    is this run's (``algorithm``, and the env, env kwargs and seed of ``config``): the new folder holds the whole run, as
+    the summary it ends with describes it."""
+    source = Path(resume) if Path(resume).is_dir() else Path(resume).parent
+    if source.resolve() == output_dir.resolve():
+        return
+    if schedule.evaluations:
+        schedule.write_csv()
+    best = source / BEST_AGENT_FILE
+    if best.is_file() and not best.is_symlink() and _is_agent_of(best, algorithm, config):
+        write_atomically(output_dir / BEST_AGENT_FILE, lambda temporary: shutil.copyfile(best, temporary))
+
+
+def _is_agent_of(path: Path, algorithm: str, config: dict[str, Any]) -> bool:
+    """Whether the agent checkpoint at ``path`` was saved by an ``algorithm`` run of ``config``'s env and seed."""
+    try:
+        metadata = read_manifest_metadata(path, "agent")
+    except (InputError, OSError, zipfile.BadZipFile, ValueError, RecursionError):
+        return False
+    saved = metadata.get("config") if isinstance(metadata.get("config"), dict) else {}
+    saved_run = saved.get("run") if isinstance(saved.get("run"), dict) else {}
+    run = config["run"]
+    same = metadata.get("algorithm") == algorithm
+    return same and all(saved_run.get(name) == run.get(name) for name in ("env_id", "env_kwargs", "seed"))
 
 
 def read_resume(

@@ -130,7 +130,7 @@ class EvaluationSchedule:
                 "eval/length_mean": row["length_mean"],
             }
         )
-        self._write_csv()
+        self.write_csv()
         improved = result.mean > self.best_return
         if improved:
             self.best_return = result.mean
@@ -139,7 +139,7 @@ class EvaluationSchedule:
             self.solved_at_frames, self.solved_at_s = frames, elapsed_s
         return improved, solved
 
-    def _write_csv(self) -> None:
+    def write_csv(self) -> None:
         rows = io.StringIO(newline="")
         writer = csv.DictWriter(rows, fieldnames=list(self.evaluations[0]))
         writer.writeheader()

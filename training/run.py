@@ -39,6 +39,7 @@ from training.checkpoints import (
     AGENT_FILE,
     BEST_AGENT_FILE,
     Checkpoints,
+    carry_records,
     check_resumed_form,
     read_resume,
     restore_training,
@@ -158,6 +159,7 @@ class Run:
         self.checkpoints = Checkpoints(agent, self.output_dir, training, run.checkpoint_every)
         if resumed is not None:
             self._load_run_state(resumed["run"])
+            carry_records(run.resume, self.output_dir, self.schedule, self.algorithm, self.config)
         # a resumed run that had ended (budget spent, target reached) trains no further: it collects nothing
         self.ended = resumed is not None and (
             self.frames >= run.total_frames or self.schedule.solved_at_frames is not None
