@@ -19,6 +19,7 @@ from envs.wrappers import MaxTotalReward, apply_wrappers, parse_env_wrappers, wr
 from errors import InputError
 from recipes import evaluate, ppo
 from training import Callback, RunConfig
+from training.cli import report
 
 TESTS = Path(__file__).resolve().parent
 SCALE = "reward_wrapper.ScaleReward"
@@ -211,7 +212,7 @@ def test_evaluation_env_options_apply_to_evaluations_only(output_dir):
     assert config["eval_env_kwargs"] == ["max_episode_steps=7"]
 
 
-def test_another_evaluation_env_id_with_the_same_spaces(output_dir, monkeypatch):
+def test_another_evaluation_env_id_with_the_same_spaces(output_dir, monkeypatch, capsys):
     made = []
     make_env_of_agent = Agent.make_env
 
@@ -229,6 +230,9 @@ def test_another_evaluation_env_id_with_the_same_spaces(output_dir, monkeypatch)
     rows = (output_dir / "evaluations.csv").read_text().splitlines()[1:]
     assert summary["eval_return_mean"] <= 9 and all(float(row.split(",")[-1]) <= 9 for row in rows)
     assert Agent.load(output_dir).env_id == "CartPole-v1"  # the agent keeps its training env
+    assert summary["eval_env_id"] == "CartPole-v0"
+    report(summary)
+    assert "ppo on CartPole-v1 (evaluated on CartPole-v0): evaluation return" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize(

@@ -113,8 +113,10 @@ def run_cli(
 def report(summary: dict[str, Any]) -> None:
     """Print where a finished run's results are; exit 128 + N if signal N stopped it."""
     solved, episodes = summary["solved_at_frames"], summary["eval_episodes"]
+    evaluated_on = summary.get("eval_env_id")
+    evaluated_on = f" (evaluated on {evaluated_on})" if evaluated_on not in (None, summary["env_id"]) else ""
     print(
-        f"{summary['algorithm']} on {summary['env_id']}: evaluation return {summary['eval_return_mean']:.1f} "
+        f"{summary['algorithm']} on {summary['env_id']}{evaluated_on}: evaluation return {summary['eval_return_mean']:.1f} "
         f"± {summary['eval_return_std']:.1f} over {episodes} episode{'' if episodes == 1 else 's'} after "
         f"{summary['frames']} frames "
         f"in {summary['wall_time_s']:.1f} s"

@@ -238,9 +238,8 @@ class Run:
             self._record_video(self.output_dir / "videos" / f"eval-{self.frames:09d}.mp4")
         self.schedule.time_s += time.perf_counter() - start
         self.metrics.show(self.schedule.last_return, refresh=True)
-        self._call(
-            "on_evaluation", dict(self.schedule.evaluations[-1])
-        )  # a copy: the row evaluations.csv keeps
+        row = dict(self.schedule.evaluations[-1])  # a copy: the row evaluations.csv keeps
+        self._call("on_evaluation", row)
         return solved
 
     # ------------------------------------------------------------------ checkpoints
@@ -377,6 +376,7 @@ class Run:
         summary = {
             "algorithm": self.algorithm,
             "env_id": self.run.env_id,
+            "eval_env_id": self.run.eval_env_id,  # null: the evaluations ran on env_id
             "seed": self.run.seed,
             "frames": self.frames,
             "wall_time_s": wall_time,
