@@ -7,6 +7,7 @@ import json
 import math
 import numbers
 import os
+import warnings
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -694,6 +695,12 @@ class Agent(nn.Module):
             count = min(episodes, max_parallel_envs)
             envs, owned = [self.make_env(env, env_kwargs, render_mode(index)) for index in range(count)], True
         elif isinstance(env, gym.Env):
+            if env_kwargs is not None:
+                raise InputError(
+                    "env_kwargs are the keyword arguments of the envs evaluate makes from an id; the env instance "
+                    "given is used as it is: make it with them, or pass its id."
+                )
+            _warn_missing_wrappers(env, self.env_wrappers)
             if video_path is not None and env.render_mode != "rgb_array":
                 raise RenderError("Recording a video needs an env made with render_mode='rgb_array'.")
             if _unlimited(env):  # as ids registered without a limit: a policy that never ends cannot hang
@@ -973,6 +980,23 @@ def _unlimited(env: gym.Env) -> bool:
             return False
         env = env.env
     return True
+
+
+def _warn_missing_wrappers(env: gym.Env, specs: list[dict[str, Any]]) -> None:
+    """Warn when the env instance ``env`` lacks a wrapper the agent was trained in (``specs``, by class name):
+    :meth:`Agent.evaluate` uses an instance as it is, so its observations or rewards may not be the trained ones."""
+    present, inner = set(), env
+    while isinstance(inner, gym.Wrapper):
+        present.add(type(inner).__name__)
+        inner = inner.env
+    missing = [spec["path"] for spec in specs if spec["path"].rsplit(".", 1)[-1] not in present]
+    if missing:
+        warnings.warn(
+            f"This agent was trained in envs wrapped in {', '.join(missing)}, which the env given lacks; an env "
+            "instance is used as it is (only envs evaluate makes from an id get the agent's wrappers): wrap it "
+            "the same way, or pass its id.",
+            stacklevel=4,
+        )
 
 
 def _registered_limit(spec: Any) -> int | None:

@@ -1,5 +1,6 @@
 import json
 import pickle
+import warnings
 import zipfile
 from pathlib import Path
 
@@ -169,6 +170,26 @@ def test_evaluate_in_a_user_env():
     agent = make_agent()
     result = agent.evaluate(gym.make("CartPole-v1"), episodes=2, seed=0)
     assert len(result.returns) == 2
+    with pytest.raises(
+        InputError, match="env_kwargs are the keyword arguments .*make it with them, or pass its id"
+    ):
+        agent.evaluate(gym.make("CartPole-v1"), episodes=1, env_kwargs={"sutton_barto_reward": True})
+
+
+def test_evaluate_in_a_user_env_warns_of_the_agent_s_wrappers_it_lacks():
+    agent = make_agent()
+    agent.env_wrappers = [
+        {"path": "gymnasium.wrappers.ClipReward", "kwargs": {"max_reward": 0.5}},
+        {"path": "gymnasium.wrappers.TransformReward", "kwargs": {}},
+    ]
+    clipped = gym.wrappers.ClipReward(gym.make("CartPole-v1"), max_reward=0.5)
+    with pytest.warns(
+        UserWarning, match=r"wrapped in gymnasium.wrappers.TransformReward, which the env given lacks"
+    ):
+        agent.evaluate(clipped, episodes=1, seed=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        agent.evaluate(gym.wrappers.TransformReward(clipped, lambda reward: reward), episodes=1, seed=0)
 
 
 def test_wrong_env_and_wrong_observations_are_refused():
