@@ -14,6 +14,7 @@ import functools
 import importlib
 import inspect
 import json
+import numbers
 import signal
 import sys
 import warnings
@@ -586,13 +587,30 @@ def make_env(
         with batch size ``[num_envs]``.
 
     Raises:
-        InputError: unknown id, ``num_envs < 1``, an unsupported space, autoreset mode or backend.
+        InputError: unknown id, ``num_envs`` or ``seed`` not a whole number (or below 1 and 0), a device that is
+            malformed or absent here, ``env_kwargs`` the env's constructor does not take, an unsupported space,
+            autoreset mode or backend.
 
     Examples:
         >>> env = make_env("CartPole-v1", num_envs=8, seed=0)
         >>> env.reset()["observation"].shape
         torch.Size([8, 4])
     """
+    device = check_device(str(device))
+    if seed is not None:
+        if not isinstance(seed, numbers.Integral) or isinstance(seed, (bool, np.bool_)) or seed < 0:
+            raise InputError(f"seed must be a whole number of at least 0, or None; got {seed!r:.60}.")
+        seed = int(seed)  # NumPy's integers too, as the recipes take them
+    if not isinstance(num_envs, numbers.Integral) or isinstance(num_envs, (bool, np.bool_)):
+        raise InputError(f"num_envs must be a whole number of at least 1, got {num_envs!r:.60}.")
+    num_envs = int(num_envs)
+    if env_kwargs is not None and not isinstance(env_kwargs, dict):
+        raise InputError(
+            f"env_kwargs takes a dict of the env constructor's keyword arguments, got {env_kwargs!r:.60}."
+        )
+    if isinstance(env, str) and env_kwargs and backend == "gymnasium":
+        check_env_id(env)
+        check_env_kwargs(env, env_kwargs, "env_kwargs")
     if wrappers and (backend == "torch" or isinstance(env, gym.vector.VectorEnv)):
         raise InputError(
             "Wrappers wrap Gymnasium sub-envs: pass an env id or env with the gymnasium backend."

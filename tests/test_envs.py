@@ -229,3 +229,31 @@ def test_an_error_raised_inside_the_env_s_step_stays_the_env_s_own():
     env.reset()
     with pytest.raises(ValueError, match="the env's own complaint"):
         env.rand_step()
+
+
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        ({"seed": -1}, "seed must be a whole number of at least 0"),
+        ({"seed": 1.5}, "seed must be a whole number of at least 0"),
+        ({"num_envs": 2.0}, "num_envs must be a whole number of at least 1"),
+        ({"device": "gpu"}, "'gpu' is not a torch device"),
+        ({"device": "mps"}, "'mps' was asked for but this torch build or machine has none"),
+        ({"env_kwargs": "x"}, "env_kwargs takes a dict"),
+        ({"env_kwargs": {"foo": 1}}, "env_kwargs foo=1: CartPole-v1 takes no argument 'foo'"),
+    ],
+)
+def test_make_env_refuses_bad_arguments_in_one_line(options, message):
+    with pytest.raises(InputError, match=message):
+        make_env("CartPole-v1", **options)
+
+
+@pytest.mark.parametrize("backend", ["gymnasium", "torch"])
+def test_make_env_takes_numpy_integers_as_the_recipes_do(backend):
+    env = make_env("CartPole-v1", num_envs=np.int64(2), seed=np.int64(3), backend=backend)
+    other = make_env("CartPole-v1", num_envs=2, seed=3, backend=backend)
+    try:
+        assert torch.equal(env.reset()["observation"], other.reset()["observation"])
+    finally:
+        env.close()
+        other.close()
