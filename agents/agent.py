@@ -8,7 +8,7 @@ import math
 import numbers
 import os
 import warnings
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -312,10 +312,10 @@ class Agent(nn.Module):
     def _observation_tensor(self, observation: Any) -> tuple[torch.Tensor | TensorDict, bool]:
         space = self.observation_space
         if isinstance(space, gym.spaces.Dict):  # one tensor per entry, each checked as its own space's
-            if not isinstance(observation, dict) or set(observation) != set(space.spaces):
+            if not isinstance(observation, Mapping) or set(observation) != set(space.spaces):
                 raise InputError(
                     f"This agent takes Dict observations with the entries {sorted(space.spaces)}; got "
-                    f"{sorted(observation) if isinstance(observation, dict) else type(observation).__name__}."
+                    f"{sorted(observation) if isinstance(observation, Mapping) else type(observation).__name__}."
                 )
             tensors, singles = {}, set()
             for key, entry in space.spaces.items():
@@ -324,11 +324,24 @@ class Agent(nn.Module):
             if len(singles) != 1:
                 raise InputError("Dict observation entries must all be single observations or all batches.")
             single = singles.pop()
+            rows = {key: tensor.shape[0] for key, tensor in tensors.items()}
+            if not single and len(set(rows.values())) > 1:
+                raise InputError(
+                    f"Dict observation entries hold batches of different sizes ({rows}); each entry holds one row "
+                    "per observation."
+                )
             batch = next(iter(tensors.values())).shape[:1]
             return TensorDict(tensors, batch_size=batch, device=self.device), single
         return self._entry_tensor(observation, space)
 
     def _entry_tensor(self, observation: Any, space: gym.Space) -> tuple[torch.Tensor, bool]:
+        if isinstance(observation, np.ma.MaskedArray):
+            raise InputError(
+                "Observation is a masked array: the policy would read its masked values as they are; fill them "
+                "(numpy.ma.filled) or pass the plain array."
+            )
+        if isinstance(observation, torch.Tensor) and observation.is_meta:
+            raise InputError("Observation is a meta tensor, which holds no values; pass the observation itself.")
         try:
             if isinstance(observation, torch.Tensor):
                 tensor = observation.detach().cpu()
@@ -345,6 +358,9 @@ class Agent(nn.Module):
             raise InputError(
                 f"Observation {observation!r:.60} is not an array ({error}); the agent's observation space is {space}."
             ) from None
+        if array.dtype.kind == "f" and array.dtype.itemsize > 8:  # long double: torch has no such dtype
+            with np.errstate(over="ignore"):  # beyond float64: inf, refused below as any inf is
+                array = array.astype(np.float64)
         if array.dtype.kind not in "biuf":
             raise InputError(
                 f"Observation {observation!r:.60} is not numeric ({array.dtype}); the agent's observation space is "

@@ -30,6 +30,11 @@ def test_predict_single_and_batched_observations():
     batch = agent.predict(torch.zeros(5, 4))
     assert batch.shape == (5,) and all(space.contains(int(a)) for a in batch)
     assert agent.predict([0.0, 0.0, 0.0, 0.0]) == action
+    assert agent.predict(np.zeros(4, dtype=np.longdouble)) == action
+    with pytest.raises(InputError, match="masked array: the policy would read its masked values"):
+        agent.predict(np.ma.masked_array(observation, mask=[1, 0, 0, 0]))
+    with pytest.raises(InputError, match="a meta tensor, which holds no values"):
+        agent.predict(torch.zeros(4, device="meta"))
 
 
 def test_continuous_actions_stay_in_bounds_and_deterministic_is_repeatable():

@@ -2,6 +2,8 @@
 ``"observation"``, the per-entry encoder and its normalisation, the agent's predict, evaluate and checkpoint, and
 recipes learning on them."""
 
+import types
+
 import dict_env  # noqa: F401 - registers GoalReach-v0 and GoalReachContinuous-v0
 import gymnasium as gym
 import numpy as np
@@ -83,6 +85,12 @@ def test_a_dict_agent_predicts_evaluates_and_round_trips(output_dir):
     assert agent.evaluate(episodes=2, seed=0).lengths.tolist() == [10, 10]
     with pytest.raises(InputError, match="takes Dict observations with the entries"):
         agent.predict(observation["position"])
+    assert (
+        agent.predict(types.MappingProxyType(batch)).tolist() == agent.predict(batch).tolist()
+    )  # any Mapping
+    uneven = dict(batch, **{key: np.stack([value] * 3) for key, value in list(observation.items())[:1]})
+    with pytest.raises(InputError, match="entries hold batches of different sizes"):
+        agent.predict(uneven)
 
 
 def test_off_policy_recipes_take_dict_observations_but_not_their_normalisation(output_dir):
