@@ -53,6 +53,17 @@ def test_warmup_runs_once_and_an_off_policy_recipe_takes_it_too(tmp_path, monkey
     assert normalizer_count(output_dir) == 300 + 1_024  # not warmed up again on resume
 
 
+def test_the_warmup_s_random_actions_leave_the_run_s_random_numbers_alone(tmp_path):
+    first = {}
+    for warmup in (0, 300):
+        config = tiny_off_policy(sac.SACConfig)(tmp_path / f"warmup-{warmup}", normalize_obs_warmup=warmup)
+        config.network.normalize_obs = True
+        first[warmup] = FirstBatch()
+        sac.main(config, callbacks=[first[warmup]])
+    # before --learning-starts SAC acts uniformly at random: the same actions, warmed up or not
+    assert torch.equal(first[0].batch.get("action"), first[300].batch.get("action"))
+
+
 def test_warmup_without_normalization_is_refused(output_dir):
     with pytest.raises(InputError, match="--normalize-obs-warmup fills the statistics of --normalize-obs"):
         ppo.main(tiny_ppo(output_dir, normalize_obs_warmup=100))

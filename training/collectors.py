@@ -97,6 +97,14 @@ def warm_up_normalizer(
     uniformly random steps into ``normalizer`` (anything with ``update(observations)``: the policy's
     normaliser, RND's statistics): a separate copy of the training envs, seeded apart, steps them (``num_envs``
     at once, whole batches), so the training envs, their seeds and the frame budget are untouched."""
+    # from a generator of its own: the run draws the same random numbers with or without a warm-up
+    gpu = [torch.device(device).index or 0] if torch.device(device).type == "cuda" else []
+    with torch.random.fork_rng(devices=gpu):
+        torch.manual_seed(run.seed + WARMUP_SEED_OFFSET)
+        _warm_up(run, normalizer, device, run.normalize_obs_warmup if frames is None else frames)
+
+
+def _warm_up(run: RunConfig, normalizer: Any, device: torch.device, frames: int) -> None:
     env = make_env(
         run.env_id,
         run.num_envs,
@@ -109,7 +117,6 @@ def warm_up_normalizer(
     collector, signals = None, SignalWatcher()
     progress = tqdm(desc="observation warm-up", unit="frames", disable=not run.progress, leave=False)
     try:
-        frames = run.normalize_obs_warmup if frames is None else frames
         spec = env.observation_spec["observation"]
         leaves = spec.values(True, True) if isinstance(spec, Composite) else [spec]
         step_bytes = 4 * sum(leaf.shape.numel() for leaf in leaves)  # all envs' observations, as float32
