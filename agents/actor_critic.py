@@ -265,6 +265,8 @@ class TensorSACLoss(SACLoss):
             :func:`agents.networks.make_actor` with ``state_dependent_scale=True``).
         qvalue_network: a ``ValueOperator`` reading ``"observation"`` and ``"action"`` (as built by
             :func:`agents.continuous.make_qvalue_critic`).
+        log_prob_epsilon: added inside the log of the tanh correction of the actor's log-probability,
+            ``log(1 - tanh(u)^2 + log_prob_epsilon)`` (Stable-Baselines3's 1e-6); 0: the exact correction.
         **kwargs: as for ``SACLoss``.
 
     Reads:
@@ -276,7 +278,13 @@ class TensorSACLoss(SACLoss):
         ``TensorDict(loss_actor, loss_qvalue, loss_alpha, alpha, entropy)``.
     """
 
-    def __init__(self, actor_network: ProbabilisticActor, qvalue_network: ValueOperator, **kwargs):
+    def __init__(
+        self,
+        actor_network: ProbabilisticActor,
+        qvalue_network: ValueOperator,
+        log_prob_epsilon: float = 0.0,
+        **kwargs,
+    ):
         if kwargs.get("value_network") is not None:
             raise InputError("TensorSACLoss implements SAC without a state-value network (SAC v2).")
         super().__init__(actor_network, qvalue_network, **kwargs)
@@ -291,6 +299,12 @@ class TensorSACLoss(SACLoss):
         self._distribution_class = actor_network[-1].distribution_class
         self._distribution_kwargs = actor_network[-1].distribution_kwargs
         self._tanh_normal = tanh_normal_arguments(self._distribution_class, self._distribution_kwargs)
+        if log_prob_epsilon and self._tanh_normal is None:
+            raise InputError(
+                "log_prob_epsilon changes the tanh correction of a TanhNormal policy with TorchRL's defaults; "
+                f"this actor's distribution is {self._distribution_class.__name__}."
+            )
+        self.log_prob_epsilon = float(log_prob_epsilon)
         self._qvalue = StackedNetwork(qvalue_network)
 
     def _sample(self, observation: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -299,7 +313,7 @@ class TensorSACLoss(SACLoss):
         :func:`agents.fast_paths.tanh_normal_sample`)."""
         loc, scale = self._actor(self.actor_network_params, observation, stacked=False)
         if self._tanh_normal is not None:
-            return tanh_normal_sample(loc, scale, *self._tanh_normal)
+            return tanh_normal_sample(loc, scale, *self._tanh_normal, epsilon=self.log_prob_epsilon)
         return compute_rsample_log_prob(self._distribution_class(loc, scale, **self._distribution_kwargs))
 
     def forward(self, tensordict: TensorDictBase) -> TensorDictBase:

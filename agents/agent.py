@@ -341,7 +341,9 @@ class Agent(nn.Module):
                 "(numpy.ma.filled) or pass the plain array."
             )
         if isinstance(observation, torch.Tensor) and observation.is_meta:
-            raise InputError("Observation is a meta tensor, which holds no values; pass the observation itself.")
+            raise InputError(
+                "Observation is a meta tensor, which holds no values; pass the observation itself."
+            )
         try:
             if isinstance(observation, torch.Tensor):
                 tensor = observation.detach().cpu()

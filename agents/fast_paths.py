@@ -493,18 +493,23 @@ def tanh_normal_sample(
     scale: torch.Tensor,
     event_dims: int,
     affine: tuple[torch.Tensor, torch.Tensor] | None,
+    epsilon: float = 0.0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """A reparameterised draw of ``TanhNormal(loc, scale, low, high, event_dims)`` (``affine``: the map to
     ``[low, high]``, ``((high + low) / 2, (high - low) / 2)``, or None for -1 and 1) and its log-probability:
     the operations of ``TanhNormal.rsample_and_log_prob`` (the Gaussian draw, TorchRL's safe tanh, the affine map,
     each transform's log-determinant summed as ``ComposeTransform`` sums them), without the distribution and
-    transform objects."""
+    transform objects. With ``epsilon`` > 0 the tanh's log-determinant is ``log(1 - tanh(u)^2 + epsilon)``, as
+    Stable-Baselines3 computes it, instead of the exact one."""
     preimage, action = tanh_normal_draw(loc, scale, affine)
     variance, log_scale = scale**2, scale.log()
     log_prob = _sum_rightmost(
         -((preimage - loc) ** 2) / (2 * variance) - log_scale - _LOG_SQRT_2PI, event_dims
     )
-    jacobian = 2.0 * (math.log(2.0) - preimage - F.softplus(-2.0 * preimage))  # TanhTransform's
+    if epsilon:
+        jacobian = torch.log(1.0 - preimage.tanh() ** 2 + epsilon)
+    else:
+        jacobian = 2.0 * (math.log(2.0) - preimage - F.softplus(-2.0 * preimage))  # TanhTransform's
     if affine is not None:
         half_range = affine[1].to(preimage.device)
         jacobian = jacobian + torch.abs(half_range).log().expand(preimage.shape)  # AffineTransform's

@@ -8,6 +8,7 @@ import numbers
 import os
 import weakref
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 from tensordict import TensorDictBase
@@ -447,6 +448,39 @@ def input_encoder(actor: ProbabilisticActor) -> nn.Module:
     return body.module[0]
 
 
+class ClampedLogStd(nn.Module):
+    """Split a network's output into a Gaussian's ``(loc, scale)`` with ``scale = exp(clamp(log_std, low, high))``:
+    Stable-Baselines3's and Spinning Up's SAC head (bounds (-20, 2)), where TorchRL's ``NormalParamExtractor``
+    maps the scale through a biased softplus with a floor of 1e-4."""
+
+    def __init__(self, low: float, high: float):
+        super().__init__()
+        self.low, self.high = float(low), float(high)
+
+    def forward(self, output: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        loc, log_std = output.chunk(2, -1)
+        return loc, log_std.clamp(self.low, self.high).exp()
+
+    def extra_repr(self) -> str:
+        return f"low={self.low}, high={self.high}"
+
+
+def check_log_std_bounds(bounds: Any) -> tuple[float, float] | None:
+    """``bounds`` as ``(low, high)`` finite floats with low < high, or None; :class:`InputError` otherwise."""
+    if bounds is None:
+        return None
+    try:
+        low, high = (float(bound) for bound in bounds)
+    except (TypeError, ValueError):
+        low = high = math.nan
+    if not (math.isfinite(low) and math.isfinite(high) and low < high):
+        raise InputError(
+            f"log_std_bounds takes two finite numbers LOW HIGH with LOW < HIGH (Stable-Baselines3's: -20 2), "
+            f"got {bounds!r:.60}."
+        )
+    return low, high
+
+
 class SharedNormalizer(nn.Module):
     """Applies an :class:`ObservationNormalizer` that another module owns, without holding its statistics.
 
@@ -643,6 +677,7 @@ def make_actor(
     action_mask: bool = False,
     recurrent: str | None = None,
     recurrent_size: int = 64,
+    log_std_bounds: Sequence[float] | None = None,
 ) -> ProbabilisticActor:
     """Build a stochastic MLP policy for the env's action spec.
 
@@ -677,6 +712,8 @@ def make_actor(
             and the MLP (:mod:`agents.recurrent`); its state is carried by the env
             (:func:`agents.recurrent.make_recurrent_env`). None: no memory.
         recurrent_size: units of the recurrent layer.
+        log_std_bounds: with ``state_dependent_scale``, ``(low, high)``: the scale is the exponential of the
+            network's log std clamped to them (:class:`ClampedLogStd`); None: TorchRL's ``NormalParamExtractor``.
 
     Returns:
         A ``ProbabilisticActor`` reading ``"observation"`` and writing ``"action"`` and its log-probability.
@@ -764,8 +801,14 @@ def make_actor(
             )
         action_dim = action_spec.shape[-1]
         if state_dependent_scale:
-            head = [make_mlp(in_features, 2 * action_dim, hidden_sizes, activation), NormalParamExtractor()]
+            bounds = check_log_std_bounds(log_std_bounds)
+            extractor = NormalParamExtractor() if bounds is None else ClampedLogStd(*bounds)
+            head = [make_mlp(in_features, 2 * action_dim, hidden_sizes, activation), extractor]
         else:
+            if log_std_bounds is not None:
+                raise InputError(
+                    "log_std_bounds bound a state-dependent scale: add state_dependent_scale=True."
+                )
             head = [
                 make_mlp(in_features, action_dim, hidden_sizes, activation),
                 AddStateIndependentNormalScale(action_dim, init_value=log_std_init),

@@ -49,7 +49,7 @@ from agents import (
 from agents.continuous import check_box_actions, default_target_entropy
 from agents.gsde import check_sde_options, make_gsde_env
 from agents.loss_addons import LossAddon, LossAddonConfig, addon_losses, build_loss_addons, split_parameters
-from agents.networks import refuse_action_masks, require_observation_values
+from agents.networks import check_log_std_bounds, refuse_action_masks, require_observation_values
 from agents.options import Options, defaults
 from errors import InputError
 from training import (
@@ -108,6 +108,9 @@ class LossConfig(Options):
     """Entropy the coefficient is tuned towards; default -dim(A) (Box) or 0.2 log(n) (Discrete, n actions)."""
     loss_function: Literal["l2", "smooth_l1"] = "l2"
     """Critic loss: squared error (as in the paper and Stable-Baselines3) or Huber."""
+    log_prob_epsilon: float = 0.0
+    """Box actions: the tanh correction of the actor's log-probability as log(1 - tanh(u)^2 + this);
+    Stable-Baselines3's 1e-6 caps what a saturated action costs in entropy. 0: the exact correction (TorchRL's)."""
 
 
 @dataclass
@@ -126,6 +129,9 @@ class NetworkConfig(Options):
     sde_at_warmup: bool = False
     """gSDE: act with the gSDE policy during the --learning-starts warm-up too, instead of uniformly random
     actions (Stable-Baselines3's use_sde_at_warmup)."""
+    log_std_bounds: tuple[float, ...] | None = None
+    """Box actions: LOW HIGH: the policy's scale is exp(log std clamped to [LOW, HIGH]), Stable-Baselines3's and
+    Spinning Up's head (-20 2); default: TorchRL's biased softplus with a floor of 1e-4."""
 
 
 @dataclass
@@ -165,6 +171,13 @@ class SACConfig(Options):
             alpha_init=(loss.alpha_init, "(0, inf)"), target_entropy=(loss.target_entropy, "(-inf, inf)")
         )
         check_sde_options(self.network.use_sde, self.network.sde_sample_freq)
+        check_ranges(log_prob_epsilon=(loss.log_prob_epsilon, "[0, 1)"))
+        check_log_std_bounds(self.network.log_std_bounds)
+        if self.network.use_sde and (loss.log_prob_epsilon or self.network.log_std_bounds is not None):
+            raise InputError(
+                "--log-prob-epsilon and --log-std-bounds shape the tanh-normal policy; a --use-sde policy has "
+                "its own noise: drop one of them."
+            )
         if self.network.use_sde:
             single_collector_only(self.run, "--use-sde")
         elif self.network.sde_at_warmup:
@@ -280,6 +293,14 @@ def main(
         policy_kwargs["squash"] = True
     elif not discrete:
         policy_kwargs["state_dependent_scale"] = True
+        if config.network.log_std_bounds is not None:
+            policy_kwargs["log_std_bounds"] = list(check_log_std_bounds(config.network.log_std_bounds))
+    if discrete and (loss_config.log_prob_epsilon or config.network.log_std_bounds is not None):
+        env.close()
+        raise InputError(
+            f"--log-prob-epsilon and --log-std-bounds shape a tanh-normal policy over Box actions; "
+            f"{run_config.env_id} has Discrete actions: drop them."
+        )
     make_policy = make_gsde_actor if use_sde else make_actor
     policy = make_policy(observation_spec, env.action_spec, **policy_kwargs).to(device)
     agent = Agent(
@@ -327,6 +348,8 @@ def main(
     else:
         # TensorSACLoss runs the tanh-normal actor's network directly; a gSDE actor goes through SACLoss
         loss_class = SACLoss if use_sde else TensorSACLoss
+        if not use_sde:
+            common["log_prob_epsilon"] = loss_config.log_prob_epsilon
         loss_module = loss_class(
             actor,
             critic,

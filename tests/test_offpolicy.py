@@ -442,6 +442,50 @@ def test_tanh_normal_log_probability_is_finite_for_saturated_actions():
     assert all(torch.isfinite(p.grad).all() for p in actor.parameters() if p.grad is not None)
 
 
+def test_stable_baselines3_s_squashed_gaussian_head_and_log_probability():
+    actor = make_actor(
+        OBSERVATION_SPEC, ACTION_SPEC, (8,), "relu", state_dependent_scale=True, log_std_bounds=(-20, 2)
+    )
+    with torch.no_grad():
+        last = [m for m in actor.modules() if isinstance(m, torch.nn.Linear)][-1]
+        last.weight.zero_()
+        last.bias.copy_(torch.tensor([0.5, -0.5, 9.0, -30.0]))  # log stds beyond both bounds
+    observation = torch.randn(64, 3)
+    loc, scale = actor.module[0](observation)
+    torch.testing.assert_close(scale[0], torch.tensor([math.exp(2.0), math.exp(-20.0)]))
+    # the loss's log-probability with epsilon: Stable-Baselines3's formula, log(1 - tanh(u)^2 + eps)
+    loss = TensorSACLoss(
+        actor, make_qvalue_critic(OBSERVATION_SPEC, ACTION_SPEC, (8,)), log_prob_epsilon=1e-6
+    )
+    loss.make_value_estimator(gamma=0.99)
+    torch.manual_seed(0)
+    action, log_prob = loss._sample(observation)
+    torch.manual_seed(0)
+    u = loc + torch.randn_like(loc) * scale
+    low, high = (torch.as_tensor(bound) for bound in (ACTION_SPEC.space.low[0], ACTION_SPEC.space.high[0]))
+    expected = (
+        torch.distributions.Normal(loc, scale).log_prob(u) - torch.log(1 - torch.tanh(u) ** 2 + 1e-6)
+    ).sum(-1) - torch.log((high - low) / 2).sum()
+    torch.testing.assert_close(log_prob, expected)
+    torch.testing.assert_close(
+        action, (high + low) / 2 + (high - low) / 2 * torch.tanh(u).clamp(-1 + 1e-6, 1 - 1e-6)
+    )
+    with pytest.raises(InputError, match="log_std_bounds bound a state-dependent scale"):
+        make_actor(OBSERVATION_SPEC, ACTION_SPEC, (8,), log_std_bounds=(-20, 2))
+
+
+def test_sac_with_stable_baselines3_s_head_trains_saves_and_loads(tmp_path):
+    config = quiet(sac.SACConfig(), tmp_path)
+    config.run.total_frames, config.collector.learning_starts = 300, 100
+    config.network.hidden_sizes, config.network.log_std_bounds = (8,), (-20.0, 2.0)
+    config.loss.log_prob_epsilon = 1e-6
+    sac.main(config)
+    agent = Agent.load(tmp_path)
+    assert agent.policy_kwargs["log_std_bounds"] == [-20.0, 2.0]
+    assert any(type(module).__name__ == "ClampedLogStd" for module in agent.policy.modules())
+    assert agent.evaluate(episodes=1, seed=0).lengths.tolist() == [200]
+
+
 def policies_for_the_box():
     sac_actor = make_actor(OBSERVATION_SPEC, ACTION_SPEC, (8,), "relu", state_dependent_scale=True)
     gsde_actor = make_gsde_actor(OBSERVATION_SPEC, ACTION_SPEC, (8,), "relu", sigma_init=3.0, squash=True)
@@ -669,6 +713,22 @@ def test_deterministic_recipes_refuse_discrete_actions(recipe, config_class, env
         (
             lambda c: setattr(c.loss, "target_entropy", math.nan),
             r"--target-entropy must be in \(-inf, inf\), got nan",
+        ),
+        (
+            lambda c: setattr(c.network, "log_std_bounds", (2.0, -20.0)),
+            "log_std_bounds takes two finite numbers",
+        ),
+        (lambda c: setattr(c.network, "log_std_bounds", (-20.0,)), "log_std_bounds takes two finite numbers"),
+        (lambda c: setattr(c.loss, "log_prob_epsilon", -1e-6), r"--log-prob-epsilon must be in \[0, 1\)"),
+        (
+            lambda c: setattr(c.network, "use_sde", True) or setattr(c.loss, "log_prob_epsilon", 1e-6),
+            "a --use-sde policy has its own noise",
+        ),
+        (
+            lambda c: (
+                setattr(c.run, "env_id", "CartPole-v1") or setattr(c.network, "log_std_bounds", (-20.0, 2.0))
+            ),
+            "CartPole-v1 has Discrete actions: drop them",
         ),
     ],
 )
