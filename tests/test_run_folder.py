@@ -565,6 +565,13 @@ def test_a_run_that_fails_before_training_gives_up_its_folder_and_can_be_started
         )
     assert json.loads((output_dir / "config.json").read_text())["run"]["seed"] == 0  # still the run's
     assert (output_dir / "summary.json").read_bytes() == before["summary.json"]
+    # continued in a new folder: what it carried there goes too, and the same command works afterwards
+    new = output_dir.parent / "new"
+    continued = tiny_ppo(new, resume=output_dir, checkpoint_every=256, total_frames=256)
+    with pytest.raises(ValueError, match="my callback's bug"):
+        ppo.main(continued, callbacks=[FailsToStart()])
+    assert sorted(path.name for path in new.iterdir() if path.is_file()) == [".run.lock"]
+    assert ppo.main(tiny_ppo(new, resume=output_dir, checkpoint_every=256, total_frames=256))["frames"] == 256
     assert (output_dir / "resume.ckpt").read_bytes() == before["resume.ckpt"]
 
 

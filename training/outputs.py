@@ -195,12 +195,18 @@ def clear_run(folder: Path) -> None:
     remove_stale_temporaries(folder)
 
 
-def abandon_run_folder(folder: Path) -> None:
-    """Give up a new run's claim on ``folder`` when it failed before training (a logger that could not start, a
-    callback's ``on_start`` raising): its config.json goes, so that the folder holds no run and the same command
-    can be given again. The loggers' folders are left: they may have been there before, and alone show no run."""
-    with contextlib.suppress(OSError):
-        (folder / "config.json").unlink()
+def abandon_run_folder(folder: Path, run: RunConfig) -> None:
+    """Give up the claim on ``folder`` of a run that failed before training (a logger that could not start, a
+    callback's ``on_start`` raising), unless it continues the run already there: the run files it wrote (its
+    config.json; a run continued from another folder, the evaluations.csv and best_agent.ckpt it carried over)
+    go, so that the folder holds no run and the same command can be given again. A new run's folder held none of
+    them before (another run's it refused or removed). The loggers' folders are left: they may have been there
+    before, and alone show no run."""
+    if run.resume is not None and _resume_folder(run.resume).resolve() == folder.resolve():
+        return
+    for name in RUN_FILES:
+        with contextlib.suppress(OSError):  # a folder under that name: refused before, left alone here
+            (folder / name).unlink()
 
 
 def _refuse_links_in_log_folders(folder: Path, wandb: bool) -> None:

@@ -131,8 +131,7 @@ class Run:
             if hasattr(self, "metrics"):
                 self.metrics.close_progress()
                 close_logger(self.metrics.logger, failed=True)
-            if resumed is None:  # the same command can be given again
-                abandon_run_folder(self.output_dir)
+            abandon_run_folder(self.output_dir, run)  # the same command can be given again
             self._release_folder()
             raise
 
