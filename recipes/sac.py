@@ -158,6 +158,11 @@ class SACConfig(Options):
     network: NetworkConfig = field(default_factory=NetworkConfig)
     addons: LossAddonConfig = field(default_factory=LossAddonConfig)
 
+    def preset_skips(self) -> set[str]:
+        """The options a preset leaves alone for this config: with --use-sde, those of the tanh-normal policy that
+        a gSDE policy replaces (given explicitly, they are refused)."""
+        return {"log_std_bounds", "log_prob_epsilon"} if self.network.use_sde else set()
+
     def validate(self) -> None:
         """Raise :class:`InputError` for options outside their meaningful range or that do not combine."""
         self.run.validate()

@@ -406,3 +406,17 @@ def test_a_preset_file_table_named_as_a_built_in_one_hides_it_only_by_name(tmp_p
     assert records["CartPole-v1"]["source"] != "mine"  # the recipe's own CartPole preset still applies
     assert records["Acrobot-v1"]["source"] == "mine" and records["Acrobot-v1"]["set"]["lr"] == 0.123
     assert records["Pendulum-v1"]["source"] == "mine"  # by name: the file's table
+
+
+def test_a_config_s_preset_skips_are_left_alone():
+    plain, gsde = sac.SACConfig(), sac.SACConfig()
+    for config in (plain, gsde):
+        config.run.env_id = "Hopper-v5"
+    gsde.network.use_sde = True  # a gSDE policy replaces the tanh-normal head the Hopper preset shapes
+    apply_preset(plain, sac.PRESETS)
+    apply_preset(gsde, sac.PRESETS)
+    assert plain.network.log_std_bounds == (-20.0, 2.0) and plain.loss.log_prob_epsilon == 1e-6
+    assert gsde.network.log_std_bounds is None and gsde.loss.log_prob_epsilon == 0.0
+    assert {"log_std_bounds", "log_prob_epsilon"}.isdisjoint(gsde.run.preset_applied["set"])
+    assert gsde.run.preset_applied["set"]["learning_starts"] == 10_000
+    gsde.validate()

@@ -19,7 +19,8 @@ else the first pattern that matches it, among those made with exactly the run's 
 change the task: LunarLander-v3's ``continuous=true`` gets the continuous preset or none, never the discrete one;
 ``--preset NAME`` applies a preset to a run with other kwargs). ``--preset none`` applies none; ``--preset NAME`` applies that table whatever the env. A preset sets
 only the options left at the recipe's defaults: an option given on the command line (or, from Python, set to any
-value other than its default) wins. What was applied is recorded in ``config.run.preset_applied`` (and so in
+value other than its default) wins, and so does the config's ``preset_skips()`` where it has one (the options no preset
+sets for that config: SAC's tanh-normal head under ``--use-sde``). What was applied is recorded in ``config.run.preset_applied`` (and so in
 ``config.json``, the W&B config and resume checkpoints).
 
 ``--preset-file FILE`` adds the presets of another file, TOML as above or JSON of the same shape (``recipes.tune``
@@ -320,6 +321,7 @@ def apply_preset(config: Any, path: Path, given: Collection[str] | None = None) 
     kept = (
         set(given or ())
         | assigned_options(config)
+        | set(getattr(config, "preset_skips", set)())  # what no preset sets for this config (the recipe says)
         | {
             name
             for name, option in paths.items()
