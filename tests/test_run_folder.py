@@ -529,6 +529,8 @@ def test_a_run_is_recognised_by_any_one_of_its_records(output_dir):
     ppo.main(tiny_ppo(output_dir))
     for name in ("config.json", "summary.json", "agent.ckpt", "best_agent.ckpt"):
         (output_dir / name).unlink()  # what is left: evaluations.csv, the plot, the logs
+    with (output_dir / "evaluations.csv").open("a") as rows:  # a long run's: past a megabyte of rows
+        rows.write("512,1.0,9.0,0.0,9.0\n" * 60_000)
     with pytest.raises(InputError, match=r"already holds a run \(evaluations.csv, learning_curve.png"):
         ppo.main(tiny_ppo(output_dir))
     ppo.main(tiny_ppo(output_dir, overwrite=True, seed=1))

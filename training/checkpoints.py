@@ -18,6 +18,7 @@ from agents.files import write_atomically
 from envs.vector import registration
 from errors import InputError
 from training.evaluation import EvaluationSchedule
+from training.outputs import resume_folder
 from training.resume import (
     RESUME_FILE,
     check_algorithm,
@@ -122,7 +123,7 @@ def carry_records(
     write its evaluations.csv there from the saved rows and copy the best evaluation's ``best_agent.ckpt`` when it
     is this run's (``algorithm``, and the env, env kwargs and seed of ``config``): the new folder holds the whole run, as
     the summary it ends with describes it."""
-    source = Path(resume) if Path(resume).is_dir() else Path(resume).parent
+    source = resume_folder(resume)
     if source.resolve() == output_dir.resolve():
         return
     if schedule.evaluations:

@@ -21,6 +21,7 @@ from pathlib import Path
 from agents.files import check_writable, is_checkpoint_archive, remove_stale_temporaries
 from errors import InputError
 from training.config import RunConfig
+from training.resume import MAX_RUN_RECORD_BYTES, run_record
 
 # what a run writes into its folder: finding any of them means the folder holds a run
 RUN_FILES = (
@@ -34,6 +35,7 @@ RUN_FILES = (
     "video.mp4",
 )
 RUN_FOLDERS = ("csv", "wandb", "tensorboard", "videos")  # the loggers' files, the evaluations' videos
+EVALUATIONS_HEADER = b"frames,wall_time_s,return_mean,"
 # the run's files recognised by their content: a folder holding one of them holds a run
 RUN_RECORDS = (
     "config.json",
@@ -43,7 +45,6 @@ RUN_RECORDS = (
     "best_agent.ckpt",
     "resume.ckpt",
 )
-MAX_RECORD_BYTES = 2**20  # config.json and summary.json: a few kilobytes in every run; evaluations.csv: rows
 
 
 def run_files(folder: Path) -> list[str]:
@@ -68,17 +69,13 @@ def _is_run_record(path: Path) -> bool:
         return False
     if path.suffix == ".ckpt":
         return is_checkpoint_archive(path)
-    try:
-        if path.stat().st_size > MAX_RECORD_BYTES:
+    if path.name == "evaluations.csv":  # the header of the evaluation rows, whatever the rows after it
+        try:
+            with path.open("rb") as file:
+                return file.read(len(EVALUATIONS_HEADER)) == EVALUATIONS_HEADER
+        except OSError:
             return False
-        with path.open("rb") as file:
-            text = file.read(MAX_RECORD_BYTES).decode()
-        if path.name == "evaluations.csv":  # the header of the evaluation rows
-            return text.startswith("frames,wall_time_s,return_mean,")
-        summary = json.loads(text)
-        return isinstance(summary, dict) and {"algorithm", "env_id", "frames"} <= summary.keys()
-    except (OSError, ValueError, RecursionError):
-        return False
+    return {"algorithm", "env_id", "frames"} <= run_record(path).keys()  # summary.json
 
 
 def _is_run_config(folder: Path) -> bool:
@@ -90,7 +87,7 @@ def _is_run_config(folder: Path) -> bool:
             return True
         if not path.is_file():
             return False
-        if path.stat().st_size > MAX_RECORD_BYTES:  # a run's config.json is a few kilobytes
+        if path.stat().st_size > MAX_RUN_RECORD_BYTES:  # a run's config.json is a few kilobytes
             return False
         text = path.read_text()
         return not text or isinstance(json.loads(text).get("run"), dict)
@@ -145,7 +142,7 @@ def prepare_run_folder(algorithm: str, run: RunConfig, resumed: bool) -> Path:
 
 def _check_run_folder(folder: Path, run: RunConfig, resumed: bool) -> None:
     """Check (and with ``run.overwrite`` clear) the locked ``folder`` as :func:`prepare_run_folder` describes."""
-    continues_here = resumed and folder.resolve() == _resume_folder(run.resume).resolve()
+    continues_here = resumed and folder.resolve() == resume_folder(run.resume).resolve()
     foreign = _foreign_file(folder)
     if foreign is not None:
         what = "configuration" if foreign.name == "config.json" else "file"
@@ -202,7 +199,7 @@ def abandon_run_folder(folder: Path, run: RunConfig) -> None:
     go, so that the folder holds no run and the same command can be given again. A new run's folder held none of
     them before (another run's it refused or removed). The loggers' folders are left: they may have been there
     before, and alone show no run."""
-    if run.resume is not None and _resume_folder(run.resume).resolve() == folder.resolve():
+    if run.resume is not None and resume_folder(run.resume).resolve() == folder.resolve():
         return
     for name in RUN_FILES:
         with contextlib.suppress(OSError):  # a folder under that name: refused before, left alone here
@@ -226,7 +223,7 @@ def _refuse_links_in_log_folders(folder: Path, wandb: bool) -> None:
             )
 
 
-def _resume_folder(resume: Path) -> Path:
+def resume_folder(resume: Path) -> Path:
     resume = Path(resume)
     return resume if resume.is_dir() else resume.parent
 

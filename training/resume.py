@@ -229,7 +229,7 @@ def check_algorithm(path: Path, metadata: dict[str, Any], algorithm: str) -> Non
 MAX_RUN_RECORD_BYTES = 2**20  # config.json and summary.json: a few kB in every run
 
 
-def _run_record(path: Path) -> dict[str, Any]:
+def run_record(path: Path) -> dict[str, Any]:
     """The JSON object in the run folder's file ``path`` (config.json, summary.json); empty when there is none
     that could be read (missing, not a regular file, larger than a run writes, damaged): it names nothing then."""
     try:
@@ -254,9 +254,9 @@ def check_own_folder(path: Path, metadata: dict[str, Any]) -> None:
         )
     saved_run = metadata["config"].get("run")
     saved_run = saved_run if isinstance(saved_run, dict) else {}
-    config = _run_record(path.parent / "config.json")
+    config = run_record(path.parent / "config.json")
     run = config.get("run") if isinstance(config.get("run"), dict) else {}
-    summary = _run_record(path.parent / "summary.json")
+    summary = run_record(path.parent / "summary.json")
     found = {
         "algorithm": (summary.get("algorithm"), metadata["algorithm"]),
         "env": (run.get("env_id", summary.get("env_id")), metadata["env_id"]),
