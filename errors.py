@@ -5,11 +5,17 @@ from __future__ import annotations
 
 import json
 import math
+import numbers
 import re
 from typing import Any
 
 FLOAT32_MAX = 3.4028234663852886e38  # hyperparameters end up in float32 tensors
 INT64_MAX = 2**63 - 1  # counts end up in int64 tensors and NumPy indices
+
+
+def is_whole_number(value: Any) -> bool:
+    """Whether ``value`` is a whole number, Python's or NumPy's (``np.int64`` from an array), and not a bool."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
 class InputError(ValueError):

@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import json
 import math
-import numbers
 import os
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -46,7 +45,7 @@ from envs.rendering import check_display, check_mujoco_camera, headless_renderin
 from envs.specs import ACTION_MASK_KEY, space_to_spec
 from envs.vector import check_device, check_env_kwargs, env_spec
 from envs.wrappers import apply_wrappers, check_wrapper_spec, with_discrete_tuples, wrapper_functions
-from errors import InputError, RenderError, WriteError
+from errors import InputError, RenderError, WriteError, is_whole_number
 
 FORMAT = "rlkit.agent"
 RESUME_FORMAT = "rlkit.resume"  # training.resume's file: the whole training state
@@ -164,11 +163,6 @@ class EvaluationResult:
     @property
     def std(self) -> float:
         return float(self.returns.std())
-
-
-def _count(value: Any) -> bool:
-    """Whether ``value`` is a whole number (Python's or NumPy's), and not a bool."""
-    return isinstance(value, numbers.Integral) and not isinstance(value, (bool, np.bool_))
 
 
 def _mask_rows(masks: np.ndarray, rows: int, single: bool) -> np.ndarray:
@@ -631,11 +625,11 @@ class Agent(nn.Module):
             self._refuse_ou_sampling(
                 "evaluate(deterministic=False) (--stochastic)", "deterministic evaluation"
             )
-        if not _count(episodes) or not 1 <= episodes <= MAX_EVALUATION_EPISODES:
+        if not is_whole_number(episodes) or not 1 <= episodes <= MAX_EVALUATION_EPISODES:
             raise InputError(f"episodes must be between 1 and {MAX_EVALUATION_EPISODES:,}, got {episodes!r}.")
-        if seed is not None and (not _count(seed) or not 0 <= seed < 2**32):
+        if seed is not None and (not is_whole_number(seed) or not 0 <= seed < 2**32):
             raise InputError(f"seed must be a whole number in [0, 2**32), got {seed!r}.")
-        if not _count(max_parallel_envs) or max_parallel_envs < 1:
+        if not is_whole_number(max_parallel_envs) or max_parallel_envs < 1:
             raise InputError(
                 f"max_parallel_envs must be a whole number of at least 1, got {max_parallel_envs!r}."
             )

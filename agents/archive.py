@@ -260,6 +260,27 @@ def first_line(error: BaseException) -> str:
     return text.splitlines()[0][:300] if text else "no detail"
 
 
+def holds_only_its_entries(path: Path) -> bool:
+    """Whether every byte of the zip archive at ``path`` belongs to an entry or to the zip's own records (headers,
+    central directory, end record, comments): no bytes before, between or after the entries. An archive that a
+    holder of its folder padded out (a sparse file of gigabytes around a small valid archive) is not, and copying it
+    would write all of it."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            entries = archive.infolist()
+            records = sum(
+                # local header and central directory record, each with the name and extra field, plus a data
+                # descriptor (at most 24 bytes) and the entry's comment
+                30 + 46 + 2 * (len(info.orig_filename.encode()) + len(info.extra)) + 24 + len(info.comment)
+                for info in entries
+            )
+            # the end record, its zip64 record and locator (56 + 20 bytes), and the archive's comment
+            records += 22 + 76 + len(archive.comment)
+            return path.stat().st_size <= records + sum(info.compress_size for info in entries)
+    except (zipfile.BadZipFile, OSError, EOFError, ValueError):
+        return False
+
+
 def read_manifest_metadata(path: Path, kind: str) -> dict[str, Any]:
     """The ``metadata`` of a checked archive's manifest (see :func:`check_archive`); :class:`InputError` for a
     manifest that is not a JSON object."""

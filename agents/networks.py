@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import itertools
 import math
-import numbers
 import os
 import weakref
 from collections.abc import Sequence
@@ -43,7 +42,7 @@ from agents.recurrent import (
     state_shapes,
 )
 from envs.specs import ACTION_MASK_KEY
-from errors import InputError
+from errors import InputError, is_whole_number
 
 ACTIVATIONS: dict[str, type[nn.Module]] = {"tanh": nn.Tanh, "relu": nn.ReLU, "elu": nn.ELU, "silu": nn.SiLU}
 MAX_WIDTH = (
@@ -626,10 +625,7 @@ def check_mlp_options(hidden_sizes: Sequence[int], activation: str, option: str 
     widths given as ``option``)."""
     if activation not in ACTIVATIONS:
         raise InputError(f"Unknown activation {activation!r}; choose one of {sorted(ACTIVATIONS)}.")
-    if any(
-        isinstance(size, bool) or not isinstance(size, numbers.Integral) or not 1 <= size <= MAX_WIDTH
-        for size in hidden_sizes
-    ):
+    if any(not is_whole_number(size) or not 1 <= size <= MAX_WIDTH for size in hidden_sizes):
         raise InputError(
             f"{option} must be positive integers up to {MAX_WIDTH:,} (units per hidden layer), got "
             f"{list(hidden_sizes)}."

@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from errors import InputError
+from errors import InputError, is_whole_number
 
 OptionsT = TypeVar("OptionsT", bound="Options")
 
@@ -107,7 +107,7 @@ def fits(hint: Any, value: Any) -> bool:
     if hint is bool:
         return isinstance(value, (bool, np.bool_))
     if hint is int:
-        return isinstance(value, numbers.Integral) and not isinstance(value, (bool, np.bool_))
+        return is_whole_number(value)
     if hint is float:
         return isinstance(value, numbers.Real) and not isinstance(value, (bool, np.bool_))
     if hint is str:

@@ -17,14 +17,13 @@ treasure: a uniformly random policy finds it once every ``2**N`` episodes.
 
 from __future__ import annotations
 
-import numbers
 from typing import Any, ClassVar
 
 import gymnasium as gym
 import numpy as np
 
 from envs.classic import NAMESPACE
-from errors import InputError
+from errors import InputError, is_whole_number
 
 DEFAULT_SIZE = 10
 # a one-hot observation of a million cells (4 MB) and its action map: far beyond bsuite's sizes (10 to 50), and a
@@ -68,7 +67,7 @@ class DeepSeaEnv(gym.Env):
         move_cost: float = UNSCALED_MOVE_COST,
         render_mode: str | None = None,
     ):
-        if isinstance(size, bool) or not isinstance(size, numbers.Integral) or not 2 <= size <= MAX_SIZE:
+        if not is_whole_number(size) or not 2 <= size <= MAX_SIZE:
             raise InputError(f"DeepSea size must be a whole number from 2 to {MAX_SIZE}, got {size!r:.40}.")
         if render_mode not in (None, "rgb_array"):
             raise InputError(f"DeepSea renders only with render_mode='rgb_array', got {render_mode!r}.")

@@ -14,7 +14,6 @@ import functools
 import importlib
 import inspect
 import json
-import numbers
 import signal
 import sys
 import warnings
@@ -41,7 +40,7 @@ from envs.specs import (
     unchecked_tensordict,
 )
 from envs.wrappers import apply_wrappers, with_discrete_tuples, wrapper_error
-from errors import InputError
+from errors import InputError, is_whole_number
 
 Vectorization = Literal["sync", "async"]
 Backend = Literal["gymnasium", "torch"]
@@ -434,7 +433,7 @@ def check_env_kwargs(env_id: str, kwargs: dict[str, Any], option: str = "--env-k
     for key in MAKE_KWARGS & kwargs.keys():
         value = kwargs[key]
         if key == "max_episode_steps":
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            if not is_whole_number(value) or value < 1:
                 raise InputError(
                     f"{option} max_episode_steps={value!r}: a time limit is a whole number of steps, at least 1."
                 )
@@ -598,10 +597,10 @@ def make_env(
     """
     device = check_device(str(device))
     if seed is not None:
-        if not isinstance(seed, numbers.Integral) or isinstance(seed, (bool, np.bool_)) or seed < 0:
+        if not is_whole_number(seed) or seed < 0:
             raise InputError(f"seed must be a whole number of at least 0, or None; got {seed!r:.60}.")
         seed = int(seed)  # NumPy's integers too, as the recipes take them
-    if not isinstance(num_envs, numbers.Integral) or isinstance(num_envs, (bool, np.bool_)):
+    if not is_whole_number(num_envs):
         raise InputError(f"num_envs must be a whole number of at least 1, got {num_envs!r:.60}.")
     num_envs = int(num_envs)
     if env_kwargs is not None and not isinstance(env_kwargs, dict):
@@ -611,6 +610,8 @@ def make_env(
     if isinstance(env, str) and env_kwargs and backend == "gymnasium":
         check_env_id(env)
         check_env_kwargs(env, env_kwargs, "env_kwargs")
+        if "max_episode_steps" in env_kwargs:  # Gymnasium's TimeLimit takes Python's int alone
+            env_kwargs = {**env_kwargs, "max_episode_steps": int(env_kwargs["max_episode_steps"])}
     if wrappers and (backend == "torch" or isinstance(env, gym.vector.VectorEnv)):
         raise InputError(
             "Wrappers wrap Gymnasium sub-envs: pass an env id or env with the gymnasium backend."

@@ -250,10 +250,16 @@ def test_make_env_refuses_bad_arguments_in_one_line(options, message):
 
 @pytest.mark.parametrize("backend", ["gymnasium", "torch"])
 def test_make_env_takes_numpy_integers_as_the_recipes_do(backend):
-    env = make_env("CartPole-v1", num_envs=np.int64(2), seed=np.int64(3), backend=backend)
-    other = make_env("CartPole-v1", num_envs=2, seed=3, backend=backend)
+    kwargs = {"max_episode_steps": np.int64(5)}
+    env = make_env("CartPole-v1", num_envs=np.int64(2), seed=np.int64(3), backend=backend, env_kwargs=kwargs)
+    other = make_env("CartPole-v1", num_envs=2, seed=3, backend=backend, env_kwargs={"max_episode_steps": 5})
     try:
         assert torch.equal(env.reset()["observation"], other.reset()["observation"])
+        steps = env.rollout(10, break_when_any_done=False)
+        assert torch.equal(
+            steps["next", "truncated"], other.rollout(10, break_when_any_done=False)["next", "truncated"]
+        )
+        assert steps["next", "truncated"][:, 4].all()  # the time limit of 5 steps, as an int's
     finally:
         env.close()
         other.close()

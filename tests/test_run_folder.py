@@ -18,6 +18,7 @@ import torch
 from run_helpers import interrupt_at, tiny_dqn
 
 from agents import Agent, files
+from agents.archive import holds_only_its_entries
 from agents.files import remove_stale_temporaries, write_atomically, write_text
 from errors import InputError, WriteError
 from recipes import dqn, ppo
@@ -647,3 +648,22 @@ def test_a_run_continued_in_a_new_folder_brings_its_evaluations_and_best_agent(t
     (new / "best_agent.ckpt").write_bytes(other)
     ppo.main(tiny_ppo(ended, resume=new, eval_every=128, checkpoint_every=512, overwrite=True))
     assert not (ended / "best_agent.ckpt").exists()
+
+
+def test_a_padded_best_agent_is_not_copied_into_the_new_folder(tmp_path):
+    old, new = tmp_path / "old", tmp_path / "new"
+    ppo.main(tiny_ppo(old, eval_every=128, checkpoint_every=512))  # ended: continued, it trains no more
+    best = old / "best_agent.ckpt"
+    assert holds_only_its_entries(best) and holds_only_its_entries(old / "resume.ckpt")
+    # the same archive behind a hole of a gigabyte: still a readable zip of this run's agent, 20 kB on disk
+    archive = best.read_bytes()
+    with best.open("wb") as padded:
+        padded.seek(2**30)
+        padded.write(archive)
+    assert Agent.load(best).algorithm == "ppo" and not holds_only_its_entries(best)
+    with pytest.warns(UserWarning, match=r"best_agent\.ckpt holds more bytes than its entries .* not copied"):
+        ppo.main(tiny_ppo(new, resume=old, eval_every=128, checkpoint_every=512))
+    assert (new / "evaluations.csv").exists() and not (new / "best_agent.ckpt").exists()
+    assert not holds_only_its_entries(tmp_path / "absent.ckpt") and not holds_only_its_entries(
+        old / "config.json"
+    )

@@ -13,7 +13,7 @@ import torch
 from torchrl.collectors import Collector
 
 from agents.agent import Agent
-from agents.archive import read_manifest_metadata
+from agents.archive import holds_only_its_entries, read_manifest_metadata
 from agents.files import write_atomically
 from envs.vector import registration
 from errors import InputError
@@ -121,16 +121,25 @@ def carry_records(
 ) -> None:
     """When a run is continued in another folder than the one it stopped in (``--resume OLD --output-dir NEW``),
     write its evaluations.csv there from the saved rows and copy the best evaluation's ``best_agent.ckpt`` when it
-    is this run's (``algorithm``, and the env, env kwargs and seed of ``config``): the new folder holds the whole run, as
-    the summary it ends with describes it."""
+    is this run's (``algorithm``, and the env, env kwargs and seed of ``config``) and holds only its archive's bytes
+    (:func:`agents.archive.holds_only_its_entries`): the new folder holds the whole run, as the summary it ends with
+    describes it."""
     source = resume_folder(resume)
     if source.resolve() == output_dir.resolve():
         return
     if schedule.evaluations:
         schedule.write_csv()
     best = source / BEST_AGENT_FILE
-    if best.is_file() and not best.is_symlink() and _is_agent_of(best, algorithm, config):
-        write_atomically(output_dir / BEST_AGENT_FILE, lambda temporary: shutil.copyfile(best, temporary))
+    if not best.is_file() or best.is_symlink() or not _is_agent_of(best, algorithm, config):
+        return
+    if not holds_only_its_entries(best):
+        warnings.warn(
+            f"{best} holds more bytes than its entries (padded, or not written by this toolkit): not copied into "
+            f"{output_dir}; its best agent stays in {source}.",
+            stacklevel=2,
+        )
+        return
+    write_atomically(output_dir / BEST_AGENT_FILE, lambda temporary: shutil.copyfile(best, temporary))
 
 
 def _is_agent_of(path: Path, algorithm: str, config: dict[str, Any]) -> bool:
