@@ -1,7 +1,13 @@
 """Networks built from env specs, and the Agent that predicts, evaluates, saves and loads."""
 
 import envs  # noqa: F401  (first: it unsets an unusable MUJOCO_GL before TorchRL imports MuJoCo)
-from agents.actor_critic import ForeachSoftUpdate, TensorDDPGLoss, TensorSACLoss, TensorTD3Loss
+from agents.actor_critic import (
+    ForeachSoftUpdate,
+    TensorDDPGLoss,
+    TensorSACLoss,
+    TensorTD3Loss,
+    share_target_buffers,
+)
 from agents.advantages import OneCallGAE, OneCallTD1
 from agents.agent import POLICY_BUILDERS, Agent, EvaluationResult, video_writer, write_video
 from agents.continuous import make_deterministic_actor, make_exploration_env, make_qvalue_critic
@@ -94,6 +100,7 @@ __all__ = [
     "orthogonal_init",
     "prioritized_sampler",
     "reset_target_noise",
+    "share_target_buffers",
     "trainable_parameters",
     "video_writer",
     "without_log_prob",

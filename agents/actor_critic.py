@@ -16,6 +16,7 @@ seed the losses and gradients equal the parent's (tests check this).
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import torch
 from tensordict import TensorDict, TensorDictBase
@@ -32,6 +33,7 @@ from torchrl.objectives.value.functional import td0_return_estimate
 from agents.continuous import StateActionNet
 from agents.fast_paths import tanh_normal_arguments, tanh_normal_sample
 from agents.linear import linear, onednn_min_multiply_adds
+from agents.normalization import ObservationNormalizer
 from errors import InputError
 
 
@@ -238,6 +240,36 @@ def stacked_forward(module: nn.Module, prefix: str = "") -> Callable[..., torch.
     return members if any(not isinstance(layer, nn.Module) for layer in layers) else None
 
 
+def share_target_buffers(loss: nn.Module) -> None:
+    """Make each target network of the TorchRL ``loss`` read its online network's observation statistics (the
+    buffers of its :class:`agents.normalization.ObservationNormalizer`) instead of a copy of them.
+
+    TorchRL's losses copy a network's parameters and buffers into its target tensors, and its target updaters
+    (``SoftUpdate``, ``HardUpdate``) update the parameters alone: a target network's normaliser would keep the
+    statistics it had when the loss was built (zero mean, unit variance) for the whole run, and the bootstrap
+    would read observations on another scale than the online network. Shared, a target's statistics are the
+    online ones: every update reaches both, and no updater touches them (their target is their source). The
+    target's other buffers stay its own (a noisy network's target draws noise of its own).
+    """
+    for name, target in list(loss._modules.items()):
+        source = loss._modules.get(name.removeprefix("target_"))
+        network = getattr(loss, name.removeprefix("target_").removesuffix("_params"), None)
+        if not (name.startswith("target_") and name.endswith("_params")) or source is None:
+            continue
+        for key, value in source.items(True, True):
+            path = ".".join(key[:-1]) if isinstance(key, tuple) else ""
+            owner = _submodule(network, path)
+            if isinstance(owner, ObservationNormalizer) and not value.requires_grad:
+                target._param_td.set(key, value)
+
+
+def _submodule(network: Any, path: str) -> nn.Module | None:
+    try:
+        return network.get_submodule(path) if isinstance(network, nn.Module) else None
+    except AttributeError:
+        return None
+
+
 def _check_td0(loss: nn.Module) -> None:
     if not isinstance(loss.value_estimator, TD0Estimator):
         raise InputError(
@@ -365,6 +397,7 @@ class TensorTD3Loss(TD3Loss):
 
     def __init__(self, actor_network: nn.Module, qvalue_network: ValueOperator, **kwargs):
         super().__init__(actor_network, qvalue_network, **kwargs)
+        share_target_buffers(self)  # the target actor normalises with the actor's statistics
         self._action = _deterministic_action(actor_network)
         self._qvalue = StackedNetwork(qvalue_network)
         device = next(actor_network.parameters()).device
@@ -421,6 +454,7 @@ class TensorDDPGLoss(DDPGLoss):
 
     def __init__(self, actor_network: nn.Module, value_network: ValueOperator, **kwargs):
         super().__init__(actor_network, value_network, **kwargs)
+        share_target_buffers(self)  # the target actor normalises with the actor's statistics
         self._action = _deterministic_action(actor_network)
         self._value = StackedNetwork(value_network)
 

@@ -7,7 +7,7 @@ import copy
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 from tensordict import TensorDict, TensorDictBase
@@ -37,7 +37,7 @@ from torchrl.objectives.utils import distance_loss
 from torchrl.objectives.value import TD0Estimator
 from torchrl.objectives.value.functional import td0_return_estimate
 
-from agents.actor_critic import ForeachSoftUpdate
+from agents.actor_critic import ForeachSoftUpdate, share_target_buffers
 from agents.fast_paths import flat_select, unrolled
 from agents.networks import ACTIVATIONS, check_mlp_memory, check_mlp_options, observation_encoder
 from agents.options import Options
@@ -428,6 +428,7 @@ class TensorDQNLoss(MaxNormalisedPriorityWeights, DQNLoss):
                 f"TensorDQNLoss needs a QValueActor, got {type(value_network).__name__}; use DQNLoss for other modules."
             )
         super().__init__(value_network, **{"delay_value": True, **kwargs})
+        share_target_buffers(self)  # the target network normalises with the online network's statistics
         q_module = value_network[0]
         self._q_network = q_module.module
         self._q_forward = unrolled(self._q_network)  # the network's forward without a module call per layer
@@ -535,8 +536,13 @@ class NStepDistributionalDQNLoss(MaxNormalisedPriorityWeights, DistributionalDQN
     Their ``"steps_to_next_obs"`` holds one number per transition (``[B]``), which the parent would broadcast
     against the rewards (``[B, 1]``) into a ``[B, B]`` discount; this subclass gives it the rewards' shape and
     leaves everything else to the parent, including the priority it writes into the input (the per-sample
-    cross-entropy, under ``"td_error"``).
+    cross-entropy, under ``"td_error"``). Its target network reads the online network's buffers (the observation
+    statistics; :func:`agents.actor_critic.share_target_buffers`).
     """
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        share_target_buffers(self)
 
     def forward(self, tensordict: TensorDictBase) -> TensorDictBase:
         steps = tensordict.get("steps_to_next_obs", None)

@@ -32,6 +32,7 @@ from agents.continuous import (
     noise_scale,
 )
 from agents.gsde import make_gsde_actor
+from agents.qvalue import NStepDistributionalDQNLoss, TensorDQNLoss, make_q_actor, make_target_updater
 from envs import make_env
 from errors import InputError
 from recipes import ddpg, dqn, sac, td3
@@ -556,8 +557,9 @@ def test_td3_target_noise_and_its_clip_are_per_action_dim_buffers():
     torch.testing.assert_close(buffers["noise_clip"], torch.tensor([1.0, 0.125]))
     assert "policy_noise" not in loss.state_dict()  # they follow the Box, not the file
     with torch.no_grad():
-        for p in loss.target_actor_network_params.values(True, True):
-            p.zero_()  # the target action is the Box's midpoint (1, 0.25)
+        for key, p in loss.target_actor_network_params.items(True, True):
+            if loss.actor_network_params.get(key).requires_grad:  # the weights, not the Box's bounds
+                p.zero_()  # the target action is the Box's midpoint (1, 0.25)
     actions = []
     qvalue = loss._qvalue
     loss._qvalue = lambda params, observation, action: (
@@ -850,3 +852,54 @@ def test_max_grad_norm_clips_the_actor_and_the_critics(recipe, tmp_path):
     free = (parameters_after("free", 100) - initial).abs().max()
     clipped = (parameters_after("clipped", 100, max_grad_norm=1e-12) - initial).abs().max()
     assert free > 0 and clipped < 0.05 * free
+
+
+@pytest.mark.parametrize("name", ["td3", "ddpg", "dqn", "c51"])
+def test_target_networks_normalise_with_the_online_statistics(name):
+    """TorchRL's losses copy buffers into the target networks and its updaters update parameters only: the target
+    networks' observation statistics must be the online ones, before and after a target update, or the bootstrap
+    reads observations on another scale (frozen at zero mean, unit variance)."""
+    observation = torch.randn(64, 3) * 50 + 100
+    if name in ("td3", "ddpg"):
+        policy = make_deterministic_actor(OBSERVATION_SPEC, ACTION_SPEC, (16,), "relu", normalize_obs=True)
+        critic = make_qvalue_critic(
+            OBSERVATION_SPEC, ACTION_SPEC, (16,), "relu", normalizer=find_normalizer(policy)
+        )
+        if name == "td3":
+            loss = TensorTD3Loss(
+                policy[0], critic, action_spec=ACTION_SPEC, delay_actor=True, delay_qvalue=True
+            )
+        else:
+            loss = TensorDDPGLoss(policy[0], critic, delay_actor=True, delay_value=True)
+        online_params, target_params, network = (
+            "actor_network_params",
+            "target_actor_network_params",
+            policy[0],
+        )
+    else:
+        actions = Categorical(4, shape=(1,))
+        options = {"distributional": True, "num_atoms": 11} if name == "c51" else {}
+        policy = make_q_actor(OBSERVATION_SPEC, actions, hidden_sizes=(16,), normalize_obs=True, **options)
+        if name == "c51":
+            loss = NStepDistributionalDQNLoss(policy[0], gamma=0.9, delay_value=True)
+        else:
+            loss = TensorDQNLoss(policy[0], action_space=actions)
+        online_params, target_params, network = (
+            "value_network_params",
+            "target_value_network_params",
+            policy[0],
+        )
+    normalizer = find_normalizer(policy)
+    updater = make_target_updater(loss, 1) if name in ("dqn", "c51") else SoftUpdate(loss, tau=1.0)
+    data = TensorDict({"observation": observation}, [64])
+
+    def outputs(params):
+        with getattr(loss, params).to_module(network):
+            return network(data.clone()).get("action_value" if name in ("dqn", "c51") else "action")
+
+    for step in range(2):
+        normalizer.update(observation * (step + 1) - 20 * step)
+        updater.step()  # tau 1 (or a hard copy): the target network is the online one
+        assert torch.equal(outputs(online_params), outputs(target_params))
+    shared = normalizer.mean.data_ptr()  # the online statistics themselves, not a copy
+    assert any(tensor.data_ptr() == shared for tensor in getattr(loss, target_params).values(True, True))
