@@ -276,6 +276,7 @@ def main(
         metrics = {f"train/{key}": value.item() for key, value in losses.items()}
         if run.record_batch(episodes, metrics):
             break
+    run.end_collection()  # also when the collector ran out, its last steps' episodes unfinished
     collector.shutdown()
     env.close()
     warn_if_no_whole_episodes(run.frames, run_config.total_frames, config.collector.episodes_per_update)

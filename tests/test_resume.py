@@ -112,10 +112,8 @@ def test_resuming_a_run_that_had_ended_trains_no_further(case, ending, tmp_path)
     ended = main(config(tmp_path / "run"))
     assert (ending == "target") == (ended["solved_at_frames"] is not None)
 
-    def evaluations():  # a final evaluation after the last resume.ckpt is made again: the same, but its time
-        rows = [line.split(",") for line in (tmp_path / "run" / "evaluations.csv").read_text().splitlines()]
-        timed = rows[0].index("wall_time_s")
-        return [row[:timed] + row[timed + 1 :] for row in rows]
+    def evaluations():  # the final evaluation is in the last resume.ckpt: not made again, its time included
+        return (tmp_path / "run" / "evaluations.csv").read_text()
 
     evaluated = evaluations()
     before = parameters(tmp_path / "run")
@@ -126,6 +124,19 @@ def test_resuming_a_run_that_had_ended_trains_no_further(case, ending, tmp_path)
         assert evaluations() == evaluated
         after = parameters(tmp_path / "run")
         assert all(torch.equal(before[key], after[key]) for key in before)
+
+
+def test_an_ended_run_whose_budget_falls_between_evaluations_keeps_its_final_one(tmp_path):
+    """The final evaluation (here at 2,048 frames, between the scheduled ones at 768 and 1,536) comes before the
+    last resume.ckpt: a resumed ended run has it and does not evaluate again."""
+    ppo.main(tiny_ppo(tmp_path / "run", eval_every=768, checkpoint_every=512))
+    rows = (tmp_path / "run" / "evaluations.csv").read_text()
+    assert [line.split(",")[0] for line in rows.splitlines()[1:]] == ["768", "1536", "2048"]
+    resumed = ppo.main(
+        tiny_ppo(tmp_path / "run", eval_every=768, checkpoint_every=512, resume=tmp_path / "run")
+    )
+    assert (tmp_path / "run" / "evaluations.csv").read_text() == rows  # its wall time too: not made again
+    assert resumed["frames"] == 2_048
 
 
 def test_a_run_interrupted_among_the_last_batches_of_episodes_resumes_them(tmp_path, monkeypatch):

@@ -69,9 +69,10 @@ class Checkpoints:
             self.training.collector is None or isinstance(self.training.collector, Collector)
         )
 
-    def resume_due(self, frames: int) -> bool:
-        """Whether ``resume.ckpt`` can be written and does not already hold the state at ``frames``."""
-        return self.resumable and self._resume_saved_at != frames
+    def resume_due(self, frames: int, again: bool = False) -> bool:
+        """Whether ``resume.ckpt`` can be written and does not already hold the state at ``frames`` (``again``: is
+        to be written even so, the run's state having changed since at the same frames)."""
+        return self.resumable and (again or self._resume_saved_at != frames)
 
     def agent_due(self, name: str, frames: int) -> bool:
         """Whether the agent checkpoint ``name`` is to be written at ``frames``: ``agent.ckpt`` not again at the
@@ -99,9 +100,12 @@ class Checkpoints:
         if name == AGENT_FILE:
             self._agent_saved_at = frames
 
-    def save_resume(self, frames: int, run_state: dict[str, Any], metadata: dict[str, Any]) -> None:
-        """Write ``resume.ckpt``: the training state and the run's, unless already written at ``frames``."""
-        if not self.resume_due(frames):
+    def save_resume(
+        self, frames: int, run_state: dict[str, Any], metadata: dict[str, Any], again: bool = False
+    ) -> None:
+        """Write ``resume.ckpt``: the training state and the run's, unless already written at ``frames`` (and not
+        ``again``)."""
+        if not self.resume_due(frames, again):
             return
         save_resume_checkpoint(
             self.output_dir / RESUME_FILE,

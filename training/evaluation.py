@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import io
 import math
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -13,7 +14,7 @@ from typing import Any
 from agents.agent import Agent, EvaluationResult
 from agents.archive import first_line
 from agents.files import write_text
-from errors import InputError
+from errors import InputError, WriteError
 
 EVAL_SEED_OFFSET = 1_000_000  # evaluation episodes are seeded apart from the training envs
 
@@ -33,6 +34,35 @@ def run_deterministic(agent: Agent, episodes: int, seed: int, **options: Any) ->
         return agent.evaluate(episodes=episodes, deterministic=True, seed=evaluation_seed(seed), **options)
     finally:
         agent.train(was_training)
+
+
+def record_video(
+    agent: Agent,
+    path: Path,
+    seed: int,
+    run_env_id: str,
+    env_id: str | None,
+    env_kwargs: dict[str, Any] | None,
+) -> bool:
+    """Write one deterministic episode of a run seeded ``seed`` to ``path`` (in ``env_id`` with ``env_kwargs``,
+    the agent's own env for None); whether it could. Failing to render (an env that does not, a missing OpenGL
+    backend) is a warning in one line: a video is never worth the rest of a run's outputs. A failed write raises
+    :class:`errors.WriteError`."""
+    try:
+        run_deterministic(agent, 1, seed, video_path=path, env=env_id, env_kwargs=env_kwargs)
+    except WriteError:
+        raise
+    except Exception as error:  # noqa: BLE001 - renderers fail in many ways (TypeError, OpenGL, missing libs)
+        detail = str(error).splitlines()[0] if str(error) else type(error).__name__
+        warnings.warn(
+            f"No {path.name}: {run_env_id} could not be rendered ({type(error).__name__}: {detail}). "
+            "Everything else of the run is saved; an env renders for videos when it takes "
+            "render_mode='rgb_array' (MuJoCo on a machine without a display: set MUJOCO_GL=egl or osmesa), or "
+            "pass --no-video (and no --video-every-eval).",
+            stacklevel=4,
+        )
+        return False
+    return True
 
 
 def check_evaluation_env(agent: Agent, env_id: str | None, env_kwargs: dict[str, Any]) -> None:

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import json
 import time
-import warnings
 import weakref
 from collections.abc import Iterable
 from pathlib import Path
@@ -33,7 +32,7 @@ from tensordict import TensorDictBase
 from agents.agent import Agent
 from agents.files import write_text
 from envs.vector import registration
-from errors import NonFiniteError, WriteError
+from errors import NonFiniteError
 from training.callbacks import Callback, callback_name, check_callbacks, stops_run
 from training.checkpoints import (
     AGENT_FILE,
@@ -46,7 +45,7 @@ from training.checkpoints import (
 )
 from training.collectors import warm_up_policy_normalizer
 from training.config import RunConfig, config_to_dict
-from training.evaluation import EvaluationSchedule, check_evaluation_env, run_deterministic
+from training.evaluation import EvaluationSchedule, check_evaluation_env, record_video
 from training.logger import close_logger, is_wandb, log_video, make_logger
 from training.metrics import Metrics, find_non_finite
 from training.outputs import abandon_run_folder, prepare_run_folder, release_run_folder
@@ -103,7 +102,9 @@ class Run:
     ):
         self.callbacks = check_callbacks(callbacks)
         self.stopped_by_callback: str | None = None
-        self._finishing = False  # from finish() on, a callback returning False has nothing left to stop
+        self._finishing = (
+            False  # from end_collection() on, a callback returning False has nothing left to stop
+        )
         self.algorithm = algorithm
         self.run = run
         self.agent = agent
@@ -217,8 +218,8 @@ class Run:
         if stop:  # the run ends at this batch anyway: no callback stopped it
             self.stopped_by_callback = None
         stop = stop or self.stopped_by_callback is not None
-        if stop and (self.interrupted_by is not None or self.run.checkpoint_every is not None):
-            self.save_resume()  # while the collector still holds its state
+        if stop:
+            self.end_collection()
         return stop
 
     def check_finite(self, batch: TensorDictBase, metrics: dict[str, float]) -> None:
@@ -241,6 +242,24 @@ class Run:
         self._call("on_evaluation", row)
         return solved
 
+    def evaluate_last(self) -> bool:
+        """Evaluate at the frames the run ends with unless that is done (after SIGINT or SIGTERM: unless any is);
+        whether it did."""
+        evaluations = self.schedule.evaluations
+        due = not evaluations or (self.interrupted_by is None and evaluations[-1]["frames"] != self.frames)
+        if due:
+            self.evaluate()
+        return due
+
+    def end_collection(self) -> None:
+        """The end of the run's collection (:meth:`record_batch` stopped it, or a loop of episodes ran out of
+        them): the final evaluation, then ``resume.ckpt`` holding it (with ``--checkpoint-every``, or after
+        SIGINT/SIGTERM) while the collector still holds its state, so that a continued ended run has it."""
+        self._finishing = True
+        evaluated = self.interrupted_by is None and self.evaluate_last()
+        if self.interrupted_by is not None or self.run.checkpoint_every is not None:
+            self.save_resume(again=evaluated)
+
     # ------------------------------------------------------------------ checkpoints
     def save_agent(self, name: str) -> None:
         """Save the agent as ``output_dir / name``, unless its parameters hold NaN or Inf (then stop the run);
@@ -252,20 +271,16 @@ class Run:
         self.checkpoints.save_agent(name, self.frames)
         self._call("on_checkpoint", self.output_dir / name)
 
-    def save_resume(self) -> None:
+    def save_resume(self, again: bool = False) -> None:
         """Write ``resume.ckpt``: the training state and this run's, for ``--resume`` (single-process collector
-        runs of recipes that provide a :class:`TrainingState`)."""
-        if not self.checkpoints.resume_due(self.frames):
+        runs of recipes that provide a :class:`TrainingState`); ``again`` even if it holds these frames."""
+        if not self.checkpoints.resume_due(self.frames, again):
             return
         if not self.checkpoints.parameters_finite():
             self._non_finite("the agent's parameters")
-        metadata = {
-            "algorithm": self.algorithm,
-            "env_id": self.run.env_id,
-            "env_registration": registration(self.run.env_id),
-            "config": self.config,
-        }
-        self.checkpoints.save_resume(self.frames, self._run_state(), metadata)
+        metadata = {"algorithm": self.algorithm, "env_id": self.run.env_id, "config": self.config}
+        metadata["env_registration"] = registration(self.run.env_id)
+        self.checkpoints.save_resume(self.frames, self._run_state(), metadata, again)
         self._call("on_checkpoint", self.output_dir / RESUME_FILE)
 
     def _call(self, hook: str, *arguments: Any) -> None:
@@ -314,13 +329,10 @@ class Run:
         self.signals.restore()
         self.metrics.close_progress()
         interrupted = self.interrupted_by is not None
-        evaluations = self.schedule.evaluations
         if interrupted:
             self.save_agent(AGENT_FILE)
-        if not evaluations or (not interrupted and evaluations[-1]["frames"] != self.frames):
-            self.evaluate()
-        wall_time = self.elapsed
-        final = evaluations[-1]
+        self.evaluate_last()
+        wall_time, evaluations = self.elapsed, self.schedule.evaluations
         self.save_agent(AGENT_FILE)
         if self.run.video and not interrupted:
             self._record_video(self.output_dir / "video.mp4")
@@ -330,7 +342,7 @@ class Run:
             self.output_dir / "learning_curve.png",
             title=f"{self.algorithm} on {self.run.env_id} (seed {self.run.seed})",
         )
-        summary = self._summary(wall_time, final)
+        summary = self._summary(wall_time, evaluations[-1])
         write_text(self.output_dir / "summary.json", json.dumps(summary, indent=2) + "\n")
         logger = self.metrics.logger
         if is_wandb(logger):
@@ -342,34 +354,12 @@ class Run:
         return summary
 
     def _record_video(self, path: Path) -> None:
-        """Write one deterministic episode to ``path`` and log it, or warn in one line why it cannot be (an env
-        that does not render, a missing OpenGL backend; warned once a run): a video is never worth the rest of a
-        run's outputs."""
-        if self._video_failed:
-            return
-        try:
-            run_deterministic(
-                self.agent,
-                1,
-                self.run.seed,
-                video_path=path,
-                env=self.eval_env_id,
-                env_kwargs=self.eval_env_kwargs,
-            )
-        except WriteError:
-            raise
-        except Exception as error:  # noqa: BLE001 - renderers fail in many ways (TypeError, OpenGL, missing libs)
-            self._video_failed = True
-            detail = str(error).splitlines()[0] if str(error) else type(error).__name__
-            warnings.warn(
-                f"No {path.name}: {self.run.env_id} could not be rendered ({type(error).__name__}: {detail}). "
-                "Everything else of the run is saved; an env renders for videos when it takes "
-                "render_mode='rgb_array' (MuJoCo on a machine without a display: set MUJOCO_GL=egl or osmesa), or "
-                "pass --no-video (and no --video-every-eval).",
-                stacklevel=3,
-            )
-            return
-        log_video(self.metrics.logger, path, self.frames)
+        """One deterministic episode to ``path``, logged; a failure is warned once a run (see :func:`record_video`)."""
+        if not self._video_failed:
+            options = {"env_id": self.eval_env_id, "env_kwargs": self.eval_env_kwargs}
+            self._video_failed = not record_video(self.agent, path, self.run.seed, self.run.env_id, **options)
+            if not self._video_failed:
+                log_video(self.metrics.logger, path, self.frames)
 
     def _summary(self, wall_time: float, final: dict[str, float]) -> dict[str, Any]:
         summary = {
