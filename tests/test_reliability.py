@@ -66,9 +66,10 @@ def start_long_ppo(output_dir, *options, new_session=False):
         text=True,
         start_new_session=new_session,
     )
-    deadline = time.monotonic() + 120
+    deadline = time.monotonic() + 300  # 16 env processes start slowly on a loaded 2-core machine
     while not (output_dir / "evaluations.csv").exists() and time.monotonic() < deadline:
         time.sleep(0.2)
+    assert (output_dir / "evaluations.csv").exists(), "the run did not start within 300 s"
     return process
 
 
