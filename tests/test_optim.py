@@ -191,6 +191,41 @@ def test_lean_adam_bumps_a_groups_counters_at_once_and_saves_them_apart(
     assert all(int(state["step"]) == 1 for state in optimizer.state.values())
 
 
+def test_lean_adam_keeps_its_plan_for_a_group_that_holds_buffers(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Tensors that need no gradient in a group (the action bounds or observation statistics TorchRL's losses
+    hand over with a network's parameters) are skipped as Adam skips them, and do not cost the plan."""
+    reference_network, lean_network = _network(), _network()
+    buffers = {name: torch.arange(3.0) for name in ("reference", "lean")}
+    reference = torch.optim.Adam([*reference_network.parameters(), buffers["reference"]], lr=1e-2, fused=True)
+    lean = LeanAdam([*lean_network.parameters(), buffers["lean"]], lr=1e-2, fused=True)
+    per_tensor = []
+    original = torch._foreach_add_
+    monkeypatch.setattr(
+        torch, "_foreach_add_", lambda *args, **kwargs: per_tensor.append(1) or original(*args, **kwargs)
+    )
+    for step in range(7):
+        if step == 4:  # a skipped tensor that starts to learn: the plan no longer holds
+            for name in buffers:
+                buffers[name].requires_grad_(True)
+        for network, optimizer, name in (
+            (reference_network, reference, "reference"),
+            (lean_network, lean, "lean"),
+        ):
+            optimizer.zero_grad()
+            _backward(network, step)
+            if step >= 4:
+                buffers[name].grad = torch.full((3,), float(step))
+            per_tensor.clear()
+            optimizer.step()
+        # Adam's own step (the first, and once the plan no longer holds) bumps its counters one by one
+        assert bool(per_tensor) == (step in (0, 4)), f"step {step}: the plan was not used where it holds"
+        _assert_same(reference, lean, reference_network, lean_network)
+        torch.testing.assert_close(buffers["reference"], buffers["lean"], rtol=0, atol=0)
+        if step == 3:
+            assert not any(buffer in lean.state for buffer in buffers.values())
+    assert int(lean.state[buffers["lean"]]["step"]) == 3
+
+
 def test_lean_adam_runs_step_hooks_and_the_profiler_label() -> None:
     network = _network()
     optimizer = fused_adam(network.parameters(), lr=1e-3)

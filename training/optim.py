@@ -75,9 +75,10 @@ class LeanAdam(torch.optim.Adam):
     and counters end as Adam's leave them (tests compare them). Every other case, the first step included, is
     Adam's own step, hooks and profiler label included.
 
-    Where every parameter of a group has a gradient, the group's step counters are views of one tensor, bumped
-    by one addition, and the tensors the kernel takes are kept from step to step (checked against the state by
-    identity, rebuilt when the state changes, as ``load_state_dict`` does). ``state_dict`` gives each counter as a
+    Where every parameter of a group has a gradient (tensors that need none, such as buffers handed over with a
+    network's parameters, are left out, as Adam leaves them), the group's step counters are views of one tensor,
+    bumped by one addition, and the tensors the kernel takes are kept from step to step (checked against the state
+    by identity, rebuilt when the state changes, as ``load_state_dict`` does). ``state_dict`` gives each counter as a
     tensor of its own, as Adam's. :meth:`clip_and_step` also folds gradient-norm clipping into the kernel.
     """
 
@@ -178,7 +179,7 @@ class LeanAdam(torch.optim.Adam):
 
     def _lean_groups(self) -> list | None:
         """Per group: the group, the tensors the kernel takes (:meth:`_group_tensors`) and the group's
-        :class:`_GroupPlan` where every parameter has a gradient; None where Adam's own step must run."""
+        :class:`_GroupPlan` where every parameter that needs a gradient has one; None where Adam's own step must run."""
         if len(self._plans) != len(self.param_groups):
             self._plans = [None] * len(self.param_groups)
         groups = []
@@ -190,7 +191,9 @@ class LeanAdam(torch.optim.Adam):
                 tensors = self._group_tensors(group)
                 if tensors is None:
                     return None
-                if tensors[0] and len(tensors[0]) == len(group["params"]):
+                if tensors[0] and all(
+                    parameter.grad is not None or not parameter.requires_grad for parameter in group["params"]
+                ):
                     plan = self._plans[index] = _GroupPlan(self.state, group, tensors)
                     tensors = (*tensors[:5], plan.steps)  # the counters now live in the plan's tensor
             groups.append((group, tensors, plan))
@@ -240,7 +243,8 @@ def _lean_options(group: dict) -> bool:
 
 
 class _GroupPlan:
-    """The kernel's tensors for a group whose every parameter has a gradient, kept from step to step.
+    """The kernel's tensors for a group whose every parameter that needs a gradient has one, kept from step to
+    step.
 
     Built from :meth:`LeanAdam._group_tensors`' tensors; it makes the group's step counters views of one tensor
     (``counters``), so that one addition bumps them all.
@@ -249,6 +253,8 @@ class _GroupPlan:
     def __init__(self, state: dict, group: dict, tensors: tuple[list[torch.Tensor], ...]):
         params, _, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps = tensors
         self.state, self.group, self.group_params = state, group, group["params"]
+        # tensors that need no gradient (buffers handed over with a network's parameters): skipped, as Adam does
+        self.idle = [parameter for parameter in group["params"] if parameter.grad is None]
         self.params, self.exp_avgs, self.exp_avg_sqs, self.max_exp_avg_sqs = (
             params,
             exp_avgs,
@@ -264,13 +270,15 @@ class _GroupPlan:
 
     def tensors(self, state: dict, group: dict) -> tuple[list[torch.Tensor], ...] | None:
         """The kernel's tensors for this step, or None where the plan no longer holds (another state or group,
-        a parameter without a gradient, a state entry replaced) or the group's options need Adam's step."""
+        a parameter without a gradient or a skipped tensor with one, a state entry replaced) or the group's
+        options need Adam's step."""
         if (
             state is not self.state
             or group is not self.group
             or group["params"] is not self.group_params
-            or len(self.group_params) != len(self.params)
+            or len(self.group_params) != len(self.params) + len(self.idle)
             or not _lean_options(group)
+            or any(parameter.grad is not None for parameter in self.idle)
         ):
             return None
         grads = []
