@@ -3,6 +3,7 @@
 import envs  # noqa: F401  (first: it unsets an unusable MUJOCO_GL before TorchRL imports MuJoCo)
 from agents.actor_critic import (
     ForeachSoftUpdate,
+    SharedBuffers,
     TensorDDPGLoss,
     TensorSACLoss,
     TensorTD3Loss,
@@ -69,6 +70,7 @@ __all__ = [
     "QTable",
     "RandomNetworkDistillation",
     "RewardNormalizer",
+    "SharedBuffers",
     "TensorClipPPOLoss",
     "TensorDDPGLoss",
     "TensorDQNLoss",

@@ -242,7 +242,8 @@ def stacked_forward(module: nn.Module, prefix: str = "") -> Callable[..., torch.
 
 def share_target_buffers(loss: nn.Module) -> None:
     """Make each target network of the TorchRL ``loss`` read its online network's observation statistics (the
-    buffers of its :class:`agents.normalization.ObservationNormalizer`) instead of a copy of them.
+    buffers of its :class:`agents.normalization.ObservationNormalizer`) instead of a copy of them, and each online
+    network's buffers the loss's own tensors.
 
     TorchRL's losses copy a network's parameters and buffers into its target tensors, and its target updaters
     (``SoftUpdate``, ``HardUpdate``) update the parameters alone: a target network's normaliser would keep the
@@ -250,17 +251,41 @@ def share_target_buffers(loss: nn.Module) -> None:
     would read observations on another scale than the online network. Shared, a target's statistics are the
     online ones: every update reaches both, and no updater touches them (their target is their source). The
     target's other buffers stay its own (a noisy network's target draws noise of its own).
+
+    Moving a loss (``loss.to(device)``) moves its tensors: the networks' parameters stay the loss's (TorchRL
+    moves them in place), their buffers would become copies left behind, so that the statistics the training
+    loop updates in the network would no longer be the ones the loss reads. The losses of :class:`SharedBuffers`
+    call this function again after every move, which makes the network's buffers the moved ones.
     """
-    for name, target in list(loss._modules.items()):
-        source = loss._modules.get(name.removeprefix("target_"))
-        network = getattr(loss, name.removeprefix("target_").removesuffix("_params"), None)
-        if not (name.startswith("target_") and name.endswith("_params")) or source is None:
+    for name, params in list(loss._modules.items()):
+        if name.startswith("target_") or not name.endswith("_params"):
             continue
-        for key, value in source.items(True, True):
-            path = ".".join(key[:-1]) if isinstance(key, tuple) else ""
+        network = getattr(loss, name.removesuffix("_params"), None)
+        target = loss._modules.get(f"target_{name}")
+        for key, value in params.items(True, True):
+            path, leaf = (".".join(key[:-1]), key[-1]) if isinstance(key, tuple) else ("", key)
             owner = _submodule(network, path)
-            if isinstance(owner, ObservationNormalizer) and not value.requires_grad:
+            if owner is None or value.requires_grad or leaf not in owner._buffers:
+                continue
+            if params.batch_dims == 0 and owner._buffers[leaf] is not value:  # stacked copies stay apart
+                owner._buffers[leaf] = value
+            if target is not None and isinstance(owner, ObservationNormalizer):
                 target._param_td.set(key, value)
+
+
+class SharedBuffers(nn.Module):
+    """A TorchRL loss whose target networks read the online networks' observation statistics and whose
+    networks' buffers stay the loss's own through ``loss.to(...)`` (:func:`share_target_buffers`, at
+    construction and after every move)."""
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        share_target_buffers(self)
+
+    def _apply(self, fn, *args: Any, **kwargs: Any):
+        result = super()._apply(fn, *args, **kwargs)
+        share_target_buffers(self)
+        return result
 
 
 def _submodule(network: Any, path: str) -> nn.Module | None:
@@ -289,7 +314,7 @@ def _td0_target(loss, tensordict: TensorDictBase, next_value_B1: torch.Tensor) -
     return td0_return_estimate(gamma, next_value_B1, reward_B1, terminated_B1).squeeze(-1)
 
 
-class TensorSACLoss(SACLoss):
+class TensorSACLoss(SharedBuffers, SACLoss):
     """TorchRL's ``SACLoss`` (version 2: no state-value network), computed on the observation tensors.
 
     Args:
@@ -382,7 +407,7 @@ class TensorSACLoss(SACLoss):
         )
 
 
-class TensorTD3Loss(TD3Loss):
+class TensorTD3Loss(SharedBuffers, TD3Loss):
     """TorchRL's ``TD3Loss``, computed on the observation tensors.
 
     ``value_loss`` and ``actor_loss`` can be called on their own (TD3 updates the actor less often than the
@@ -396,8 +421,7 @@ class TensorTD3Loss(TD3Loss):
     """
 
     def __init__(self, actor_network: nn.Module, qvalue_network: ValueOperator, **kwargs):
-        super().__init__(actor_network, qvalue_network, **kwargs)
-        share_target_buffers(self)  # the target actor normalises with the actor's statistics
+        super().__init__(actor_network, qvalue_network, **kwargs)  # SharedBuffers: the actor's statistics
         self._action = _deterministic_action(actor_network)
         self._qvalue = StackedNetwork(qvalue_network)
         device = next(actor_network.parameters()).device
@@ -443,7 +467,7 @@ class TensorTD3Loss(TD3Loss):
         return TensorDict(loss_actor=loss_actor, loss_qvalue=loss_qvalue)
 
 
-class TensorDDPGLoss(DDPGLoss):
+class TensorDDPGLoss(SharedBuffers, DDPGLoss):
     """TorchRL's ``DDPGLoss``, computed on the observation tensors.
 
     Args:
@@ -453,8 +477,7 @@ class TensorDDPGLoss(DDPGLoss):
     """
 
     def __init__(self, actor_network: nn.Module, value_network: ValueOperator, **kwargs):
-        super().__init__(actor_network, value_network, **kwargs)
-        share_target_buffers(self)  # the target actor normalises with the actor's statistics
+        super().__init__(actor_network, value_network, **kwargs)  # SharedBuffers: the actor's statistics
         self._action = _deterministic_action(actor_network)
         self._value = StackedNetwork(value_network)
 

@@ -23,6 +23,7 @@ from torchrl.modules.distributions.utils import is_dynamo_compiling
 from torchrl.objectives import ClipPPOLoss
 from torchrl.objectives.utils import _clip_value_loss, distance_loss
 
+from agents.actor_critic import SharedBuffers
 from agents.fast_paths import LeanActor, lean_policy, unrolled
 
 
@@ -36,7 +37,7 @@ class _Networks:
     critic: Callable[..., torch.Tensor]
 
 
-class TensorClipPPOLoss(ClipPPOLoss):
+class TensorClipPPOLoss(SharedBuffers, ClipPPOLoss):
     """``ClipPPOLoss`` computed on tensors (same constructor, outputs and gradients; see the module docstring).
 
     Args:

@@ -7,7 +7,7 @@ import copy
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
 import torch
 from tensordict import TensorDict, TensorDictBase
@@ -37,7 +37,7 @@ from torchrl.objectives.utils import distance_loss
 from torchrl.objectives.value import TD0Estimator
 from torchrl.objectives.value.functional import td0_return_estimate
 
-from agents.actor_critic import ForeachSoftUpdate, share_target_buffers
+from agents.actor_critic import ForeachSoftUpdate, SharedBuffers
 from agents.fast_paths import flat_select, unrolled
 from agents.networks import ACTIVATIONS, check_mlp_memory, check_mlp_options, observation_encoder
 from agents.options import Options
@@ -396,7 +396,7 @@ def reset_target_noise(loss_module: nn.Module) -> None:
         network.apply(reset_noise)
 
 
-class TensorDQNLoss(MaxNormalisedPriorityWeights, DQNLoss):
+class TensorDQNLoss(SharedBuffers, MaxNormalisedPriorityWeights, DQNLoss):
     """TorchRL's ``DQNLoss``, computed on the observation tensors instead of through TensorDict modules.
 
     ``DQNLoss`` runs the Q-value actor as a TensorDict module for the online values and again, through its
@@ -427,8 +427,8 @@ class TensorDQNLoss(MaxNormalisedPriorityWeights, DQNLoss):
             raise InputError(
                 f"TensorDQNLoss needs a QValueActor, got {type(value_network).__name__}; use DQNLoss for other modules."
             )
+        # SharedBuffers: the target network normalises with the online network's statistics
         super().__init__(value_network, **{"delay_value": True, **kwargs})
-        share_target_buffers(self)  # the target network normalises with the online network's statistics
         q_module = value_network[0]
         self._q_network = q_module.module
         self._q_forward = unrolled(self._q_network)  # the network's forward without a module call per layer
@@ -529,7 +529,7 @@ class TensorDQNLoss(MaxNormalisedPriorityWeights, DQNLoss):
         return TensorDict(loss=self._reduce_loss(loss_B, tensordict=tensordict, weights=weights))
 
 
-class NStepDistributionalDQNLoss(MaxNormalisedPriorityWeights, DistributionalDQNLoss):
+class NStepDistributionalDQNLoss(SharedBuffers, MaxNormalisedPriorityWeights, DistributionalDQNLoss):
     """TorchRL's ``DistributionalDQNLoss`` (C51's cross-entropy to the projected target distribution, with the
     next action picked by the online network) on the transitions :class:`NStepReturns` stores.
 
@@ -539,10 +539,6 @@ class NStepDistributionalDQNLoss(MaxNormalisedPriorityWeights, DistributionalDQN
     cross-entropy, under ``"td_error"``). Its target network reads the online network's buffers (the observation
     statistics; :func:`agents.actor_critic.share_target_buffers`).
     """
-
-    def __init__(self, *args: Any, **kwargs: Any):
-        super().__init__(*args, **kwargs)
-        share_target_buffers(self)
 
     def forward(self, tensordict: TensorDictBase) -> TensorDictBase:
         steps = tensordict.get("steps_to_next_obs", None)

@@ -854,11 +854,29 @@ def test_max_grad_norm_clips_the_actor_and_the_critics(recipe, tmp_path):
     assert free > 0 and clipped < 0.05 * free
 
 
+def test_a_moved_sac_loss_reads_the_statistics_its_actor_is_updated_with():
+    """SAC has no target actor; its online actor's statistics in the loss must stay the actor's through a move."""
+    actor = make_actor(
+        OBSERVATION_SPEC, ACTION_SPEC, (16,), "relu", normalize_obs=True, state_dependent_scale=True
+    )
+    critic = make_qvalue_critic(
+        OBSERVATION_SPEC, ACTION_SPEC, (16,), "relu", normalizer=find_normalizer(actor)
+    )
+    loss = TensorSACLoss(actor, critic, action_spec=ACTION_SPEC)
+    loss._apply(torch.clone)  # what loss.to(device) does to each tensor
+    normalizer = find_normalizer(actor)
+    normalizer.update(torch.randn(64, 3) * 50 + 100)
+    statistics = {tensor.data_ptr() for tensor in normalizer.buffers()}
+    in_loss = {tensor.data_ptr() for tensor in loss.actor_network_params.values(True, True)}
+    assert statistics <= in_loss
+
+
 @pytest.mark.parametrize("name", ["td3", "ddpg", "dqn", "c51"])
 def test_target_networks_normalise_with_the_online_statistics(name):
     """TorchRL's losses copy buffers into the target networks and its updaters update parameters only: the target
     networks' observation statistics must be the online ones, before and after a target update, or the bootstrap
-    reads observations on another scale (frozen at zero mean, unit variance)."""
+    reads observations on another scale (frozen at zero mean, unit variance); and after the loss is moved, the
+    network the training loop updates must still hold the statistics the loss reads."""
     observation = torch.randn(64, 3) * 50 + 100
     if name in ("td3", "ddpg"):
         policy = make_deterministic_actor(OBSERVATION_SPEC, ACTION_SPEC, (16,), "relu", normalize_obs=True)
@@ -897,9 +915,16 @@ def test_target_networks_normalise_with_the_online_statistics(name):
         with getattr(loss, params).to_module(network):
             return network(data.clone()).get("action_value" if name in ("dqn", "c51") else "action")
 
-    for step in range(2):
+    for step in range(4):
+        if step == 2:  # what loss.to(device) does to each tensor: the statistics must stay one set
+            loss._apply(torch.clone)
+            normalizer = find_normalizer(policy)
         normalizer.update(observation * (step + 1) - 20 * step)
         updater.step()  # tau 1 (or a hard copy): the target network is the online one
+        own_output = network(data.clone()).get("action_value" if name in ("dqn", "c51") else "action")
         assert torch.equal(outputs(online_params), outputs(target_params))
-    shared = normalizer.mean.data_ptr()  # the online statistics themselves, not a copy
-    assert any(tensor.data_ptr() == shared for tensor in getattr(loss, target_params).values(True, True))
+        assert torch.equal(
+            outputs(online_params), own_output
+        )  # the loss reads what the collector's policy reads
+        shared = normalizer.mean.data_ptr()  # the online statistics themselves, not a copy
+        assert any(tensor.data_ptr() == shared for tensor in getattr(loss, target_params).values(True, True))
