@@ -53,9 +53,8 @@ def record_video(
     except WriteError:
         raise
     except Exception as error:  # noqa: BLE001 - renderers fail in many ways (TypeError, OpenGL, missing libs)
-        detail = str(error).splitlines()[0] if str(error) else type(error).__name__
         warnings.warn(
-            f"No {path.name}: {run_env_id} could not be rendered ({type(error).__name__}: {detail}). "
+            f"No {path.name}: {run_env_id} could not be rendered ({type(error).__name__}: {first_line(error)}). "
             "Everything else of the run is saved; an env renders for videos when it takes "
             "render_mode='rgb_array' (MuJoCo on a machine without a display: set MUJOCO_GL=egl or osmesa), or "
             "pass --no-video (and no --video-every-eval).",
