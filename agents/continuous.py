@@ -75,9 +75,12 @@ def noise_scale(relative: float, action_spec: Bounded) -> float | torch.Tensor:
 
 
 def default_target_entropy(action_spec: Bounded) -> float:
-    """SAC's target entropy for a Box: ``-dim(A)`` (Haarnoja et al. 2018, "Soft Actor-Critic Algorithms and
-    Applications", section 5)."""
-    return -float(action_spec.shape[-1])
+    """SAC's target entropy for a Box: ``-dim(A)`` on actions rescaled to ``[-1, 1]`` (Haarnoja et al. 2018, "Soft
+    Actor-Critic Algorithms and Applications", section 5; their code and Stable-Baselines3 act in ``[-1, 1]``),
+    given in the units of the Box, in which the squashed policy's log-probability is computed (its affine map
+    into ``[low, high]`` included): ``-dim(A) + sum log((high - low) / 2)``. For a ``[-1, 1]`` Box, ``-dim(A)``;
+    for Humanoid's ``[-0.4, 0.4]^17``, about -32.6, the same exploration as Stable-Baselines3's -17 there."""
+    return -float(action_spec.shape[-1]) + float(action_half_range(action_spec).log().sum())
 
 
 class StateActionNet(nn.Module):

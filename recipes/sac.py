@@ -105,7 +105,9 @@ class LossConfig(Options):
     fixed_alpha: bool = False
     """Keep the entropy coefficient at --alpha-init instead of tuning it."""
     target_entropy: float | None = None
-    """Entropy the coefficient is tuned towards; default -dim(A) (Box) or 0.2 log(n) (Discrete, n actions)."""
+    """Entropy the coefficient is tuned towards, in the Box's units; default -dim(A) on actions rescaled to
+    [-1, 1], as in the paper's code and Stable-Baselines3 (-dim(A) + sum log((high - low) / 2) in the Box's units),
+    or 0.2 log(n) (Discrete, n actions)."""
     loss_function: Literal["l2", "smooth_l1"] = "l2"
     """Critic loss: squared error (as in the paper and Stable-Baselines3) or Huber."""
     log_prob_epsilon: float = 0.0

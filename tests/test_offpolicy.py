@@ -410,9 +410,19 @@ def test_critics_read_the_actors_observation_statistics(name):
     assert any(tensor.data_ptr() == shared for tensor in loss.actor_network_params.values(True, True))
 
 
-def test_target_entropy_is_minus_the_action_dimension():
-    assert default_target_entropy(ACTION_SPEC) == -2.0
-    assert sac_loss().target_entropy.item() == -2.0
+def test_target_entropy_is_minus_the_action_dimension_on_the_unit_box():
+    # -dim(A) on [-1, 1]: in the Box's units, plus log of each dim's half-width (2 and 0.25)
+    assert default_target_entropy(ACTION_SPEC) == pytest.approx(-2.0 + math.log(2.0) + math.log(0.25))
+    unit_box = Bounded(-torch.ones(1, 3), torch.ones(1, 3), shape=(1, 3))
+    assert default_target_entropy(unit_box) == -3.0
+    assert sac_loss().target_entropy.item() == pytest.approx(-2.0 + math.log(0.5))
+    # the entropy coefficient's loss is then Stable-Baselines3's, whose policy's log-probability is on [-1, 1]
+    loss = sac_loss()
+    observation = torch.randn(32, 3)
+    _, log_prob_box = loss._sample(observation)
+    half_range = torch.tensor([2.0, 0.25])
+    log_prob_unit = log_prob_box + half_range.log().sum()  # the same draw, before the affine map
+    torch.testing.assert_close(log_prob_box + loss.target_entropy, log_prob_unit - 2.0)
 
 
 def test_sac_recipe_tunes_and_logs_the_entropy_coefficient(tmp_path):

@@ -205,8 +205,8 @@ def test_lean_adam_keeps_its_plan_for_a_group_that_holds_buffers(monkeypatch: py
     )
     for step in range(7):
         if step == 4:  # a skipped tensor that starts to learn: the plan no longer holds
-            for name in buffers:
-                buffers[name].requires_grad_(True)
+            for buffer in buffers.values():
+                buffer.requires_grad_(True)
         for network, optimizer, name in (
             (reference_network, reference, "reference"),
             (lean_network, lean, "lean"),
