@@ -166,7 +166,7 @@ class NatureCNN(nn.Module):
             pixels = pixels.reshape(-1, *self._channels_first_shape)
         # torch.vmap has no memory formats, and ONNX export (tracing) has no in-place copy across dtypes
         if torch._C._functorch.is_batchedtensor(pixels) or torch.jit.is_tracing():
-            images = pixels.float()
+            images = pixels.to(torch.float32, copy=True)  # a copy even of float input: divided in place below
         else:  # channels last: oneDNN's convolutions run about a fifth faster on CPU with pixels laid out (H, W, C)
             images = torch.empty(pixels.shape, device=pixels.device, memory_format=torch.channels_last)
             images.copy_(pixels)  # bytes to floats and into that layout in one pass

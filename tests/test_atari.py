@@ -323,6 +323,13 @@ def test_nature_cnn_shapes_and_errors():
         NatureCNN((210, 160, 3))  # channels last
 
 
+def test_the_cnn_leaves_float_input_as_it_was_under_vmap():
+    cnn = NatureCNN((4, 84, 84))
+    pixels = torch.full((2, 1, 4, 84, 84), 255.0)
+    torch.vmap(cnn)(pixels)  # TorchRL's ensembles call networks this way
+    assert bool((pixels == 255.0).all())
+
+
 def test_the_cnn_hands_its_gradient_back_channels_last_with_flattens_values():
     from agents.networks import ChannelsLastFlatten
 

@@ -223,6 +223,36 @@ def test_state_round_trips_through_a_resume_checkpoint(tmp_path):
         assert torch.equal(actual.get(key), expected.get(key)), key
 
 
+def test_an_emptied_buffer_round_trips_through_a_resume_checkpoint(tmp_path):
+    buffer = filled_storage()
+    buffer.empty()
+    path = tmp_path / "resume.ckpt"
+    save_resume_checkpoint(path, {"storage": buffer.storage.state_dict()}, {})
+    restored = FrameStackStorage(40)
+    restored.load_state_dict(load_resume_checkpoint(path)["storage"])
+    assert restored.frames_held == 0
+    plain = TensorDictReplayBuffer(storage=LazyTensorStorage(40))
+    batch = frame_stream_batches(num_envs=2, steps=9, batches=1, seed=5)[0].reshape(-1)
+    plain.extend(batch)
+    restored_buffer = TensorDictReplayBuffer(storage=restored)
+    restored_buffer.extend(batch)
+    assert_same_contents(plain, restored_buffer)
+
+
+def test_float_frames_holding_nan_are_kept_once():
+    """NaN is not equal to itself: frames are compared byte for byte, as they are hashed."""
+    batch = frame_stream_batches(num_envs=1, steps=4, batches=1, seed=0)[0].reshape(-1)
+    for key in ("observation", ("next", "observation")):
+        observation = batch.get(key).float()
+        observation[..., 0, 0] = float("nan")
+        batch.set(key, observation)
+    storage = FrameStackStorage(10)
+    storage.set(torch.arange(4), batch)
+    read = storage.get(torch.arange(4))
+    for key in ("observation", ("next", "observation")):
+        assert torch.equal(read.get(key).nan_to_num(-1.0), batch.get(key).nan_to_num(-1.0))
+
+
 def test_a_forged_state_is_refused_before_anything_is_allocated():
     state = filled_storage().storage.state_dict()
     frames = state["frames"]
