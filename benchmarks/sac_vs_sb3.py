@@ -39,6 +39,8 @@ def run_sb3(seed: int) -> dict:
 
 
 def run_ours(seed: int, zoo: bool, **run_options: Any) -> dict:
+    from agents.continuous import default_target_entropy
+    from envs import make_env
     from recipes.sac import SACConfig, main
     from training import quiet
 
@@ -49,6 +51,10 @@ def run_ours(seed: int, zoo: bool, **run_options: Any) -> dict:
         config.run.threads = 0  # torch's default, as SB3's (two make 256-unit updates ~1.5x faster)
         config.collector.steps_per_env, config.collector.learning_starts = 1, 100
         config.network.hidden_sizes = (256, 256)
+        # SB3's -dim(A) on [-1, 1] (the recipe's default; the Pendulum preset's tuned -1.0 otherwise)
+        env = make_env("Pendulum-v1", 1)
+        config.loss.target_entropy = default_target_entropy(env.action_spec)
+        env.close()
     else:
         config.run.stop_at_return = float("inf")  # the whole budget: its final return, and the time to -200
     output_dir = f"runs/bench-sac-{'zoo' if zoo else 'default'}{output_suffix(**run_options)}-{seed}"
