@@ -138,14 +138,36 @@ def space_from_json(data: dict[str, Any], max_elements: int | None = None) -> gy
         low, high = (np.broadcast_to(np.array(data[key], dtype=dtype), shape) for key in ("low", "high"))
         return gym.spaces.Box(low, high, shape=shape, dtype=dtype)
     if kind == "Discrete":
+        _check_choices(kind, data["n"], data["n"], max_elements)
         return gym.spaces.Discrete(data["n"], start=data["start"])
     if kind == "MultiDiscrete":
+        nvec = np.asarray(data["nvec"])
+        if nvec.dtype.kind not in "iu" or nvec.size == 0:
+            raise InputError(f"MultiDiscrete nvec {data['nvec']!r:.80} in checkpoint is not a list of sizes.")
+        _check_choices(
+            kind, f"{nvec.size} sub-actions of {int(nvec.sum())} choices", int(nvec.sum()), max_elements
+        )
         return gym.spaces.MultiDiscrete(
-            data["nvec"], start=data.get("start")
-        )  # saved since MultiDiscrete policies
+            nvec, start=data.get("start")
+        )  # start saved since MultiDiscrete policies
     if kind == "MultiBinary":
-        return gym.spaces.MultiBinary(data["n"])
+        n = data["n"]
+        shape = [n] if isinstance(n, int) else n
+        if not (isinstance(shape, list) and all(isinstance(size, int) and size > 0 for size in shape)):
+            raise InputError(f"MultiBinary n {n!r:.80} in checkpoint is not a size or a list of sizes.")
+        _check_choices(kind, n, math.prod(shape), max_elements)
+        return gym.spaces.MultiBinary(n)
     raise InputError(f"Unknown space description {data!r} in checkpoint.")
+
+
+def _check_choices(kind: str, described: Any, outputs: int, max_elements: int | None) -> None:
+    """:class:`InputError` for a discrete space of more choices (each one output of the policy at least) than
+    ``max_elements``."""
+    if max_elements is not None and outputs > max_elements:
+        raise InputError(
+            f"The checkpoint describes a {kind} space of {described!s:.80} ({outputs} policy outputs), more than "
+            "its file can hold the network for; refusing to build it."
+        )
 
 
 @dataclass(frozen=True)
@@ -926,10 +948,12 @@ class Agent(nn.Module):
         component = component_of(path, tensors, "policy")
         saved = state_shapes(path, component, tensors[component])
         try:
-            observation_space, action_space = (
-                space_from_json(metadata[key], max_elements=max(2**20, path.stat().st_size))
-                for key in ("observation_space", "action_space")
+            observation_space = space_from_json(
+                metadata["observation_space"], max_elements=max(2**20, path.stat().st_size)
             )
+            # each action (each choice of a discrete one) has at least one weight of its own in the policy held
+            held = sum(math.prod(shape) for shape, _ in saved.values())
+            action_space = space_from_json(metadata["action_space"], max_elements=max(held, 1))
             builder, policy_kwargs = builder_name(metadata["policy_builder"]), metadata["policy_kwargs"]
             if not isinstance(policy_kwargs, dict):
                 raise TypeError("policy_kwargs is not a mapping")

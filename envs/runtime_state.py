@@ -150,6 +150,25 @@ def _load_object_state(obj: Any, state: dict[str, Any], configured: bool = False
                 f"The checkpoint sets {type(obj).__name__}.{name} to {value!r:.60}, which does not fit this env's "
                 f"{current.get(name, 'attribute')!r:.60}; the file is damaged or forged."
             )
+    for name in state["generators"]:  # a generator replaces a generator (or the None of an unseeded env) only
+        held = current.get(name)
+        fits = (
+            held is None or isinstance(held, np.random.Generator)
+            if name in current
+            else isinstance(name, str) and name.isidentifier() and not hasattr(type(obj), name)
+        )
+        if name in _SKIPPED or not fits:
+            raise InputError(
+                f"The checkpoint puts a random generator in {type(obj).__name__}.{name!s:.60}, which is "
+                f"{f'a {type(held).__name__}' if name in current else 'part of its class'} in this env; the file "
+                "is damaged or forged."
+            )
+    for name in state["spaces"]:
+        if name in _SKIPPED or not isinstance(current.get(name), gym.Space):
+            raise InputError(
+                f"The checkpoint sets the random generator of a space {type(obj).__name__}.{name!s:.60}, which "
+                "is not a space in this env; the file is damaged or forged."
+            )
     for name, value in state["values"].items():
         setattr(obj, name, value)
     for name, generator_state in state["generators"].items():

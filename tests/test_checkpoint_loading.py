@@ -149,6 +149,29 @@ def test_a_huge_grid_or_observation_shape_is_refused(tmp_path):
         Agent.load(path)
 
 
+@pytest.mark.parametrize(
+    "action_space, message",
+    [
+        ({"type": "MultiDiscrete", "nvec": [2] * 10**5}, "MultiDiscrete space of 100000 sub-actions"),
+        ({"type": "MultiBinary", "n": [10**3, 10**3]}, r"MultiBinary space of \[1000, 1000\]"),
+        ({"type": "Discrete", "n": 10**6, "start": 0}, "Discrete space of 1000000"),
+        ({"type": "MultiDiscrete", "nvec": [[]]}, "not a list of sizes"),
+    ],
+)
+def test_more_actions_than_the_policy_holds_weights_for_are_refused_before_building(
+    tmp_path, action_space, message
+):
+    """Each action (each choice of a discrete one) has a weight of its own: a description of more, in a small
+    file, would build a policy (and TorchRL's specs, which a MultiDiscrete of 10^6 entries made hang) for
+    nothing."""
+    path = saved_agent(tmp_path)
+    rewrite(
+        path, lambda entries: manifest_metadata(entries, lambda meta: meta.update(action_space=action_space))
+    )
+    with pytest.raises(InputError, match=message):
+        Agent.load(path)
+
+
 def test_deeply_nested_json_is_one_line(tmp_path):
     path = saved_agent(tmp_path)
     nested = "[" * 100_000 + "]" * 100_000

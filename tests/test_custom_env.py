@@ -124,3 +124,56 @@ def test_a_malformed_module_name_is_one_line(env_id):
 
     with pytest.raises(InputError, match="not an importable module name"):
         env_spec(env_id)
+
+
+def test_a_resumed_run_imports_the_module_of_its_env_only_when_the_command_line_names_it(tmp_path, on_path):
+    """``--resume`` takes the run's options from resume.ckpt: a module its env id names is imported only when the
+    command line restates the id (a downloaded run folder could name any module)."""
+    module = "resume_module_for_tests"
+    (tmp_path / f"{module}.py").write_text(
+        f"open({str(tmp_path / 'ran')!r}, 'w').write('code ran')\n"
+        "import gymnasium, guess_env\n"
+        "gymnasium.register('GuessAgain-v0', entry_point=guess_env.Guess, max_episode_steps=10)\n"
+    )
+    sys.path.insert(0, str(tmp_path))
+    try:
+        env_id = f"{module}:GuessAgain-v0"
+        config = quiet(ppo.PPOConfig(), tmp_path / "run", env_id=env_id, total_frames=256, eval_every=256)
+        config.run.checkpoint_every = 128
+        ppo.main(config)
+    finally:
+        sys.path.remove(str(tmp_path))
+        sys.modules.pop(module, None)
+    (tmp_path / "ran").unlink()
+    environment = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(tmp_path), str(TESTS), str(TESTS.parent)]),
+    }
+
+    def resume(*options):
+        return subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "recipes.ppo",
+                "--resume",
+                str(tmp_path / "run"),
+                "--no-progress",
+                *options,
+            ],
+            check=False,
+            capture_output=True,
+            text=True,
+            timeout=300,
+            cwd=TESTS.parent,
+            env=environment,
+        )
+
+    result = resume()
+    assert result.returncode == 2 and f"--env-id {env_id}" in result.stderr, result.stderr
+    assert not (tmp_path / "ran").exists()
+    result = resume("--env-id", env_id)  # named on the command line: imported, as a new run's would be
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "ran").exists()
+    result = resume("--env-id", "guess_env:Guess-v0")  # another env is another run's option
+    assert result.returncode == 2 and "drop --env-id" in result.stderr, result.stderr

@@ -424,6 +424,14 @@ def cartpole_values(state):
     return schema_items(layer, "values")
 
 
+def add_generator(state, layer, name):
+    """Add a random generator called ``name`` to the ``layer``-th env layer's state (0: the outermost wrapper),
+    a copy of the CartPoleEnv's own."""
+    layers = schema_items(state, "training", "env", "sub_envs")[0]["items"]
+    template = next(value for key, value in schema_items(layers[-1], "generators"))
+    schema_items(layers[layer], "generators").append([{"kind": "value", "value": name}, template])
+
+
 FORGERIES = {
     "registration": (
         lambda manifest, state: manifest["metadata"].update(env_registration=7),
@@ -488,6 +496,14 @@ FORGERIES = {
     "env-method": (
         lambda manifest, state: set_item(cartpole_values(state), "step", 1),
         r"sets CartPoleEnv.step to 1",
+    ),
+    "env-method-as-generator": (
+        lambda manifest, state: add_generator(state, -1, "step"),
+        r"puts a random generator in CartPoleEnv.step, which is part of its class",
+    ),
+    "env-layer-as-generator": (
+        lambda manifest, state: add_generator(state, 0, "env"),
+        r"puts a random generator in \w+.env, which is a \w+ in this env",
     ),
 }
 

@@ -179,7 +179,12 @@ def read_resume(
             f"{path} was written by a run with other options: {'; '.join(differences)}. A resumed run "
             "keeps the saved options (on the command line, give --resume alone)."
         )
-    saved, current = metadata.get("env_registration"), registration(metadata["env_id"])
+    if metadata["env_id"] != config["run"].get("env_id"):  # the run's env is its config's, checked above
+        raise InputError(
+            f"{path} names the env {metadata['env_id']!r:.80} beside a config on "
+            f"{config['run'].get('env_id')!r:.80}; the file is damaged or forged."
+        )
+    saved, current = metadata.get("env_registration"), registration(config["run"]["env_id"])
     if saved is not None and not isinstance(saved, dict):
         raise InputError(
             f"{path} holds a damaged env registration ({saved!r:.40}); the file is damaged or forged."

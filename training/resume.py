@@ -33,6 +33,7 @@ RESUME_FILE = "resume.ckpt"
 RESUME_FORMAT_VERSION = 1
 
 # options that change where and how a run reports, not what it computes: a resumed run may change them
+ENV_ID_OPTIONS = {"env_id", "eval_env_id"}  # a resumed run may restate them, as saved, to allow their modules
 REPORTING_OPTIONS = {
     "resume",
     "output_dir",
@@ -298,7 +299,11 @@ def resumed_config(config_type: type, config: Any, argv: list[str] | None = None
     if package == "recipes":  # before the options are read as this recipe's (another's do not fit)
         check_algorithm(path, metadata, algorithm)
     saved = metadata["config"]
-    changed = sorted(explicit_options(argv) - REPORTING_OPTIONS - {"help"})
+    given = explicit_options(argv)
+    saved_run = saved.get("run") if isinstance(saved.get("run"), dict) else {}
+    # an env id restated as saved: the user names its module, which the run may then import
+    restated = {name for name in ENV_ID_OPTIONS & given if getattr(config.run, name) == saved_run.get(name)}
+    changed = sorted(given - REPORTING_OPTIONS - restated - {"help"})
     if changed:
         raise InputError(
             "--resume continues the run with its saved options; drop "
@@ -318,6 +323,14 @@ def resumed_config(config_type: type, config: Any, argv: list[str] | None = None
             f"({4 * floor / 2**20:,.1f} MiB) where it holds {held / 2**20:,.1f} MiB of tensors; the file is damaged "
             "or forged."
         )
+    for name in sorted(ENV_ID_OPTIONS - restated):  # a module named by the file is never imported from it
+        env_id = getattr(resumed.run, name)
+        if env_id is not None and not _imported_or_unnamed(env_id):
+            raise InputError(
+                f"{path} continues a run on {env_id}, whose module this toolkit does not import because a file "
+                f"names it (importing a module runs its code). If you trust it, name it yourself: --resume "
+                f"{config.run.resume} --{name.replace('_', '-')} {env_id}."
+            )
     resumed.run.output_dir = None  # the checkpoint's directory, wherever the run was moved (unless given)
     # the wrappers a resumed run may import are this command line's to allow, never the file's
     resumed.run.allow_wrappers = config.run.allow_wrappers
@@ -325,6 +338,12 @@ def resumed_config(config_type: type, config: Any, argv: list[str] | None = None
         setattr(resumed.run, name, getattr(config.run, name))
     resumed.run.resume = config.run.resume
     return resumed
+
+
+def _imported_or_unnamed(env_id: Any) -> bool:
+    """Whether ``env_id`` names no module (``"CartPole-v1"``) or one already imported (``"module:EnvId"``)."""
+    module, separator, _ = str(env_id).rpartition(":")
+    return not separator or module in sys.modules
 
 
 __all__ = [
