@@ -199,18 +199,13 @@ class FramePool:
         "slots": [N]}``, so that a checkpoint holds no freed frames."""
         live = torch.unique(live_slots.reshape(-1))
         live = live[live >= 0]
-        if len(live):
-            frames = self.get(live)
-        else:  # nothing held (an emptied buffer): no frames, of the pool's shape where it has one
-            frames = torch.zeros(0, *(self.frame_shape or ()), dtype=self.dtype or torch.uint8)
-        return {"frames": frames, "slots": live}
+        empty = torch.zeros(0, *(self.frame_shape or ()), dtype=self.dtype or torch.uint8)  # of the pool's shape
+        return {"frames": self.get(live) if len(live) else empty, "slots": live}
 
 
 def _rows_equal(left: torch.Tensor, right: torch.Tensor) -> torch.Tensor:
-    """Per leading index, whether ``left`` and ``right`` hold the same bytes everywhere (a float frame holding NaN
-    equals itself, as its hash does)."""
-    if left.dtype.is_floating_point or left.dtype.is_complex:
-        left, right = left.contiguous().view(torch.uint8), right.contiguous().view(torch.uint8)
+    """Per leading index, whether ``left`` and ``right`` hold the same bytes (a frame holding NaN equals itself)."""
+    left, right = left.contiguous().view(torch.uint8), right.contiguous().view(torch.uint8)
     return (left == right).reshape(len(left), -1).all(1)
 
 
