@@ -199,7 +199,9 @@ class FramePool:
         "slots": [N]}``, so that a checkpoint holds no freed frames."""
         live = torch.unique(live_slots.reshape(-1))
         live = live[live >= 0]
-        empty = torch.zeros(0, *(self.frame_shape or ()), dtype=self.dtype or torch.uint8)  # of the pool's shape
+        empty = torch.zeros(
+            0, *(self.frame_shape or ()), dtype=self.dtype or torch.uint8
+        )  # of the pool's shape
         return {"frames": self.get(live) if len(live) else empty, "slots": live}
 
 
