@@ -276,7 +276,12 @@ def load_env_runtime_state(env: EnvBase, state: dict[str, Any]) -> None:
         env._episode_length = _fitting(state["episode_length"], env._episode_length, "episode_length")
         mask = state.get("action_mask")  # absent from checkpoints of before masks
         env._action_mask = None if mask is None else mask.to(env.device)
-        env._seed = state["seed"]
+        seed = state["seed"]  # the seed of the next full reset: None once the envs were seeded
+        if seed is not None and (type(seed) is not int or seed < 0):
+            raise InputError(
+                f"The checkpoint's env seed {seed!r:.40} is not a seed; the file is damaged or forged."
+            )
+        env._seed = seed
         return
     raise InputError(
         f"The checkpoint holds a {state['kind']} env's state; this run's env is {type(env).__name__}."

@@ -497,6 +497,10 @@ FORGERIES = {
         lambda manifest, state: set_item(cartpole_values(state), "step", 1),
         r"sets CartPoleEnv.step to 1",
     ),
+    "env-seed": (
+        lambda manifest, state: set_item(schema_items(state, "training", "env"), "seed", "abc"),
+        r"env seed 'abc' is not a seed",
+    ),
     "env-method-as-generator": (
         lambda manifest, state: add_generator(state, -1, "step"),
         r"puts a random generator in CartPoleEnv.step, which is part of its class",
