@@ -252,7 +252,9 @@ def command(
     ]
     base = [sys.executable, "-m", f"recipes.{job.algorithm}"]
     if (folder / "resume.ckpt").exists():
-        return [*base, "--resume", str(folder), *reporting]
+        # an env of the user's own module (module:EnvId): restated, so that the resumed run may import it
+        restated = ["--env-id", job.env_id] if ":" in job.env_id else []
+        return [*base, "--resume", str(folder), *restated, *reporting]
     options = [
         "--env-id",
         job.env_id,

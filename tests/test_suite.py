@@ -32,6 +32,11 @@ def test_commands_start_continue_or_replace_a_run(tmp_path):
     (folder / "resume.ckpt").write_bytes(b"")
     resumed = suite.command(job, tmp_path, 5_000, 1_000)
     assert resumed[3:5] == ["--resume", str(folder)] and "--env-id" not in resumed
+    own = suite.Job("ppo", "guess_env:Guess-v0", 0)  # an env of the user's module: restated, to be imported
+    own.folder(tmp_path).mkdir(parents=True)
+    (own.folder(tmp_path) / "resume.ckpt").write_bytes(b"")
+    resumed = suite.command(own, tmp_path, 5_000, 1_000)
+    assert resumed[3:7] == ["--resume", str(own.folder(tmp_path)), "--env-id", "guess_env:Guess-v0"]
 
 
 class Recorded:

@@ -32,8 +32,8 @@ from errors import InputError
 RESUME_FILE = "resume.ckpt"
 RESUME_FORMAT_VERSION = 1
 
-# options that change where and how a run reports, not what it computes: a resumed run may change them
 ENV_ID_OPTIONS = {"env_id", "eval_env_id"}  # a resumed run may restate them, as saved, to allow their modules
+# options that change where and how a run reports, not what it computes: a resumed run may change them
 REPORTING_OPTIONS = {
     "resume",
     "output_dir",
