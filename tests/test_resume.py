@@ -527,6 +527,24 @@ def test_a_forged_resume_checkpoint_is_refused_in_one_line_before_the_run_folder
     assert {path: path.read_bytes() for path in (tmp_path / "run").rglob("*") if path.is_file()} == before
 
 
+def test_a_resume_checkpoint_naming_another_env_than_its_config_is_refused_without_importing_it(
+    tmp_path, monkeypatch
+):
+    """Continued in another folder (its own folder's records are not read), a resume.ckpt whose manifest names an
+    env module beside a config on CartPole is refused before the env's registration is looked up (which imports
+    the module a ``module:EnvId`` id names)."""
+    with monkeypatch.context() as patch:
+        interrupt_at(patch, 1_024)
+        dqn.main(tiny_dqn(tmp_path / "run"))
+    forge_resume(
+        tmp_path / "run" / RESUME_FILE,
+        lambda manifest, state: manifest["metadata"].update(env_id="resume_forgery_module:CartPole-v1"),
+    )
+    with pytest.raises(InputError, match="names the env 'resume_forgery_module:CartPole-v1' beside a config"):
+        dqn.main(tiny_dqn(tmp_path / "elsewhere", resume=tmp_path / "run"))
+    assert "resume_forgery_module" not in sys.modules
+
+
 def forged_state(monkeypatch, change):
     """Resume with ``change(state)`` applied to the training state as read from the file (tensors included)."""
     load = TrainingState.load_state_dict
