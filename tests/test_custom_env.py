@@ -24,6 +24,24 @@ def on_path(monkeypatch):
     monkeypatch.syspath_prepend(str(TESTS))
 
 
+def shell(*arguments, paths=(TESTS,)):
+    """``python -m ARGUMENTS`` from the repository root with ``paths`` on PYTHONPATH (a new process: nothing this
+    test process imported)."""
+    environment = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([*map(str, paths), os.environ.get("PYTHONPATH", "")]),
+    }
+    return subprocess.run(
+        [sys.executable, "-m", *arguments],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=TESTS.parent,
+        env=environment,
+    )
+
+
 @pytest.mark.parametrize(
     "recipe, config_type, options",
     [
@@ -54,19 +72,7 @@ def test_a_users_own_env_trains_to_its_target_with_a_video_and_evaluates_from_th
     summary = dqn.main(config)
     assert summary["solved_at_frames"] is not None and summary["eval_return_mean"] >= 9.5
     assert (tmp_path / "video.mp4").stat().st_size > 0
-    environment = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]),
-    }
-    result = subprocess.run(
-        [sys.executable, "-m", "recipes.evaluate", str(tmp_path), "--episodes", "2", "--env-id", ENV_ID],
-        check=False,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=TESTS.parent,
-        env=environment,
-    )
+    result = shell("recipes.evaluate", str(tmp_path), "--episodes", "2", "--env-id", ENV_ID)
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout)["return_mean"] >= 9.5
 
@@ -145,29 +151,10 @@ def test_a_resumed_run_imports_the_module_of_its_env_only_when_the_command_line_
         sys.path.remove(str(tmp_path))
         sys.modules.pop(module, None)
     (tmp_path / "ran").unlink()
-    environment = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(tmp_path), str(TESTS), str(TESTS.parent)]),
-    }
 
     def resume(*options):
-        return subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "recipes.ppo",
-                "--resume",
-                str(tmp_path / "run"),
-                "--no-progress",
-                *options,
-            ],
-            check=False,
-            capture_output=True,
-            text=True,
-            timeout=300,
-            cwd=TESTS.parent,
-            env=environment,
-        )
+        run = str(tmp_path / "run")
+        return shell("recipes.ppo", "--resume", run, "--no-progress", *options, paths=(tmp_path, TESTS))
 
     result = resume()
     assert result.returncode == 2 and f"--env-id {env_id}" in result.stderr, result.stderr
