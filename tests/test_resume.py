@@ -522,8 +522,9 @@ def test_a_forged_resume_checkpoint_is_refused_in_one_line_before_the_run_folder
     change, message = FORGERIES[forgery]
     forge_resume(tmp_path / "run" / RESUME_FILE, change)
     before = {path: path.read_bytes() for path in (tmp_path / "run").rglob("*") if path.is_file()}
-    with pytest.raises(InputError, match=message):
+    with pytest.raises(InputError, match=message) as refusal:
         dqn.main(tiny_dqn(None, resume=tmp_path / "run"))
+    assert ".;" not in str(refusal.value)  # a reason ending in a full stop is not punctuated twice
     assert {path: path.read_bytes() for path in (tmp_path / "run").rglob("*") if path.is_file()} == before
 
 

@@ -221,8 +221,9 @@ def restore_training(training: TrainingState, state: dict[str, Any], path: Path)
     try:
         training.load_state_dict(state)
     except InputError as error:
+        reason = str(error).rstrip(" .")
         raise InputError(
-            f"The training state in {resume_path(path)} does not fit this run: {error}; nothing in the run folder "
+            f"The training state in {resume_path(path)} does not fit this run: {reason}; nothing in the run folder "
             "was changed."
         ) from None
     except (
