@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import torch
 from tensordict import TensorDict, TensorDictBase
 from tensordict.nn import TensorDictModule
+from torchrl.modules import set_recurrent_mode
 from torchrl.modules.distributions import TanhNormal
 from torchrl.modules.distributions.utils import is_dynamo_compiling
 from torchrl.objectives import ClipPPOLoss
@@ -77,17 +78,33 @@ class TensorClipPPOLoss(SharedBuffers, ClipPPOLoss):
         return _Networks(actor, unrolled(critic.module)) if covered else None
 
     @torch.no_grad()
-    def rescore_squashed_actions(self, batch: TensorDictBase) -> None:
+    def rescore_squashed_actions(self, batch: TensorDictBase, sequences: bool = False) -> None:
         """For a tanh-normal policy, replace the log-probabilities its collector stored with the policy's
         log-probability of the stored actions, computed as :meth:`forward` computes it, so that every importance
         ratio of the first epoch is exactly 1. The collector scores its pre-tanh draw; the loss can only score the
         action, through atanh of the action clamped inside the bounds, and for a draw past the clamp (``|x| >
         7.2``, a policy pushing against its bounds) the two differ: with a pre-tanh mean of 6 and scale 1, 4% of
         the ratios would start more than 20% from 1 and be clipped for no reason. Call it on a collected batch,
-        before any update and before the observation statistics move; it does nothing for other policies."""
+        before any update and before the observation statistics move; it does nothing for other policies.
+
+        Args:
+            batch: the collected transitions, of any batch shape; with ``sequences``, ``[sequences, steps]`` of
+                a recurrent policy, each sequence starting from its stored state.
+            sequences: score the batch as the loss scores a recurrent policy's minibatches: in recurrent mode
+                (``torchrl.modules.set_recurrent_mode``), each sequence unrolled from its stored state.
+        """
         if not self._squashed:
             return
         keys = self.tensor_keys
+        if sequences:
+            if batch.ndim != 2:
+                raise ValueError(
+                    f"sequences=True scores [sequences, steps] batches; this one is {batch.shape}."
+                )
+            with set_recurrent_mode(True):
+                log_prob = self.actor_network.get_dist(batch.copy()).log_prob(batch.get(keys.action))
+            batch.set(keys.sample_log_prob, log_prob.reshape(batch.get(keys.sample_log_prob).shape))
+            return
         flat = batch.reshape(-1)  # one batch dim, as the loss's minibatches have
         action = flat.get(keys.action)
         if self._networks is not None:

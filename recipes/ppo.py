@@ -459,9 +459,9 @@ def main(
             reward_normalizer.normalize(batch)
         with torch.no_grad():
             advantage_module(batch)
-        if not recurrent:  # a tanh-normal policy's log-probabilities as the loss will compute them
-            loss_module.rescore_squashed_actions(batch)
         items = sequences(batch, length) if recurrent else batch.reshape(-1)
+        # a tanh-normal policy's log-probabilities as the loss will compute them (a recurrent one's over sequences)
+        loss_module.rescore_squashed_actions(items, sequences=recurrent)
         if not loss_addons:  # the loss reads no next-step entries once the advantages are in (an add-on may)
             items = items.exclude("next")
         yield from epoch_minibatches(items, optim_config.num_epochs * minibatches_per_epoch)

@@ -82,6 +82,56 @@ def test_sequences_in_recurrent_mode_reproduce_the_collected_log_probabilities(k
     assert not torch.allclose(wrong, slices.get("action_log_prob"), atol=1e-4) or length == 40
 
 
+def test_a_saturated_recurrent_tanh_normal_policys_sequences_are_rescored_as_the_loss_scores_them():
+    """The collector scores a tanh-normal policy's pre-tanh draws; the loss scores the actions, through atanh of
+    the clamped action. Rescored in recurrent mode, sequence by sequence, the stored log-probabilities become the
+    loss's, so that a recurrent PPO's first importance ratios are 1."""
+    torch.manual_seed(0)
+    env = make_env("Pendulum-v1", num_envs=2, seed=0)
+    actor = make_actor(env.observation_spec["observation"], env.action_spec, [16], recurrent="lstm")
+    critic = make_recurrent_critic(actor, [16])
+    with torch.no_grad():  # a pre-tanh mean of 8: many draws pass the clamp just inside the bound
+        [linear for linear in actor.modules() if isinstance(linear, torch.nn.Linear)][-1].bias.fill_(8.0)
+    env = make_recurrent_env(env, actor)
+    collector = Collector(
+        env, actor, frames_per_batch=80, total_frames=80, auto_register_policy_transforms=False
+    )
+    batch = next(iter(collector))
+    collector.shutdown()
+    slices = sequences(batch, 10)
+    with torch.no_grad(), set_recurrent_mode(True):
+        scored = actor.get_dist(slices.copy()).log_prob(slices.get("action"))
+    stored = slices.get("action_log_prob").clone()
+    assert ((scored - stored).abs() > 1e-3).float().mean() > 0.1  # the collector's scores of its draws
+    TensorClipPPOLoss(actor, critic, functional=False).rescore_squashed_actions(slices, sequences=True)
+    torch.testing.assert_close(slices.get("action_log_prob"), scored, rtol=0, atol=1e-5)
+
+
+def test_recurrent_ppo_on_box_actions_starts_each_batch_at_importance_ratios_of_1(tmp_path, monkeypatch):
+    """The recipe rescores its sequences: at the first gradient step of each batch the policy has not moved, so
+    no ratio is clipped and the KL estimate is 0, also where the policy's draws pass the atanh clamp."""
+    first_steps = []
+    step = ppo.Learner.step
+
+    def recording_step(self, minibatch):
+        metrics, norm = step(self, minibatch)
+        first_steps.append((float(metrics["clip_fraction"]), float(metrics["kl_approx"])))
+        return metrics, norm
+
+    monkeypatch.setattr(ppo.Learner, "step", recording_step)
+    options = {
+        "network.recurrent": "lstm",
+        "network.log_std_init": 2.5,  # wide draws: many pass the clamp
+        "collector.steps_per_env": 64,
+        "optim.minibatch_size": 128,  # a batch of 2 envs x 64 steps is one minibatch: every step is a first
+        "optim.num_epochs": 1,
+    }
+    run = {"env_id": "Pendulum-v1", "num_envs": 2, "total_frames": 384, "eval_every": 10**6}
+    ppo.main(with_options(tiny_ppo(tmp_path / "run", **run), options))
+    assert len(first_steps) == 3
+    assert all(clip == 0.0 and abs(kl) < 1e-5 for clip, kl in first_steps), first_steps
+
+
 def test_the_loss_runs_the_shared_trunk_once_per_minibatch_with_the_same_gradients(monkeypatch):
     """Actor and critic share the encoder and the recurrent layer: in a PPO loss the critic's call reuses the
     actor's (one forward and one backward through the trunk) and the gradients are those of two separate calls."""
