@@ -332,7 +332,9 @@ class TensorSACLoss(SharedBuffers, SACLoss):
 
     Writes:
         ``|TD error|`` (the larger of the two Q networks') under the priority key of the input; returns
-        ``TensorDict(loss_actor, loss_qvalue, loss_alpha, alpha, entropy)``.
+        ``TensorDict(loss_actor, loss_qvalue, loss_alpha, alpha, entropy)`` (with ``reduction="none"`` the
+        parent's layout: per-transition losses, ``alpha`` and ``entropy`` as its ``scalar_output_mode`` says).
+        ``skip_done_states`` is refused: use ``SACLoss`` for it.
     """
 
     def __init__(
@@ -344,6 +346,11 @@ class TensorSACLoss(SharedBuffers, SACLoss):
     ):
         if kwargs.get("value_network") is not None:
             raise InputError("TensorSACLoss implements SAC without a state-value network (SAC v2).")
+        if kwargs.get("skip_done_states"):
+            raise InputError(
+                "TensorSACLoss draws the next action of every transition (the target masks terminated ones); "
+                "skip_done_states is SACLoss's: use SACLoss for it."
+            )
         super().__init__(actor_network, qvalue_network, **kwargs)
         if list(actor_network[0].in_keys) != ["observation"] or list(qvalue_network.in_keys) != [
             "observation",
@@ -398,13 +405,20 @@ class TensorSACLoss(SharedBuffers, SACLoss):
         loss_actor = alpha * log_prob_B - new_q_KB.min(0).values
 
         loss_alpha = self._alpha_loss(log_prob_B.detach())
-        return TensorDict(
-            loss_actor=self._reduce_loss(loss_actor, tensordict=tensordict, weights=weights),
-            loss_qvalue=self._reduce_loss(loss_qvalue, tensordict=tensordict, weights=weights),
-            loss_alpha=self._reduce_loss(loss_alpha, tensordict=tensordict, weights=weights),
-            alpha=alpha,
-            entropy=-log_prob_B.detach().mean(),
-        )
+        losses = {
+            "loss_actor": self._reduce_loss(loss_actor, tensordict=tensordict, weights=weights),
+            "loss_qvalue": self._reduce_loss(loss_qvalue, tensordict=tensordict, weights=weights),
+            "loss_alpha": self._reduce_loss(loss_alpha, tensordict=tensordict, weights=weights),
+        }
+        entropy = -log_prob_B.detach().mean()
+        if self.reduction != "none":
+            return TensorDict(losses | {"alpha": alpha, "entropy": entropy})
+        # unreduced, the parent's layout: per-transition losses, the scalars as non-tensor data or left out
+        output = TensorDict(losses, batch_size=tensordict.batch_size)
+        if self.scalar_output_mode == "non_tensor":
+            output.set_non_tensor("alpha", alpha)
+            output.set_non_tensor("entropy", entropy)
+        return output
 
 
 class TensorTD3Loss(SharedBuffers, TD3Loss):

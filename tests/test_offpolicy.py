@@ -65,7 +65,7 @@ def transitions(seed: int = 0) -> TensorDict:
     )
 
 
-def sac_loss(loss_class=TensorSACLoss):
+def sac_loss(loss_class=TensorSACLoss, **options):
     actor = make_actor(OBSERVATION_SPEC, ACTION_SPEC, (16, 16), "relu", state_dependent_scale=True)
     critic = make_qvalue_critic(OBSERVATION_SPEC, ACTION_SPEC, (16, 16), "relu")
     loss = loss_class(
@@ -76,6 +76,7 @@ def sac_loss(loss_class=TensorSACLoss):
         delay_actor=False,
         loss_function="l2",
         alpha_init=0.5,
+        **options,
     )
     loss.make_value_estimator(gamma=0.9)
     return loss
@@ -145,6 +146,29 @@ def test_tensor_losses_equal_torchrl_losses(name):
             if a is not None:
                 torch.testing.assert_close(a, b)
     torch.testing.assert_close(ours_batch["td_error"], theirs_batch["td_error"])
+
+
+@pytest.mark.parametrize("scalars", ["non_tensor", "exclude"])
+def test_unreduced_sac_losses_have_the_parents_layout(scalars):
+    """``reduction="none"``: per-transition losses in a batch of the input's size, alpha and entropy as the
+    parent gives them (non-tensor data, or left out)."""
+    loss = sac_loss(reduction="none", scalar_output_mode=scalars)
+    batch = transitions()
+    torch.manual_seed(1)
+    ours = loss(batch.clone())
+    torch.manual_seed(1)
+    theirs = SACLoss.forward(loss, batch.clone())
+    assert ours.batch_size == theirs.batch_size == batch.batch_size
+    assert set(ours.keys()) == set(theirs.keys())
+    for key in ("loss_actor", "loss_qvalue", "loss_alpha"):
+        torch.testing.assert_close(ours[key], theirs[key])
+    for key in set(ours.keys()) - {"loss_actor", "loss_qvalue", "loss_alpha"}:
+        torch.testing.assert_close(torch.as_tensor(ours[key]), torch.as_tensor(theirs[key]))
+
+
+def test_the_tensor_sac_loss_refuses_the_parents_skip_done_states():
+    with pytest.raises(InputError, match="skip_done_states is SACLoss's: use SACLoss"):
+        sac_loss(skip_done_states=True)
 
 
 def test_direct_forward_computes_what_functional_call_computes():
