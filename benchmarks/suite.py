@@ -43,6 +43,7 @@ import csv
 import functools
 import io
 import json
+import math
 import os
 import random
 import re
@@ -779,22 +780,43 @@ def read_random_scores(cache: Path) -> dict[str, float]:
     return kept
 
 
-def interquartile_mean(values: list[float]) -> float:
-    """Mean of the middle half of ``values`` (Agarwal et al. 2021: the IQM)."""
-    ordered = sorted(values)
-    cut = len(ordered) // 4
-    middle = ordered[cut : len(ordered) - cut] or ordered
-    return statistics.fmean(middle)
+def interquartile_mean(groups: list[list[float]]) -> float:
+    """The interquartile mean (IQM, Agarwal et al. 2021) of runs grouped by task (an env's seeds), every task
+    weighing the same.
+
+    With as many runs in every task it is rliable's: the mean of the runs left when a quarter of them, rounded
+    down, is dropped from each end (``scipy.stats.trim_mean(runs, 0.25)``). With unequal seed counts a task of
+    ``n`` runs counts each as ``L / n`` runs (``L``, the least common multiple of the counts): pooled as they are,
+    a task run on ten seeds would outweigh ten tasks run on one."""
+    groups = [group for group in groups if group]
+    if not groups:
+        raise ValueError("the IQM of no runs")
+    copies = math.lcm(*(len(group) for group in groups))
+    weighted = sorted((value, copies // len(group)) for group in groups for value in group)
+    total = copies * len(groups)
+    low, high = total // 4, total - total // 4  # the kept positions of the expanded, sorted runs
+    kept, start = 0.0, 0
+    for value, weight in weighted:  # each run fills positions [start, start + weight)
+        overlap = min(start + weight, high) - max(start, low)
+        if overlap > 0:
+            kept += value * overlap
+        start += weight
+    return kept / (high - low)
+
+
+def pooled_mean(groups: list[list[float]]) -> float:
+    """The mean of all values of ``groups``."""
+    return statistics.fmean(value for group in groups for value in group)
 
 
 def bootstrap_interval(
     groups: list[list[float]], statistic: Any, samples: int = BOOTSTRAP_SAMPLES, seed: int = 0
 ) -> tuple[float, float]:
-    """95% percentile interval of ``statistic`` over stratified bootstrap resamples: each group (an env's seeds) is
-    resampled with replacement on its own, as rliable does."""
+    """95% percentile interval of ``statistic`` (of a list of groups) over stratified bootstrap resamples: each
+    group (an env's seeds) is resampled with replacement on its own, as rliable does."""
     generator = random.Random(seed)
     estimates = sorted(
-        statistic([generator.choice(group) for group in groups for _ in group]) for _ in range(samples)
+        statistic([[generator.choice(group) for _ in group] for group in groups]) for _ in range(samples)
     )
     return estimates[int(0.025 * samples)], estimates[int(0.975 * samples) - 1]
 
@@ -883,14 +905,14 @@ def write_report(results: Path) -> Path:
         normalised.setdefault(algorithm, []).append(values)
     if normalised:
         lines += ["", "## Aggregate", "", "Interquartile mean of the final returns normalised as (score - random) /",
-                  "(reference - random), 95% stratified bootstrap interval over seeds (Agarwal et al. 2021); pairs",
-                  "without a reference score are not in it, a pair run at several budgets is in it at its largest:", "",
+                  "(reference - random), 95% stratified bootstrap interval over seeds (Agarwal et al. 2021), every pair",
+                  "weighing the same whatever its number of seeds; pairs without a reference score are not in it, a",
+                  "pair run at several budgets is in it at its largest (budgets below the reference's included):", "",
                   "| algorithm | pairs | IQM | 95% interval |", "|---|---|---|---|"]  # fmt: skip
         for algorithm, groups in sorted(normalised.items()):
-            flat = [value for group in groups for value in group]
             low, high = bootstrap_interval(groups, interquartile_mean)
             lines.append(
-                f"| {algorithm} | {len(groups)} | {interquartile_mean(flat):.2f} | [{low:.2f}, {high:.2f}] |"
+                f"| {algorithm} | {len(groups)} | {interquartile_mean(groups):.2f} | [{low:.2f}, {high:.2f}] |"
             )
     if left_out:
         lines += ["", "Left out of the aggregate: " + "; ".join(left_out) + "."]
@@ -943,7 +965,7 @@ def plot(
                 means.append(statistics.fmean(values))
                 # one evaluation has no spread to resample
                 low, high = (
-                    bootstrap_interval([values], statistics.fmean, samples=500)
+                    bootstrap_interval([values], pooled_mean, samples=500)
                     if len(values) > 1
                     else (values[0],) * 2
                 )
@@ -963,10 +985,9 @@ def plot(
     if normalised:
         figure, axes = plt.subplots(figsize=(6, 1 + 0.5 * len(normalised)))
         for row, (algorithm, groups) in enumerate(sorted(normalised.items())):
-            flat = [value for group in groups for value in group]
             low, high = bootstrap_interval(groups, interquartile_mean)
             axes.plot([low, high], [row, row], linewidth=6, alpha=0.5)
-            axes.plot([interquartile_mean(flat)], [row], "k|", markersize=14)
+            axes.plot([interquartile_mean(groups)], [row], "k|", markersize=14)
         axes.set_yticks(range(len(normalised)), sorted(normalised))
         axes.set_xlabel("IQM of reference-normalised score (1 = the reference)")
         figure.tight_layout()

@@ -4,6 +4,7 @@ reference scores."""
 import csv
 import json
 import os
+import random
 import shutil
 import signal
 import subprocess
@@ -204,9 +205,31 @@ def test_sb3_runs_pair_with_the_recipe_runs_of_the_same_seed():
 
 
 def test_statistics():
-    assert suite.interquartile_mean([0, 1, 2, 3, 4, 5, 6, 100]) == 3.5
+    assert suite.interquartile_mean([[0, 1, 2, 3, 4, 5, 6, 100]]) == 3.5
     low, high = suite.bootstrap_interval([[1.0, 2.0, 3.0], [10.0, 11.0, 12.0]], suite.interquartile_mean)
     assert 1.0 <= low <= high <= 12.0
+    assert suite.pooled_mean([[1.0, 2.0], [6.0]]) == 3.0
+
+
+def test_the_iqm_is_rliables_for_equal_seeds_and_weighs_tasks_equally_for_unequal_ones():
+    """As many seeds per task: scipy's ``trim_mean(runs, 0.25)``, which rliable computes. Unequal seeds: each
+    task weighs the same, where pooling the runs let a task of many seeds outweigh the rest."""
+
+    def trim_mean(values):  # scipy.stats.trim_mean(values, 0.25): int(n / 4) dropped from each end
+        ordered = sorted(values)
+        cut = len(ordered) // 4
+        return sum(ordered[cut : len(ordered) - cut]) / (len(ordered) - 2 * cut)
+
+    generator = random.Random(0)
+    for tasks, seeds in [(1, 1), (1, 6), (3, 1), (3, 5), (4, 3), (7, 2)]:
+        groups = [[generator.gauss(0, 1) for _ in range(seeds)] for _ in range(tasks)]
+        pooled = [value for group in groups for value in group]
+        assert suite.interquartile_mean(groups) == pytest.approx(trim_mean(pooled), abs=1e-12)
+    # ten seeds at 1 and two tasks of one seed at 0: pooled, the IQM would be 1; weighted, 30 positions of
+    # which 20 hold 0 and the kept middle [7, 23) holds 13 zeros and 3 ones
+    assert suite.interquartile_mean([[1.0] * 10, [0.0], [0.0]]) == pytest.approx(3 / 16)
+    # each run of a 2-seed task counts as two runs of 1-seed tasks: the IQM of [0, 0, 1, 2, 5, 5] (L = 2)
+    assert suite.interquartile_mean([[0.0], [1.0, 2.0], [5.0]]) == pytest.approx((0 + 1 + 2 + 5) / 4)
 
 
 def test_suite_runs_each_seed_once_and_reports(tmp_path, capsys):
