@@ -570,12 +570,11 @@ class Agent(nn.Module):
             if action_masks is None and own_mask is not None:  # a Dict observation's own "action_mask" entry
                 action_masks = own_mask.cpu().numpy()
             size = (observations.shape[0], int(self.action_space.n))
-            masks = (
-                np.ones(size, dtype=bool) if action_masks is None else np.asarray(action_masks, dtype=bool)
-            )
+            masks = np.ones(size, dtype=bool) if action_masks is None else np.array(action_masks, dtype=bool)
             if masks.shape != size:
                 raise InputError(f"action_mask has shape {masks.shape}; this agent needs {size}.")
-            masks[~masks.any(axis=1)] = True  # a row that allows nothing allows everything, as in training
+            # a row that allows nothing allows everything, as in training (in a copy: the caller's masks stay)
+            masks[~masks.any(axis=1)] = True
             inputs.set(ACTION_MASK_KEY, torch.as_tensor(masks, device=observations.device))
         outputs = self.policy(inputs)
         next_state = None
@@ -614,7 +613,9 @@ class Agent(nn.Module):
         Episodes run in up to ``max_parallel_envs`` Gymnasium envs at once, with one batched policy call per
         step. Episode ``k`` is reset with ``seed + k`` (modulo 2**32), so the same seed gives the same episodes whatever the
         parallelism (continuous actions: up to the float32 rounding of a batched policy call, which can differ in
-        the last digits from a call on fewer rows). Rewards are the env's own, without any training-time wrapper: Atari ids run in
+        the last digits from a call on fewer rows). Rewards are the env's own, without the recipes' reward
+        normalisation: the agent's ``env_wrappers`` apply (a reward wrapper among them, such as ``ClipReward``,
+        changes the returns); Atari ids run in
         :func:`envs.atari.make_atari_env` with ``training=False``, so the agent sees the observations it was
         trained on while episodes are whole games scored with the game's own rewards.
         Ids registered without a time limit (CliffWalking-v1) are capped at ``EVALUATION_STEP_LIMIT`` steps.

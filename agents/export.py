@@ -97,8 +97,9 @@ class DeterministicPolicy(nn.Module):
         else:
             observation = self._observation(values["observation"], self.observation_space)
         tensordict = TensorDict({"observation": observation}, batch_size=inputs[0].shape[:1])
-        if self.masked:
-            tensordict.set(ACTION_MASK_KEY, values[ACTION_MASK_KEY].to(torch.bool))
+        if self.masked:  # a row that allows nothing allows everything, as in training and predict
+            mask = values[ACTION_MASK_KEY].to(torch.bool)
+            tensordict.set(ACTION_MASK_KEY, mask | ~mask.any(-1, keepdim=True))
         for key in self.state_keys:
             tensordict.set(key, values[key])
         if self.state_keys:

@@ -205,7 +205,8 @@ class GymnasiumVectorEnv(EnvBase):
         if self._mask_in_observation:
             info = {ACTION_MASK_KEY: observations[ACTION_MASK_KEY]}
         size = (self.batch_size[0], int(self.single_action_space.n))
-        mask = np.asarray(info.get("action_mask", np.ones(size)), dtype=bool).reshape(size)
+        # a copy: the env's info and observation arrays stay as the env gave them
+        mask = np.array(info.get("action_mask", np.ones(size)), dtype=bool).reshape(size)
         given = np.asarray(info.get("_action_mask", np.ones(size[0])), dtype=bool)
         mask[~given | ~mask.any(axis=1)] = True
         return mask

@@ -106,6 +106,11 @@ def test_a_masked_agent_predicts_and_evaluates_with_the_envs_masks(output_dir):
     assert agent.predict(mask.astype(np.float32), deterministic=False, action_mask=mask) == 1
     actions = agent.predict(np.ones((3, 4), np.float32), action_mask=np.eye(4, dtype=bool)[[2, 0, 3]])
     assert actions.tolist() == [2, 0, 3]
+    # a mask that allows nothing (a terminal state's) allows everything, and the caller's array stays as it was
+    one, three = np.zeros(4, bool), np.zeros((3, 4), bool)
+    agent.predict(np.ones(4, np.float32), action_mask=one)
+    agent.predict(np.ones((3, 4), np.float32), action_mask=three)
+    assert not one.any() and not three.any()
     for masks in (mask, np.tile(mask, 3)):  # one mask, or a flat run of them, for a batch of three
         with pytest.raises(
             InputError, match=rf"action_mask of shape \({masks.size},\) for 3 observations: pass one row"

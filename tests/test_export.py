@@ -136,6 +136,13 @@ def test_masked_policies_take_the_mask(tmp_path):
     np.testing.assert_array_equal(actions, agent.predict(batch, action_mask=masks))
     assert masks[np.arange(len(batch)), actions].all()
     assert DeterministicPolicy(agent).input_names == ["observation", "action_mask"]
+    # a row that allows nothing (a terminal state's) allows everything, as in training and predict
+    masks[::2] = False
+    (actions,) = onnx_actions(path, batch, masks)
+    np.testing.assert_array_equal(actions, agent.predict(batch, action_mask=masks))
+    unmasked = agent.predict(batch, action_mask=np.ones_like(masks))
+    np.testing.assert_array_equal(actions[::2], unmasked[::2])
+    assert (unmasked[::2] != 0).any()  # an all-False mask read as given gives action 0 in the exported file
 
 
 def test_dict_observations_are_one_input_per_entry(tmp_path):
