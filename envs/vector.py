@@ -222,6 +222,7 @@ class GymnasiumVectorEnv(EnvBase):
                 raise
             self._seed = None  # seed once; later resets continue the seeded generators
             arrays = self._observation_arrays(observation)
+            self._check_finite(list(arrays.values()), "an observation at reset")
             self._observation = self._observation_tensor(arrays)
             if self.has_action_mask:
                 self._action_mask = self._to_tensor(self._mask_array(info, arrays), np.bool_)
@@ -290,13 +291,17 @@ class GymnasiumVectorEnv(EnvBase):
             for key, array in final.items():
                 array[finished] = last[key]
         arrays = [*current.values(), reward, *(final.values() if final is not current else ())]
+        self._check_finite(arrays, "an observation or reward")
+        return StepArrays(current, final, reward, terminated, truncated, done, info)
+
+    def _check_finite(self, arrays: list[np.ndarray], returned: str) -> None:
+        """Raise :class:`InputError` naming the sub-envs where a float array of ``arrays`` holds NaN or Inf
+        (before any of it reaches the policy)."""
         if not all(np.isfinite(array).all() for array in arrays if array.dtype.kind in "fc"):  # floats only
             raise InputError(
-                f"{self._name} returned NaN or Inf in an observation or reward (sub-envs "
-                f"{sorted(_nonfinite_rows(*arrays))}); "
+                f"{self._name} returned NaN or Inf in {returned} (sub-envs {sorted(_nonfinite_rows(*arrays))}); "
                 "check the env and its wrappers. Checkpoints written so far are kept."
             )
-        return StepArrays(current, final, reward, terminated, truncated, done, info)
 
     def _step(self, tensordict: TensorDictBase) -> TensorDictBase:
         current, final, reward, terminated, truncated, done, info = self.step_arrays(tensordict.get("action"))

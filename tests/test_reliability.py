@@ -16,7 +16,7 @@ from tensordict import TensorDict
 
 from agents import Agent
 from envs.classic import CartPoleEnv
-from errors import NonFiniteError
+from errors import InputError, NonFiniteError
 from recipes import ppo
 from training import RunConfig
 
@@ -190,6 +190,41 @@ def test_nan_reward_stops_the_run_and_keeps_the_last_good_checkpoint(output_dir,
         ppo.main(config)
     agent = Agent.load(output_dir / "agent.ckpt")  # written before the NaN appeared, and still loadable
     assert all(torch.isfinite(p).all() for p in agent.policy.parameters())
+
+
+SPOILED = "spoiled_env:Spoiled-v0"
+
+
+@pytest.mark.parametrize(
+    "spoil, message",
+    [
+        (("nan_at=3",), r"Observation contains NaN or Inf"),
+        (("nan_at=3", "nan_reward=true"), r"NaN or Inf in the evaluation env's rewards"),
+    ],
+    ids=["observation", "reward"],
+)
+def test_an_evaluation_env_gone_wrong_stops_the_run_with_the_trained_agent_saved(output_dir, spoil, message):
+    """The training env is sound, the evaluation env's observations or rewards turn NaN: the run stops with one
+    error naming the evaluation, and keeps the agent it trained (it had none saved before the first evaluation)."""
+    config = tiny_ppo(output_dir, env_id=SPOILED, eval_env_kwargs=spoil, total_frames=1_024, eval_every=512)
+    with pytest.raises(
+        InputError, match=rf"evaluation at frame 512 on {SPOILED} failed: .*{message}"
+    ) as stop:
+        ppo.main(config)
+    assert "agent.ckpt holds the agent trained so far" in str(stop.value)
+    assert all(torch.isfinite(p).all() for p in Agent.load(output_dir / "agent.ckpt").policy.parameters())
+    assert not (output_dir / "summary.json").exists()
+
+
+@pytest.mark.parametrize("box", [False, True], ids=["discrete", "box"])
+def test_nan_in_the_first_observations_stops_the_run_before_the_policy_acts_on_them(output_dir, box):
+    """NaN already at reset: refused in one line there, before a categorical draw fails on it or a Gaussian's NaN
+    action reaches the env (which raises on an action outside its space)."""
+    config = tiny_ppo(output_dir, env_id=SPOILED, env_kwargs=("nan_at=0", f"box={str(box).lower()}"))
+    with pytest.raises(
+        InputError, match=r"returned NaN or Inf in an observation at reset \(sub-envs \[0, 1, 2, 3\]\)"
+    ):
+        ppo.main(config)
 
 
 def test_nan_loss_is_named(output_dir, monkeypatch):

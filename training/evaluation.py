@@ -144,6 +144,8 @@ class EvaluationSchedule:
         result = run_deterministic(
             self.agent, self.episodes, self.seed, env=self.env_id, env_kwargs=self.env_kwargs
         )
+        if not math.isfinite(result.mean):
+            raise InputError("NaN or Inf in the evaluation env's rewards; check the env or its wrappers.")
         row = {
             "frames": frames,
             "wall_time_s": elapsed_s,

@@ -32,7 +32,7 @@ from tensordict import TensorDictBase
 from agents.agent import Agent
 from agents.files import write_text
 from envs.vector import registration
-from errors import NonFiniteError
+from errors import InputError, NonFiniteError
 from training.callbacks import Callback, callback_name, check_callbacks, stops_run
 from training.checkpoints import (
     AGENT_FILE,
@@ -102,9 +102,7 @@ class Run:
     ):
         self.callbacks = check_callbacks(callbacks)
         self.stopped_by_callback: str | None = None
-        self._finishing = (
-            False  # from end_collection() on, a callback returning False has nothing left to stop
-        )
+        self._finishing = False  # from end_collection() on, a callback returning False has nothing to stop
         self.algorithm = algorithm
         self.run = run
         self.agent = agent
@@ -229,9 +227,17 @@ class Run:
             self._non_finite(where)
 
     def evaluate(self) -> bool:
-        """Evaluate deterministically, log, keep the best checkpoint; True if the target return is reached."""
+        """Evaluate deterministically, log, keep the best checkpoint; True if the target return is reached. An
+        evaluation env that fails (NaN or Inf observations or rewards) stops the run with the agent saved."""
         start = time.perf_counter()
-        improved, solved = self.schedule.evaluate(self.frames, self.elapsed)
+        try:
+            improved, solved = self.schedule.evaluate(self.frames, self.elapsed)
+        except InputError as error:  # the evaluation env's fault, not the training's: keep what was trained
+            self.save_agent(AGENT_FILE)
+            raise InputError(
+                f"The evaluation at frame {self.frames} on {self.eval_env_id or self.run.env_id} failed: {error} "
+                f"{self.output_dir / AGENT_FILE} holds the agent trained so far."
+            ) from None
         if improved:
             self.save_agent(BEST_AGENT_FILE)
         if self.run.video_every_eval:
