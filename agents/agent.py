@@ -618,7 +618,8 @@ class Agent(nn.Module):
         changes the returns); Atari ids run in
         :func:`envs.atari.make_atari_env` with ``training=False``, so the agent sees the observations it was
         trained on while episodes are whole games scored with the game's own rewards.
-        Ids registered without a time limit (CliffWalking-v1) are capped at ``EVALUATION_STEP_LIMIT`` steps.
+        Envs without a time limit (ids registered without one, such as CliffWalking-v1, and env instances without
+        a ``TimeLimit`` wrapper), Atari games excepted, are capped at ``EVALUATION_STEP_LIMIT`` steps.
 
         Args:
             env: a Gymnasium id, or a Gymnasium env (then episodes run one after another in it); defaults to
@@ -1005,12 +1006,12 @@ class Agent(nn.Module):
 
 
 def _unlimited(env: gym.Env) -> bool:
-    """Whether nothing says ``env``'s episodes end: no ``TimeLimit`` among its wrappers, and either no registration
-    (``PendulumEnv()``, not ``gym.make``) or one whose limit was stripped (``gym.make("Pendulum-v1").unwrapped``).
-    A registration without a limit keeps its choice (Atari games end on their own, at the emulator's frame
-    limit)."""
+    """Whether nothing says ``env``'s episodes end: no ``TimeLimit`` among its wrappers (``PendulumEnv()``, not
+    ``gym.make``; ``gym.make("Pendulum-v1").unwrapped``; ``gym.make("CliffWalking-v1")``, registered without a
+    limit), as :meth:`Agent.make_env` caps the ids it makes. Atari games are not: they end on their own, at the
+    emulator's frame limit."""
     spec = getattr(env, "spec", None)
-    if spec is not None and _registered_limit(spec) is None:
+    if spec is not None and is_atari(spec.id):
         return False
     while isinstance(env, gym.Wrapper):
         if isinstance(env, gym.wrappers.TimeLimit):
@@ -1034,15 +1035,6 @@ def _warn_missing_wrappers(env: gym.Env, specs: list[dict[str, Any]]) -> None:
             "the same way, or pass its id.",
             stacklevel=4,
         )
-
-
-def _registered_limit(spec: Any) -> int | None:
-    """The episode limit ``spec``'s id is registered with (``spec`` itself may have lost it: an unwrapped env's
-    does), or the spec's own for an id no longer registered."""
-    try:
-        return gym.spec(spec.id).max_episode_steps
-    except gym.error.Error:
-        return spec.max_episode_steps
 
 
 def _require_flag(method: str, deterministic: Any) -> None:

@@ -514,8 +514,10 @@ def test_evaluate_caps_an_env_instance_without_a_time_limit_and_checks_the_video
     assert result.lengths.tolist() == [EVALUATION_STEP_LIMIT]
     assert agent.evaluate(gym.make("Pendulum-v1", max_episode_steps=7), episodes=1).lengths.tolist() == [7]
     assert agent.evaluate(gym.wrappers.TimeLimit(PendulumEnv(), 5), episodes=1).lengths.tolist() == [5]
-    # a registered env keeps its registration's choice (Atari's games end on their own, past 1,000 steps)
-    assert not _unlimited(gym.make("CliffWalking-v1")) and _unlimited(PendulumEnv())
+    # an id registered without a limit is capped as evaluate("CliffWalking-v1") caps it; Atari's games end on
+    # their own, past 1,000 steps, and stay whole
+    assert _unlimited(gym.make("CliffWalking-v1")) and _unlimited(PendulumEnv())
+    assert not _unlimited(gym.make("ale_py:ALE/Pong-v5"))
     # a registered env stripped of its limit keeps its spec but never ends either
     unwrapped = gym.make("Pendulum-v1").unwrapped
     assert _unlimited(unwrapped) and not _unlimited(gym.make("Pendulum-v1"))
