@@ -741,7 +741,7 @@ class Agent(nn.Module):
                 raise RenderError("Recording a video needs an env made with render_mode='rgb_array'.")
             if _unlimited(env):  # as ids registered without a limit: a policy that never ends cannot hang
                 env = gym.wrappers.TimeLimit(env, EVALUATION_STEP_LIMIT)
-            envs, owned = [env], False
+            envs, owned = [with_discrete_tuples(env)], False  # Tuple-of-Discrete observations, as in training
         else:
             raise InputError(f"evaluate takes a Gymnasium id or env, got {type(env).__name__}.")
         try:

@@ -215,6 +215,17 @@ def test_a_tuple_of_discrete_observations_is_read_as_multi_discrete():
     assert isinstance(spec, MultiCategorical) and spec.shape == (2, 3)
 
 
+def test_an_agent_on_tuple_observations_evaluates_in_an_env_instance_as_in_its_id():
+    """The agent's observation space is the MultiDiscrete its training env gave; a plain ``gym.make`` instance
+    observes the Tuple, which evaluate reads as training did (it was refused as another env)."""
+    space = DiscreteTuple(gym.make("Blackjack-v1")).observation_space
+    agent = Agent.build("Blackjack-v1", space, gym.spaces.Discrete(2), "ppo", "mlp_actor", {}).eval()
+    by_id = agent.evaluate("Blackjack-v1", episodes=5, seed=3)
+    by_instance = agent.evaluate(gym.make("Blackjack-v1"), episodes=5, seed=3)
+    assert by_instance.returns.tolist() == by_id.returns.tolist()
+    assert by_instance.lengths.tolist() == by_id.lengths.tolist()
+
+
 @pytest.mark.parametrize(
     "space",
     [gym.spaces.MultiDiscrete([[2, 3], [4, 5]]), gym.spaces.MultiBinary([2, 3])],
