@@ -1059,16 +1059,30 @@ def write_video(frames: Iterable[np.ndarray], path: str | Path, fps: int = 30) -
     return Path(path)
 
 
+def _encodable(frame: np.ndarray) -> np.ndarray:
+    """``frame`` as H.264 takes it: RGB (a grayscale frame, ``H x W`` or ``H x W x 1``, in three equal channels)
+    with an even height and width (an odd one gets its last row or column again: the encoder refuses odd sizes)."""
+    frame = np.asarray(frame)
+    if frame.ndim == 3 and frame.shape[2] == 1:
+        frame = frame[..., 0]
+    if frame.ndim == 2:
+        frame = np.repeat(frame[..., None], 3, axis=2)
+    if frame.ndim == 3 and (frame.shape[0] % 2 or frame.shape[1] % 2):
+        frame = np.pad(frame, ((0, frame.shape[0] % 2), (0, frame.shape[1] % 2), (0, 0)), mode="edge")
+    return frame
+
+
 @contextlib.contextmanager
 def video_writer(path: str | Path, fps: int = 30) -> Iterator[Callable[[np.ndarray], None]]:
     """An MP4 file written frame by frame: yields a function that encodes one RGB frame as it comes, so that no
     frame is kept in memory (a 1,000-step MuJoCo episode at 480x480 would hold 690 MB). The frames go to a hidden
     temporary file beside ``path``, renamed over it when the block ends without an exception; an exception (a
     renderer that fails mid-episode) leaves ``path`` as it was and propagates, a failed write as
-    :class:`errors.WriteError`."""
+    :class:`errors.WriteError`, frames the encoder turns into nothing as :class:`errors.RenderError`. Grayscale
+    frames are encoded as RGB, odd heights and widths padded by one row or column (see :func:`_encodable`)."""
     import imageio.v2 as imageio
 
-    written = 0
+    written, shape = 0, None
     with atomic_write(path) as temporary:
         with write_errors(path):
             writer = imageio.get_writer(
@@ -1076,7 +1090,9 @@ def video_writer(path: str | Path, fps: int = 30) -> Iterator[Callable[[np.ndarr
             )
 
         def append(frame: np.ndarray) -> None:
-            nonlocal written
+            nonlocal written, shape
+            shape = np.shape(frame)
+            frame = _encodable(frame)
             with write_errors(path):
                 writer.append_data(frame)
             written += 1
@@ -1088,3 +1104,8 @@ def video_writer(path: str | Path, fps: int = 30) -> Iterator[Callable[[np.ndarr
                 writer.close()
         if not written:
             raise InputError(f"No frames to write to {path}: a video needs at least one.")
+        if not os.path.getsize(temporary):  # ffmpeg may end without an error and without a frame
+            raise RenderError(
+                f"The video encoder wrote nothing to {path} from {written} frames of shape {shape}: frames it "
+                "cannot encode; no video was written."
+            )

@@ -144,6 +144,37 @@ def test_write_video_takes_any_iterable_of_frames_and_refuses_none(tmp_path):
     assert sorted(path.name for path in tmp_path.iterdir()) == ["five.mp4"]
 
 
+@pytest.mark.parametrize("shape", [(33, 47, 3), (33, 47), (34, 46, 1)], ids=["odd rgb", "odd gray", "gray"])
+def test_videos_take_frames_of_odd_sizes_and_grayscale_frames(tmp_path, shape):
+    """H.264 needs an even height and width and three channels: odd frames get their last row or column again,
+    grayscale ones three equal channels (the encoder failed with a broken pipe, or wrote an empty file)."""
+    import imageio.v2 as imageio
+
+    from agents import write_video
+
+    frames = [np.full(shape, 40 * index, np.uint8) for index in range(4)]
+    write_video(frames, tmp_path / "odd.mp4", fps=10)
+    with imageio.get_reader(tmp_path / "odd.mp4", format="FFMPEG") as reader:
+        assert reader.count_frames() == 4
+        third = reader.get_data(2)
+    assert third.shape == (shape[0] + shape[0] % 2, shape[1] + shape[1] % 2, 3)
+    assert abs(int(third.mean()) - 80) <= 3  # the frame's own gray, give or take the codec's rounding
+
+
+def test_an_encoder_that_writes_nothing_is_a_write_error_and_leaves_no_file(tmp_path, monkeypatch):
+    """ffmpeg given frames it cannot encode (odd-sized grayscale ones, sent as they are) may end without an error
+    and without a frame: a render error (a run warns and keeps its other outputs), not an empty video."""
+    from agents import write_video
+    from errors import RenderError
+
+    monkeypatch.setattr("agents.agent._encodable", lambda frame: frame)
+    with pytest.raises(
+        RenderError, match=r"encoder wrote nothing to .*empty.mp4 from 4 frames of shape \(33, 47\)"
+    ):
+        write_video([np.full((33, 47), 40 * index, np.uint8) for index in range(4)], tmp_path / "empty.mp4")
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_evaluate_refuses_seeds_outside_gymnasiums_range_and_wraps_episode_seeds_past_its_end():
     agent = make_agent()
     bad_arguments = (
