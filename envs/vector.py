@@ -14,6 +14,7 @@ import functools
 import importlib
 import inspect
 import json
+import os
 import signal
 import sys
 import warnings
@@ -46,18 +47,24 @@ Vectorization = Literal["sync", "async"]
 Backend = Literal["gymnasium", "torch"]
 
 
-def _raised_storing_a_step(error: BaseException) -> bool:
-    """Whether ``error`` was raised by ``SyncVectorEnv.step`` itself (storing what a sub-env's step returned into
-    its arrays, or unpacking it), not inside the sub-env."""
-    traceback = error.__traceback__
-    while traceback is not None and traceback.tb_next is not None:
-        traceback = traceback.tb_next
-    if traceback is None:
+# Gymnasium's code and what it calls on a sub-env's results: its package, NumPy's, functools (singledispatch)
+_GYMNASIUM_CODE = tuple(os.path.dirname(module.__file__) + os.sep for module in (gym, np)) + (
+    functools.__file__,
+)
+
+
+def _raised_reading_a_result(error: BaseException) -> bool:
+    """Whether ``error`` (a ``ValueError`` or ``TypeError``) came from Gymnasium reading what a sub-env's ``step``
+    or ``reset`` returned (unpacking it in a wrapper, stacking it into the vector env's arrays), not from inside
+    the sub-env: every frame below the call into the vector env is Gymnasium's (or NumPy's, which it calls)."""
+    if not isinstance(error, (ValueError, TypeError, AttributeError)):
         return False
-    code = traceback.tb_frame.f_code
-    return code.co_name == "step" and code.co_filename.replace("\\", "/").endswith(
-        "gymnasium/vector/sync_vector_env.py"
-    )
+    frames, traceback = [], error.__traceback__
+    while traceback is not None:
+        frames.append(traceback.tb_frame.f_code.co_filename)
+        traceback = traceback.tb_next
+    inner = frames[1:]  # the first frame is the caller's, here
+    return bool(inner) and all(name.startswith(_GYMNASIUM_CODE) for name in inner)
 
 
 def _nonfinite_rows(*arrays: np.ndarray) -> set[int]:
@@ -153,7 +160,7 @@ class GymnasiumVectorEnv(EnvBase):
             discrete and entry is not None and tuple(entry.shape) == (int(self.single_action_space.n),)
         )
         self.has_action_mask = discrete and (
-            self._mask_in_observation or ACTION_MASK_KEY in vector_env.reset()[1]
+            self._mask_in_observation or ACTION_MASK_KEY in self._reset_vector_env(None)[1]
         )
         set_specs(self, self.single_observation_space, self.single_action_space, self.has_action_mask)
         self._action_mask: torch.Tensor | None = None
@@ -214,12 +221,7 @@ class GymnasiumVectorEnv(EnvBase):
     def _reset(self, tensordict: TensorDictBase | None = None, **kwargs) -> TensorDictBase:
         reset_mask = None if tensordict is None else tensordict.get("_reset", None)
         if reset_mask is None or self._observation is None:
-            try:
-                observation, info = self.vector_env.reset(seed=self._seed)
-            except Exception as error:
-                if (from_wrapper := wrapper_error(error, self._name, "reset")) is not None:
-                    raise from_wrapper from error
-                raise
+            observation, info = self._reset_vector_env(self._seed)
             self._seed = None  # seed once; later resets continue the seeded generators
             arrays = self._observation_arrays(observation)
             self._check_finite(list(arrays.values()), "an observation at reset")
@@ -234,6 +236,32 @@ class GymnasiumVectorEnv(EnvBase):
             self._episode_return = self._episode_return.masked_fill(reset_mask, 0.0)
             self._episode_length = self._episode_length.masked_fill(reset_mask, 0)
         return self._root()
+
+    def _reset_vector_env(self, seed: int | None) -> tuple[Any, dict[str, Any]]:
+        """``vector_env.reset(seed=seed)``, with a wrapper's failure or a result Gymnasium cannot read (the old
+        API's lone observation, one of another shape) as :class:`InputError` naming it."""
+        try:
+            return self.vector_env.reset(seed=seed)
+        except Exception as error:
+            if (from_wrapper := wrapper_error(error, self._name, "reset")) is not None:
+                raise from_wrapper from error
+            if not _raised_reading_a_result(error):
+                raise  # the env's own error, with its own traceback
+            raise self._unreadable("reset", error) from error
+
+    def _unreadable(self, method: str, error: BaseException) -> InputError:
+        """The error for a sub-env's ``method`` (``"step"`` or ``"reset"``) that returned what cannot be stored."""
+        reason = str(error).splitlines()[0] if str(error) else type(error).__name__
+        returns = (
+            "(observation, reward, terminated, truncated, info) with a plain number as the reward and booleans as "
+            "terminated and truncated (not arrays such as np.array([1.0])), and"
+            if method == "step"
+            else "(observation, info), with"
+        )
+        return InputError(
+            f"{self._name}'s {method} returned something Gymnasium's vector env cannot store ({reason}): {method} "
+            f"must return {returns} an observation of the observation space's shape."
+        )
 
     def _root(self) -> TensorDictBase:
         not_done = torch.zeros(self.batch_size + (1,), dtype=torch.bool, device=self.device)
@@ -268,28 +296,30 @@ class GymnasiumVectorEnv(EnvBase):
         except Exception as error:
             if (from_wrapper := wrapper_error(error, self._name, "step")) is not None:
                 raise from_wrapper from error
-            if not isinstance(error, (ValueError, TypeError)) or not _raised_storing_a_step(error):
+            if not _raised_reading_a_result(error):
                 raise  # the env's own error, with its own traceback
-            reason = str(error).splitlines()[0] if str(error) else type(error).__name__
-            raise InputError(
-                f"{self._name}'s step returned something Gymnasium's vector env cannot store ({reason}): step must "
-                "return (observation, reward, terminated, truncated, info) with a plain number as the reward and "
-                "booleans as terminated and truncated (not arrays such as np.array([1.0])), and an observation of "
-                "the observation space's shape."
-            ) from error
+            raise self._unreadable("step", error) from error
         done = np.logical_or(terminated, truncated)
         current = self._observation_arrays(observation)
         final = current
         if done.any():
             finished = np.flatnonzero(info["_final_obs"])
-            last = self._observation_arrays(  # the finished episodes' final observations, stacked per entry
-                {key: np.stack([entries[key] for entries in info["final_obs"][finished]]) for key in current}
-                if None not in current
-                else np.stack(info["final_obs"][finished])
-            )
-            final = {key: array.copy() for key, array in current.items()}
-            for key, array in final.items():
-                array[finished] = last[key]
+            try:
+                last = (
+                    self._observation_arrays(  # the finished episodes' final observations, stacked per entry
+                        {
+                            key: np.stack([entries[key] for entries in info["final_obs"][finished]])
+                            for key in current
+                        }
+                        if None not in current
+                        else np.stack(info["final_obs"][finished])
+                    )
+                )
+                final = {key: array.copy() for key, array in current.items()}
+                for key, array in final.items():
+                    array[finished] = last[key]
+            except ValueError as error:  # a final observation of another shape (the next one was a reset's)
+                raise self._unreadable("step", error) from error
         arrays = [*current.values(), reward, *(final.values() if final is not current else ())]
         self._check_finite(arrays, "an observation or reward")
         return StepArrays(current, final, reward, terminated, truncated, done, info)

@@ -224,6 +224,50 @@ def test_a_step_returning_arrays_where_numbers_belong_is_one_clear_error(returne
         env.rand_step()
 
 
+class OldAPI(ReturnsOf):
+    """Gymnasium's old API (``step`` returning four values, ``reset`` the observation alone), or an observation of
+    another shape than its space's."""
+
+    def __init__(self, mistake):
+        super().__init__(terminated=mistake != "shape-mid-episode")
+        self.mistake = mistake
+
+    def reset(self, *, seed=None, options=None):
+        observation, info = super().reset(seed=seed)
+        return observation if self.mistake == "reset" else (observation, info)
+
+    def step(self, action):
+        observation, reward, terminated, truncated, info = super().step(action)
+        if self.mistake.startswith("shape"):
+            observation = np.zeros(3, np.float32)
+        return (
+            (observation, reward, terminated, info)
+            if self.mistake == "step"
+            else (observation, reward, terminated, truncated, info)
+        )
+
+
+@pytest.mark.parametrize(
+    "mistake, message",
+    [
+        ("step", r"step returned something .* cannot store \(not enough values to unpack"),
+        (
+            "shape",
+            r"step returned something .* cannot store .*an observation of the observation space's shape",
+        ),
+        ("shape-mid-episode", r"step returned something .* cannot store .*the observation space's shape"),
+        ("reset", r"reset returned something .* cannot store .*: reset must return \(observation, info\)"),
+    ],
+)
+def test_an_env_of_the_old_api_or_another_shape_is_one_clear_error(mistake, message):
+    """Gymnasium's own wrappers and arrays fail on such results, below the env: one line naming the env's method
+    and what it must return, not a ValueError from inside Gymnasium."""
+    with pytest.raises(InputError, match=message):
+        env = make_env(OldAPI(mistake), num_envs=1)
+        env.reset()
+        env.rand_step()
+
+
 def test_an_error_raised_inside_the_env_s_step_stays_the_env_s_own():
     env = make_env(ReturnsOf(raises=True), num_envs=1)
     env.reset()
