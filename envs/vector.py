@@ -67,6 +67,9 @@ def _raised_reading_a_result(error: BaseException) -> bool:
     return bool(inner) and all(name.startswith(_GYMNASIUM_CODE) for name in inner)
 
 
+FLOAT32_MAX = float(np.finfo(np.float32).max)
+
+
 def _nonfinite_rows(*arrays: np.ndarray) -> set[int]:
     rows: set[int] = set()
     for array in arrays:
@@ -322,6 +325,12 @@ class GymnasiumVectorEnv(EnvBase):
                 raise self._unreadable("step", error) from error
         arrays = [*current.values(), reward, *(final.values() if final is not current else ())]
         self._check_finite(arrays, "an observation or reward")
+        beyond = np.flatnonzero(np.abs(np.asarray(reward, np.float64)) > FLOAT32_MAX)
+        if beyond.size:  # rewards are kept as float32, where these would be Inf
+            raise InputError(
+                f"{self._name} returned a reward beyond float32's range (|reward| > {FLOAT32_MAX:.2e}; sub-envs "
+                f"{beyond.tolist()}); scale the env's rewards. Checkpoints written so far are kept."
+            )
         return StepArrays(current, final, reward, terminated, truncated, done, info)
 
     def _check_finite(self, arrays: list[np.ndarray], returned: str) -> None:

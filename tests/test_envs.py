@@ -268,6 +268,18 @@ def test_an_env_of_the_old_api_or_another_shape_is_one_clear_error(mistake, mess
         env.rand_step()
 
 
+def test_a_finite_reward_beyond_float32s_range_is_named_as_such():
+    env = make_env(ReturnsOf(reward=-1e39), num_envs=1)
+    env.reset()
+    with pytest.raises(
+        InputError, match=r"returned a reward beyond float32's range .*sub-envs \[0\]\); scale"
+    ):
+        env.rand_step()
+    env = make_env(ReturnsOf(reward=3e38), num_envs=1)  # large, but a float32
+    env.reset()
+    assert env.rand_step()["next", "reward"].item() == pytest.approx(3e38, rel=1e-6)
+
+
 def test_an_error_raised_inside_the_env_s_step_stays_the_env_s_own():
     env = make_env(ReturnsOf(raises=True), num_envs=1)
     env.reset()
