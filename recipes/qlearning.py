@@ -103,6 +103,11 @@ class QLearningConfig(Options):
             raise InputError(
                 "--compile has nothing to compile in recipes.qlearning (a Q-table); leave it out."
             )
+        if self.run.normalize_obs_warmup:
+            raise InputError(
+                "--normalize-obs-warmup fills observation statistics that recipes.qlearning has none of (it "
+                "indexes a table by the observation); leave it out."
+            )
         require_positive(steps_per_env=self.collector.steps_per_env)
         check_ranges(lr=(self.learning.lr, "(0, 1]"), gamma=(self.learning.gamma, "(0, 1]"))
         self.exploration.validate()

@@ -421,3 +421,10 @@ def test_an_image_sized_box_is_refused_in_a_short_message_with_or_without_a_grid
     with pytest.raises(InputError, match=r"\(3,072 in all\)") as error:
         ObservationGrid(torch.full((1024, 3), -float("inf")), torch.zeros(1024, 3), grid_size=2)
     assert len(str(error.value)) < 400
+
+
+def test_an_observation_warm_up_is_refused_naming_the_table():
+    """recipes.qlearning has no --normalize-obs: the warm-up's usual advice (add it) would not hold."""
+    config = qlearning.QLearningConfig(run=RunConfig(env_id="CliffWalking-v1", normalize_obs_warmup=100))
+    with pytest.raises(InputError, match="statistics that recipes.qlearning has none of .*leave it out"):
+        config.validate()
