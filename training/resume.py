@@ -76,8 +76,8 @@ def resume_path(path: str | Path) -> Path:
         path = path / RESUME_FILE
     if not path.exists():
         raise InputError(
-            f"No resume checkpoint at {path}. Runs write resume.ckpt with --checkpoint-every N and when stopped "
-            "by SIGINT or SIGTERM."
+            f"No resume checkpoint at {path}. Runs with the single-process collector write resume.ckpt with "
+            "--checkpoint-every N and when stopped by SIGINT or SIGTERM (worker collectors keep no resume state)."
         )
     return path
 
