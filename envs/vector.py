@@ -246,11 +246,16 @@ class GymnasiumVectorEnv(EnvBase):
         try:
             return self.vector_env.reset(seed=seed)
         except Exception as error:
-            if (from_wrapper := wrapper_error(error, self._name, "reset")) is not None:
-                raise from_wrapper from error
-            if not _raised_reading_a_result(error):
+            if (translated := self._vector_env_error(error, "reset")) is None:
                 raise  # the env's own error, with its own traceback
-            raise self._unreadable("reset", error) from error
+            raise translated from error
+
+    def _vector_env_error(self, error: Exception, method: str) -> InputError | None:
+        """What to raise for ``error`` from the vector env's ``method`` (``"step"`` or ``"reset"``): a wrapper's
+        failure, or a result Gymnasium cannot read, as :class:`InputError`; None for the env's own error."""
+        if (from_wrapper := wrapper_error(error, self._name, method)) is not None:
+            return from_wrapper
+        return self._unreadable(method, error) if _raised_reading_a_result(error) else None
 
     def _unreadable(self, method: str, error: BaseException) -> InputError:
         """The error for a sub-env's ``method`` (``"step"`` or ``"reset"``) that returned what cannot be stored."""
@@ -297,11 +302,9 @@ class GymnasiumVectorEnv(EnvBase):
                 action.astype(self._action_dtype)
             )
         except Exception as error:
-            if (from_wrapper := wrapper_error(error, self._name, "step")) is not None:
-                raise from_wrapper from error
-            if not _raised_reading_a_result(error):
+            if (translated := self._vector_env_error(error, "step")) is None:
                 raise  # the env's own error, with its own traceback
-            raise self._unreadable("step", error) from error
+            raise translated from error
         done = np.logical_or(terminated, truncated)
         current = self._observation_arrays(observation)
         final = current
