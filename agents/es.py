@@ -26,6 +26,7 @@ from torchrl.modules import TanhModule
 
 from agents.continuous import unbounded_box_message
 from agents.networks import find_normalizer, make_mlp, observation_encoder
+from envs.specs import space_name
 from errors import InputError
 
 
@@ -86,7 +87,7 @@ def make_es_policy(
     if isinstance(action_spec, Unbounded) and action_spec.dtype.is_floating_point:
         raise InputError(unbounded_box_message("Evolution Strategies"))
     raise InputError(
-        f"Evolution Strategies handle Discrete and one-dimensional Box actions, got {type(action_spec).__name__} "
+        f"Evolution Strategies handle Discrete and one-dimensional Box actions, got {space_name(action_spec)} "
         "actions; for MultiDiscrete or MultiBinary actions use recipes.ppo or recipes.a2c."
     )
 

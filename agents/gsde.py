@@ -48,6 +48,7 @@ from agents.networks import (
     is_float_box,
     observation_encoder,
 )
+from envs.specs import space_name
 from envs.vector import GymnasiumVectorEnv
 from errors import InputError
 
@@ -272,7 +273,7 @@ def make_gsde_actor(
     ):
         raise InputError(
             "gSDE (--use-sde) needs a bounded one-dimensional Box action space, got "
-            f"{type(action_spec).__name__} of shape {tuple(action_spec.shape[1:])}."
+            f"{space_name(action_spec)} of shape {tuple(action_spec.shape[1:])}."
         )
     check_mlp_options(hidden_sizes, activation)
     if encoder is None:
@@ -409,9 +410,7 @@ def clip_env_actions(env: EnvBase) -> EnvBase:
     """
     action_spec = env.action_spec
     if not is_float_box(action_spec):
-        raise InputError(
-            f"Clipping actions needs a bounded Box action space, got {type(action_spec).__name__}."
-        )
+        raise InputError(f"Clipping actions needs a bounded Box action space, got {space_name(action_spec)}.")
     if isinstance(env, GymnasiumVectorEnv):  # the Gymnasium Box's own bounds, infinite ones included
         env.clip_actions = True
         return env
@@ -465,7 +464,7 @@ def make_gsde_env(
     head = find_gsde_head(actor).noise
     action_spec = env.action_spec
     if not isinstance(action_spec, Bounded):
-        raise InputError(f"gSDE needs a bounded Box action space, got {type(action_spec).__name__}.")
+        raise InputError(f"gSDE needs a bounded Box action space, got {space_name(action_spec)}.")
     noise = GSDENoise(head.action_dim, head.state_dim, sample_freq=sample_freq, rollout_length=rollout_length)
     clip = ClipActionToBounds(action_spec.space.low[0], action_spec.space.high[0])
     return TransformedEnv(env, Compose(noise, clip))

@@ -74,6 +74,23 @@ def space_to_spec(space: gym.Space, batch_size: int, device: torch.device | str 
     return Binary(n=shape[-1], shape=shape, dtype=torch.int8, device=device)
 
 
+# the Gymnasium space each TorchRL spec of space_to_spec stands for, most derived first (Binary and MultiCategorical
+# are Categorical's subclasses)
+_SPACE_NAMES = (
+    (MultiCategorical, "MultiDiscrete"),
+    (Binary, "MultiBinary"),
+    (Categorical, "Discrete"),
+    (Bounded, "Box"),
+    (Unbounded, "unbounded Box"),
+)
+
+
+def space_name(spec: object) -> str:
+    """The Gymnasium space a TorchRL spec stands for, as messages to users name it (``Categorical``:
+    ``"Discrete"``); the class name of anything else."""
+    return next((name for kind, name in _SPACE_NAMES if isinstance(spec, kind)), type(spec).__name__)
+
+
 def unchecked_tensordict(
     source: dict[str, torch.Tensor], batch_size: torch.Size, device: torch.device
 ) -> TensorDict:

@@ -319,3 +319,18 @@ def test_make_env_takes_numpy_integers_as_the_recipes_do(backend):
     finally:
         env.close()
         other.close()
+
+
+def test_messages_name_the_gymnasium_space_a_spec_stands_for():
+    from envs.specs import space_name, space_to_spec
+
+    spaces = [
+        (gym.spaces.Discrete(3), "Discrete"),
+        (gym.spaces.MultiDiscrete([2, 3]), "MultiDiscrete"),
+        (gym.spaces.MultiBinary(3), "MultiBinary"),
+        (gym.spaces.Box(-1, 1, (2,)), "Box"),
+        (gym.spaces.Box(-np.inf, np.inf, (2,)), "unbounded Box"),
+    ]
+    for space, name in spaces:
+        assert space_name(space_to_spec(space, 2)) == name
+    assert space_name(object()) == "object"

@@ -134,7 +134,11 @@ def test_training_env_steps_multidiscrete_actions_from_their_start():
         (dqn.main, dqn.DQNConfig, "DQN needs a Discrete action space"),
         (sac.main, sac.SACConfig, "SAC needs a Box"),
         (qlearning.main, qlearning.QLearningConfig, "Tabular Q-learning needs a Discrete action space"),
-        (es.main, es.ESConfig, "Evolution Strategies handle Discrete and one-dimensional Box actions"),
+        (
+            es.main,
+            es.ESConfig,  # the Gymnasium space's name, not TorchRL's spec's
+            "Evolution Strategies handle Discrete and one-dimensional Box actions, got Multi(Discrete|Binary) actions",
+        ),
     ],
     ids=["dqn", "sac", "qlearning", "es"],
 )
