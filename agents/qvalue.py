@@ -7,7 +7,7 @@ import copy
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 from tensordict import TensorDict, TensorDictBase
@@ -91,6 +91,16 @@ class ExplorationConfig(Options):
                 )
         if self.final_epsilon > self.initial_epsilon:
             raise InputError("--final-epsilon must not exceed --initial-epsilon.")
+
+    def options_given(self, preset: dict[str, Any]) -> list[str]:
+        """The command-line names of the options set apart from their defaults and from what ``preset`` (a
+        preset record's ``"set"``) filled in: what the user asked for."""
+        defaults = type(self)()
+        return [
+            f"--{name.replace('_', '-')}"
+            for name in self.__dataclass_fields__
+            if getattr(self, name) != getattr(defaults, name) and name not in preset
+        ]
 
     def epsilon(self, frames: int, total_frames: int) -> float:
         """The linear schedule's rate after ``frames`` of a ``total_frames`` budget."""

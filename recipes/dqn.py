@@ -28,6 +28,7 @@ preset solves it (deterministic evaluation mean >= 475 over 20 episodes) within 
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -253,6 +254,10 @@ def main(config: DQNConfig, *, callbacks: Sequence[Callback] = ()) -> dict:
     distributional, network_config = config.distributional, config.network
     # noisy layers explore on their own: epsilon stays 0
     exploration = ExplorationConfig(0.0, 0.0) if noisy else config.exploration
+    if noisy and (
+        unused := config.exploration.options_given((run_config.preset_applied or {}).get("set", {}))
+    ):
+        warnings.warn(f"{', '.join(unused)} unused: --noisy layers explore on their own (epsilon stays 0).")
 
     # env
     env = make_training_env(run_config, device)

@@ -584,3 +584,17 @@ def test_the_target_network_of_a_noisy_dqn_draws_noise_of_its_own():
     for key, value in new_target.items():  # factorised noise: each weight's epsilon is f(eps_out) f(eps_in)
         if key[-1] == "weight_epsilon":
             assert torch.linalg.matrix_rank(value) == 1
+
+
+def test_epsilon_options_given_with_noisy_layers_are_named_as_unused(output_dir, tmp_path):
+    """NoisyNet layers explore on their own (epsilon 0): exploration options the user gave are named as unused;
+    those the env's preset filled in (CartPole-v1's final epsilon and fraction) are not."""
+    options = {"network__noisy": True, "exploration__initial_epsilon": 0.9, "exploration__final_epsilon": 0.1}
+    with pytest.warns(
+        UserWarning, match=r"--initial-epsilon, --final-epsilon unused: --noisy layers explore"
+    ):
+        dqn.main(tiny_dqn(output_dir, **options))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        dqn.main(tiny_dqn(tmp_path / "preset", network__noisy=True))
+    assert not [warning for warning in caught if "unused: --noisy" in str(warning.message)]
