@@ -1,9 +1,36 @@
-"""Helpers shared by the tests of runs that stop and resume, and small configurations of each recipe."""
+"""Helpers shared by the tests of runs that stop and resume, small configurations of each recipe, and running a
+module in a new process."""
 
 import math
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 from recipes import a2c, dqn, es, ppo, qlearning, reinforce, rnd_ppo, vpg
 from training import Run, RunConfig
+
+ROOT = Path(__file__).parents[1]
+
+
+def run_module(*arguments, paths=(), timeout=300):
+    """``python -m ARGUMENTS`` in a new process (nothing this test process imported) from the repository root, with
+    ``paths`` put first on PYTHONPATH; the finished process, whatever its exit status."""
+    environment = None
+    if paths:
+        environment = {
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join([*map(str, paths), os.environ.get("PYTHONPATH", "")]),
+        }
+    return subprocess.run(
+        [sys.executable, "-m", *arguments],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=ROOT,
+        env=environment,
+    )
 
 
 def interrupt_at(monkeypatch, frames):

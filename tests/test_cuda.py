@@ -6,11 +6,9 @@ the device with ``--env-backend torch``), checkpoints that load back on the GPU 
 """
 
 import json
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
+import run_helpers
 import torch
 from run_helpers import interrupt_at, with_options
 from test_resume import CASES, parameters
@@ -18,7 +16,6 @@ from torchrl.data.replay_buffers.samplers import prioritized
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
-ROOT = Path(__file__).parents[1]
 COMMON = (
     "--device cuda --total-frames 1024 --eval-every 512 --eval-episodes 2 --logger none --no-video "
     "--no-progress --stop-at-return inf"
@@ -71,9 +68,7 @@ RUNS = {
 
 
 def run_module(*args):
-    result = subprocess.run(
-        [sys.executable, "-m", *args], capture_output=True, text=True, timeout=900, cwd=ROOT, check=False
-    )
+    result = run_helpers.run_module(*args, timeout=900)
     assert result.returncode == 0, result.stderr[-3000:]
     return result
 

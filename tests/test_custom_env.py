@@ -2,13 +2,13 @@
 (the env lives in ``tests/guess_env.py``)."""
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import gymnasium as gym
 import pytest
+from run_helpers import run_module
 
 from agents import Agent
 from errors import InputError
@@ -25,21 +25,9 @@ def on_path(monkeypatch):
 
 
 def shell(*arguments, paths=(TESTS,)):
-    """``python -m ARGUMENTS`` from the repository root with ``paths`` on PYTHONPATH (a new process: nothing this
-    test process imported)."""
-    environment = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join([*map(str, paths), os.environ.get("PYTHONPATH", "")]),
-    }
-    return subprocess.run(
-        [sys.executable, "-m", *arguments],
-        check=False,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=TESTS.parent,
-        env=environment,
-    )
+    """``python -m ARGUMENTS`` in a new process with ``paths`` (the tests, where the user's env lives) on
+    PYTHONPATH."""
+    return run_module(*arguments, paths=paths)
 
 
 @pytest.mark.parametrize(

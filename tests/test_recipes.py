@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from run_helpers import run_module
 
 from agents import Agent
 from errors import InputError
@@ -183,17 +184,6 @@ def test_invalid_configs_raise_input_errors(output_dir):
     config.optim.minibatch_size = 10_000
     with pytest.raises(InputError, match="--minibatch-size"):
         ppo.main(config)
-
-
-def run_module(*args):
-    return subprocess.run(
-        [sys.executable, "-m", *args],
-        check=False,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=Path(__file__).parents[1],
-    )
 
 
 def test_cli_help_documents_the_common_options():
